@@ -1,0 +1,56 @@
+# gpusteward — two entry points: `make demo` (run it on the local sandbox) and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+DEBIAN_PACKAGES := prometheus
+
+.PHONY: setup system-deps venv lint unit component e2e test demo bench-extender sandbox-build clean
+
+setup: system-deps venv
+
+# Debian packages the tests and the sandbox use (real Prometheus and promtool).
+system-deps:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check gpusteward tests benchmarks
+	$(VENV)/bin/lint-imports
+
+unit: venv
+	$(PY) -m pytest tests/unit -q
+
+component: setup
+	$(PY) -m pytest tests/component -q
+
+# Builds the control plane from Go modules on first use (cached under ~/.cache/gpusteward).
+e2e: setup
+	$(PY) -m pytest tests/e2e -q
+
+test: setup lint
+	$(PY) -m pytest tests -q
+
+sandbox-build: venv
+	$(PY) -m gpusteward.sandbox.build
+
+demo: setup
+	$(PY) -m gpusteward.sandbox.demo
+
+bench-extender: venv
+	$(PY) benchmarks/bench_extender.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""gpusteward: make Kubernetes act on what its GPUs are actually doing."""

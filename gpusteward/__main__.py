@@ -1,0 +1,3 @@
+from gpusteward.cli import main
+
+raise SystemExit(main())

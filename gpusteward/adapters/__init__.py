@@ -1,0 +1,1 @@
+"""Adapters to the outside world (API server, Prometheus); the only importers of their SDKs."""

@@ -1,0 +1,159 @@
+"""GPU telemetry from Prometheus (dcgm-exporter series, or our NVML agent's identical ones).
+
+A refresh runs a fixed set of instant queries whatever the fleet size. prometheus-api-client is
+synchronous, so each query runs in a worker thread; its own HTTP retries are off and tenacity is
+the only retry policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+from urllib3.util.retry import Retry
+
+from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.core.model import GpuReading, Telemetry
+from gpusteward.core.policy import Health
+from gpusteward.core.policy import Telemetry as TelemetryPolicy
+
+log = logging.getLogger("gpusteward.telemetry")
+
+POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
+# Series that identify one GPU (or one MIG instance) on a node.
+_GPU_KEY = ("gpu", "GPU_I_ID")
+
+
+class _Transient(Exception):
+    pass
+
+
+def queries(health: Health) -> dict[str, str]:
+    """The PromQL of one refresh. GR_ENGINE_ACTIVE stands in where GPU_UTIL is absent (MIG)."""
+    ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
+    window = f"{int(health.xid_window)}s"
+    return {
+        "util": "(DCGM_FI_DEV_GPU_UTIL / 100) or DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "util_at": "timestamp(DCGM_FI_DEV_GPU_UTIL) or timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE)",
+        "temp": "DCGM_FI_DEV_GPU_TEMP",
+        "fb_used": "DCGM_FI_DEV_FB_USED",
+        "xid": f"max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:15s])",
+    }
+
+
+class PrometheusSource:
+    def __init__(self, url: str, policy: TelemetryPolicy, health: Health,
+                 clock: Callable[[], float] = time.time, attempts: int = 3):
+        self.url = url
+        self.node_labels = tuple(policy.node_labels)
+        self.timeout = float(policy.query_timeout)
+        self.queries = queries(health)
+        self.clock = clock
+        self.attempts = attempts
+        self._prom = PrometheusConnect(url, disable_ssl=True, retry=Retry(total=0),
+                                       timeout=self.timeout)
+        self.queries_run = 0
+
+    async def fetch(self) -> Telemetry:
+        """One refresh; raises TelemetryUnavailable when Prometheus cannot answer."""
+        names = list(self.queries)
+        results = await asyncio.gather(*(self._query(self.queries[n]) for n in names))
+        return self.assemble(dict(zip(names, results, strict=True)))
+
+    async def query(self, promql: str) -> list[dict[str, Any]]:
+        """Any instant query, with the same retries and error mapping (used by the reclaimer)."""
+        return await self._query(promql)
+
+    async def _query(self, promql: str) -> list[dict[str, Any]]:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_Transient),
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential_jitter(initial=0.2, max=2),
+            reraise=True,
+            before_sleep=lambda rs: log.warning("prometheus query failed, retrying: %s",
+                                                rs.outcome.exception()),
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await asyncio.to_thread(self._query_once, promql)
+        except _Transient as e:
+            raise TelemetryUnavailable(f"prometheus at {self.url}: {e}") from e
+        raise AssertionError("unreachable")
+
+    def _query_once(self, promql: str) -> list[dict[str, Any]]:
+        self.queries_run += 1
+        try:
+            result = self._prom.custom_query(promql, params={"timeout": f"{self.timeout}s"})
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise _Transient(f"unreachable: {e}") from e
+        except PrometheusApiClientException as e:
+            if "Status Code 5" in str(e):
+                raise _Transient(str(e)) from e
+            raise TelemetryUnavailable(f"prometheus at {self.url} rejected {promql!r}: {e}") from e
+        except (ValueError, KeyError, TypeError) as e:
+            raise TelemetryUnavailable(f"prometheus at {self.url} answered garbage: {e}") from e
+        if not isinstance(result, list):
+            raise TelemetryUnavailable(f"prometheus at {self.url} answered garbage: {result!r}")
+        return result
+
+    def assemble(self, results: dict[str, list[dict[str, Any]]]) -> Telemetry:
+        gpus: dict[tuple[str, ...], dict[str, Any]] = {}
+        try:
+            for name, series in results.items():
+                for s in series:
+                    self._merge(gpus, name, s["metric"], float(s["value"][1]))
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise TelemetryUnavailable(f"unexpected query result shape: {e}") from e
+        by_node: dict[str, list[GpuReading]] = {}
+        for fields in gpus.values():
+            if "sampled_at" in fields:
+                by_node.setdefault(fields["node"], []).append(GpuReading(**fields))
+        return Telemetry(nodes={n: tuple(r) for n, r in by_node.items()},
+                         fetched_at=self.clock(), ok=True)
+
+    def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], name: str,
+               labels: dict[str, str], value: float) -> None:
+        node = next((labels[k] for k in self.node_labels if labels.get(k)), None)
+        if node is None:
+            return
+        key = (node, *(labels.get(k, "") for k in _GPU_KEY))
+        gpu = gpus.setdefault(key, {"node": node, "gpu": _gpu_name(labels)})
+        gpu.setdefault("uuid", labels.get("UUID") or labels.get("uuid") or "")
+        pod = _pod_of(labels)
+        if pod:
+            gpu["pod"] = pod
+        if name == "util":
+            gpu["util"] = min(1.0, max(0.0, value))
+        elif name == "util_at":
+            gpu["sampled_at"] = value
+        elif name == "temp":
+            gpu["temp_c"] = value
+        elif name == "fb_used":
+            gpu["fb_used_mib"] = value
+        elif name == "xid":
+            gpu["xid"] = max(gpu.get("xid", 0), int(value))
+
+
+def _gpu_name(labels: dict[str, str]) -> str:
+    gpu = labels.get("gpu", "")
+    return f"{gpu}/mig{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else gpu
+
+
+def _pod_of(labels: dict[str, str]) -> str | None:
+    for ns_label, pod_label in POD_LABELS:
+        if labels.get(pod_label):
+            return f"{labels.get(ns_label, '')}/{labels[pod_label]}"
+    return None
+

@@ -1,0 +1,102 @@
+"""The `gpusteward` command: one console script, one subcommand per app.
+
+Bad flags or an invalid policy exit 2 naming every problem; nothing starts half-configured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from gpusteward.core.policy import Policy, PolicyError, load_policy
+
+EXIT_USAGE = 2
+
+
+def _hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _positive_mb(text: str) -> int:
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of MiB, got {text!r}")
+    return int(text)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig file (else $KUBECONFIG, else in-cluster)")
+    p.add_argument("--prometheus-url",
+                   help="Prometheus base URL (else $PROMETHEUS_URL, else the policy's)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpusteward", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ext = sub.add_parser("extender", help="serve the kube-scheduler HTTP extender")
+    ext.add_argument("--policy", required=True, help="policy YAML file")
+    ext.add_argument("--listen", type=_hostport, default=("0.0.0.0", 8888), metavar="HOST:PORT")
+    ext.add_argument("--max-body-mb", type=_positive_mb, default=64,
+                     help="largest request body accepted (full-node mode sends whole Nodes)")
+    _common(ext)
+
+    pol = sub.add_parser("policy", help="policy file tools")
+    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
+    check = pol_sub.add_parser("check", help="validate a policy file (exit 0 valid, 2 invalid)")
+    check.add_argument("file")
+
+    from gpusteward.sandbox.cli import add_sandbox_parser
+
+    add_sandbox_parser(sub)
+    return parser
+
+
+def _load(path: str) -> Policy:
+    try:
+        return load_policy(path)
+    except PolicyError as e:
+        print(e, file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from e
+
+
+def prometheus_url(flag: str | None, policy: Policy) -> str | None:
+    return flag or os.environ.get("PROMETHEUS_URL") or policy.telemetry.prometheus_url
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "policy":
+        _load(args.file)
+        print(f"{args.file}: valid")
+        return 0
+    if args.command == "extender":
+        policy = _load(args.policy)
+        _setup_logging(args.log_level)
+        from gpusteward.extender.serve import serve
+
+        return asyncio.run(serve(policy, args, prometheus_url(args.prometheus_url, policy)))
+    if args.command == "sandbox":
+        from gpusteward.sandbox.cli import run_sandbox_command
+
+        return run_sandbox_command(args)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Pure model, policy and decisions: no I/O, no clock, no SDK imports."""

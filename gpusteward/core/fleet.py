@@ -1,0 +1,93 @@
+"""An in-memory index of GPU nodes and GPU pods, fed by watch events.
+
+Pure bookkeeping (no I/O): the kube adapter applies events, apps read it. Every change reports the
+node names it touched so that derived state (scores, reclaim views) is refreshed per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from gpusteward.core.model import Node, Pod
+
+Listener = Callable[[set[str]], None]
+
+
+class FleetStore:
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.pods: dict[str, Pod] = {}
+        self._by_node: dict[str, dict[str, Pod]] = {}
+        self._listeners: list[Listener] = []
+        self.generation = 0
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self, names: set[str]) -> None:
+        names.discard("")
+        if not names:
+            return
+        self.generation += 1
+        for listener in self._listeners:
+            listener(names)
+
+    def pods_on(self, node: str) -> Iterable[Pod]:
+        return self._by_node.get(node, {}).values()
+
+    def upsert_node(self, node: Node) -> None:
+        if self.nodes.get(node.name) != node:
+            self.nodes[node.name] = node
+            self._changed({node.name})
+
+    def delete_node(self, name: str) -> None:
+        if self.nodes.pop(name, None) is not None:
+            self._changed({name})
+
+    def upsert_pod(self, pod: Pod) -> None:
+        old = self.pods.get(pod.uid)
+        if old is not None and old.node == pod.node and old.bound_at is not None:
+            # Keep the precise time the binding was first seen (burst correction).
+            pod = msgspec.structs.replace(pod, bound_at=old.bound_at)
+        if old == pod:
+            return
+        self._unindex(old)
+        self.pods[pod.uid] = pod
+        if pod.node:
+            self._by_node.setdefault(pod.node, {})[pod.uid] = pod
+        self._changed({n for n in (pod.node, old.node if old else None) if n})
+
+    def delete_pod(self, uid: str) -> None:
+        old = self.pods.pop(uid, None)
+        if old is not None:
+            self._unindex(old)
+            self._changed({old.node} if old.node else set())
+
+    def replace_all(self, nodes: Iterable[Node] | None, pods: Iterable[Pod] | None) -> None:
+        """After a (re-)list: the listed objects are the whole truth for their kind."""
+        touched: set[str] = set()
+        if nodes is not None:
+            fresh = {n.name: n for n in nodes}
+            touched |= {k for k in self.nodes.keys() | fresh.keys()
+                        if self.nodes.get(k) != fresh.get(k)}
+            self.nodes = fresh
+        if pods is not None:
+            touched |= {p.node for p in self.pods.values() if p.node}
+            self.pods = {p.uid: p for p in pods}
+            self._by_node = {}
+            for p in self.pods.values():
+                if p.node:
+                    self._by_node.setdefault(p.node, {})[p.uid] = p
+            touched |= {p.node for p in self.pods.values() if p.node}
+        self._changed(touched)
+
+    def _unindex(self, pod: Pod | None) -> None:
+        if pod is not None and pod.node:
+            on_node = self._by_node.get(pod.node)
+            if on_node is not None:
+                on_node.pop(pod.uid, None)
+                if not on_node:
+                    del self._by_node[pod.node]
+

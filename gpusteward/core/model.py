@@ -1,0 +1,123 @@
+"""The shared view of the fleet: nodes, GPU pods and GPU telemetry, as immutable values.
+
+Adapters build these from the API server's watch cache and from Prometheus; the pure decisions
+(scoring, filtering, reclaim) only ever read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+TEAM_LABEL = "gpusteward.io/team"
+CLASS_KEY = "gpusteward.io/class"
+
+
+class Taint(msgspec.Struct, frozen=True):
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+class Toleration(msgspec.Struct, frozen=True):
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+class Node(msgspec.Struct, frozen=True):
+    name: str
+    product: str | None  # the GFD nvidia.com/gpu.product label
+    gpus: int  # GPU allocatable, summed over the policy's resource names
+    labels: Mapping[str, str] = msgspec.field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+
+
+class OwnerRef(msgspec.Struct, frozen=True):
+    kind: str
+    name: str
+    uid: str = ""
+    controller: bool = False
+
+
+class Pod(msgspec.Struct, frozen=True):
+    namespace: str
+    name: str
+    uid: str
+    gpus: int
+    node: str | None = None
+    phase: str = "Pending"
+    priority: int = 0
+    priority_class: str = ""
+    preemption_policy: str = "PreemptLowerPriority"
+    labels: Mapping[str, str] = msgspec.field(default_factory=dict)
+    annotations: Mapping[str, str] = msgspec.field(default_factory=dict)
+    owners: tuple[OwnerRef, ...] = ()
+    created_at: float = 0.0
+    # Wall-clock time the pod was first seen bound to its node (burst correction).
+    bound_at: float | None = None
+    deleting: bool = False
+    node_selector: Mapping[str, str] = msgspec.field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    unschedulable_since: float | None = None
+    mirror: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def controller(self) -> OwnerRef | None:
+        return next((o for o in self.owners if o.controller), None)
+
+
+class GpuReading(msgspec.Struct, frozen=True):
+    """One GPU's latest telemetry, each value with the time it was sampled."""
+
+    node: str
+    gpu: str  # index as dcgm-exporter labels it
+    uuid: str = ""
+    util: float | None = None  # 0..1
+    temp_c: float | None = None
+    xid: int = 0  # last XID within the health window, 0 when none
+    fb_used_mib: float | None = None
+    sampled_at: float = 0.0
+    pod: str | None = None  # "namespace/name" of the pod the exporter attributes it to
+
+
+class Telemetry(msgspec.Struct, frozen=True):
+    """All GPU readings from one refresh, grouped by node."""
+
+    nodes: Mapping[str, tuple[GpuReading, ...]] = msgspec.field(default_factory=dict)
+    fetched_at: float = 0.0
+    ok: bool = False  # False when the source was unreachable or returned garbage
+    error: str = ""
+
+    def for_node(self, node: str) -> tuple[GpuReading, ...]:
+        return self.nodes.get(node, ())
+
+
+def team_of(pod: Pod, namespace_labels: Mapping[str, str] | None = None) -> str:
+    """Pod label, else namespace label, else the namespace name."""
+    if TEAM_LABEL in pod.labels:
+        return pod.labels[TEAM_LABEL]
+    if namespace_labels and TEAM_LABEL in namespace_labels:
+        return namespace_labels[TEAM_LABEL]
+    return pod.namespace
+
+
+def class_of(labels: Mapping[str, str], annotations: Mapping[str, str], default: str) -> str:
+    """The workload class: pod label, else pod annotation, else the policy default."""
+    return labels.get(CLASS_KEY) or annotations.get(CLASS_KEY) or default

@@ -1,0 +1,101 @@
+"""What the scheduler needs to know about one node right now: card, allocation, live load, health.
+
+Built once per node whenever its objects or its telemetry change (never per request), from the
+node, the GPU pods bound to it and its GPU readings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from gpusteward.core.model import GpuReading, Node, Pod
+from gpusteward.core.policy import Health
+
+
+class NodeState(msgspec.Struct, frozen=True):
+    node: Node
+    tier: str | None
+    allocated: int
+    # Mean GPU utilization 0..1 with burst correction; None when telemetry is missing or stale.
+    util: float | None
+    # GPUs unusable for new work; None when health is unknown (missing or stale telemetry).
+    unhealthy_free: int | None
+    # GPUs with a fault, held by a pod or not; None when health is unknown.
+    faulty: int | None = None
+    health_reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def free(self) -> int:
+        return max(0, self.node.gpus - self.allocated)
+
+    @property
+    def healthy_free(self) -> int:
+        return max(0, self.free - (self.unhealthy_free or 0))
+
+    @property
+    def telemetry_known(self) -> bool:
+        return self.util is not None
+
+
+def build_node_state(
+    node: Node,
+    tier: str | None,
+    pods: Iterable[Pod],
+    readings: tuple[GpuReading, ...],
+    health: Health,
+    now: float,
+    stale_after: float,
+) -> NodeState:
+    bound = [p for p in pods if not p.deleting and p.phase not in ("Succeeded", "Failed")]
+    allocated = sum(p.gpus for p in bound)
+    fresh = tuple(r for r in readings if now - r.sampled_at <= stale_after)
+    if not fresh:
+        return NodeState(node, tier, allocated, None, None)
+    sampled_at = min(r.sampled_at for r in fresh)
+    burst = sum(p.gpus for p in bound if p.bound_at is not None and p.bound_at > sampled_at)
+    faulty, unhealthy_free, reason = _faults(fresh, health)
+    util = _burst_util(fresh, node.gpus, burst)
+    return NodeState(node, tier, allocated, util, unhealthy_free, faulty, reason)
+
+
+def _burst_util(readings: tuple[GpuReading, ...], gpus: int, burst_gpus: int) -> float | None:
+    """Mean utilization, counting GPUs of pods bound since the sample as fully busy.
+
+    A GPU without a utilization reading (e.g. MIG without GR_ENGINE_ACTIVE) adds nothing; if no
+    GPU has one the load is unknown.
+    """
+    utils = [r.util for r in readings if r.util is not None]
+    if not utils:
+        return None
+    total = max(gpus, len(readings), 1)
+    return min(1.0, (sum(utils) + burst_gpus) / total)
+
+
+def _faults(readings: tuple[GpuReading, ...], health: Health) -> tuple[int, int, str]:
+    """(faulty GPUs, faulty GPUs no pod holds, reasons).
+
+    Only a faulty GPU that no pod holds takes a free slot away: one the exporter attributes to a
+    pod is already counted as allocated.
+    """
+    reasons = []
+    free = 0
+    for r in readings:
+        why = gpu_fault(r, health)
+        if why:
+            reasons.append(f"gpu {r.gpu}: {why}")
+            free += r.pod is None
+    return len(reasons), free, "; ".join(reasons)
+
+
+def gpu_fault(r: GpuReading, health: Health) -> str:
+    if r.xid and r.xid not in health.ignored_xids:
+        return f"XID {r.xid}"
+    if r.temp_c is not None and r.temp_c > health.max_temperature_c:
+        return f"{r.temp_c:.0f}°C over {health.max_temperature_c:.0f}°C"
+    return ""

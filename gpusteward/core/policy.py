@@ -1,0 +1,253 @@
+"""The policy: one typed, validated YAML file shared by the extender, the reclaimer and the report.
+
+Every field has a unit and a default chosen to be safe on a real fleet; `docs/policy.md` explains
+each one. `load_policy` reports all problems at once, each with its field path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+
+from gpusteward.core.cards import CardPatternError, compile_patterns
+from gpusteward.core.typedconfig import Duration, FieldError, decode, without
+
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Weight = Annotated[float, msgspec.Meta(ge=0)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class Config(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
+    """Base for policy sections: YAML keys are camelCase, like Kubernetes objects."""
+
+
+def _factory(cls: type) -> Any:
+    return msgspec.field(default_factory=cls)
+
+
+class Telemetry(Config):
+    source: Literal["prometheus"] = "prometheus"
+    # Overridden by --prometheus-url or PROMETHEUS_URL.
+    prometheus_url: str | None = None
+    # dcgm-exporter releases up to 4.5.x label the node `Hostname`; newer builds use `hostname`;
+    # relabelled setups often use `kubernetes_node`. The first label present on a series wins.
+    node_labels: list[Name] = msgspec.field(default_factory=lambda: ["Hostname", "hostname"])
+    # dcgm-exporter samples every 30 s by default; refreshing faster buys nothing.
+    refresh: Duration = Duration(15)
+    # A sample older than this is treated as missing (neutral score, no reclaim).
+    stale_after: Duration = Duration(120)
+    query_timeout: Duration = Duration(10)
+
+
+class Health(Config):
+    # Datacenter GPUs throttle from about 85-90 °C; a GPU this hot should not take new work.
+    max_temperature_c: Annotated[float, msgspec.Meta(ge=0, le=150)] = 90.0
+    # An XID seen within this window marks the GPU unhealthy.
+    xid_window: Duration = Duration(600)
+    # XIDs 13, 31, 43 and 45 are raised by application faults, not broken hardware.
+    ignored_xids: list[Count] = msgspec.field(default_factory=lambda: [13, 31, 43, 45])
+
+
+class CardTier(Config):
+    name: Name
+    # Glob patterns matched against the whole GFD `nvidia.com/gpu.product` label.
+    products: list[Name]
+    # Optional price used by the report to cost idle GPUs ($ per GPU-hour).
+    cost_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] | None = None
+
+
+class Weights(Config):
+    card: Weight = 3.0
+    coolness: Weight = 2.0
+    packing: Weight = 1.0
+    health: Weight = 2.0
+
+
+class IdleRule(Config):
+    """When a pod's GPUs count as idle. Unset fields inherit from the level above."""
+
+    threshold_percent: Percent | None = None
+    window: Duration | None = None
+    min_coverage: Ratio | None = None
+    grace: Duration | None = None
+
+
+class WorkloadClass(Config):
+    # Tiers in order of preference, used when a pod names no card types of its own.
+    preferred_tiers: list[Name] = msgspec.field(default_factory=list)
+    placement: Literal["binpack", "spread"] = "binpack"
+    weights: Weights = _factory(Weights)
+    idle: IdleRule = _factory(IdleRule)
+
+
+def _default_classes() -> dict[str, WorkloadClass]:
+    return {
+        "training": WorkloadClass(preferred_tiers=["premium", "standard"], placement="binpack"),
+        "inference": WorkloadClass(preferred_tiers=["economy", "standard"], placement="spread"),
+        "batch": WorkloadClass(preferred_tiers=["standard", "economy"], placement="binpack"),
+        "experiment": WorkloadClass(preferred_tiers=["economy", "standard"], placement="binpack"),
+    }
+
+
+def _default_tiers() -> list[CardTier]:
+    return [
+        CardTier(name="premium", products=["NVIDIA-H100*", "NVIDIA-H200*", "NVIDIA-B200*"]),
+        CardTier(name="standard", products=["NVIDIA-A100*", "A100-*", "NVIDIA-L40S*"]),
+        CardTier(name="economy", products=["NVIDIA-L4", "NVIDIA-A10", "NVIDIA-T4", "Tesla-T4"]),
+    ]
+
+
+Action = Literal["evict", "suspend", "scale", "annotate"]
+
+
+class OwnerActions(Config):
+    pod: Literal["evict", "annotate"] = "evict"
+    job: Literal["suspend", "evict", "annotate"] = "suspend"
+    deployment: Literal["scale", "annotate"] = "scale"
+    stateful_set: Literal["scale", "annotate"] = "scale"
+    # ReplicaSets without a Deployment, custom controllers, ...
+    unknown: Literal["evict", "annotate"] = "evict"
+
+
+class PriorityOverride(Config):
+    idle: IdleRule = _factory(IdleRule)
+    protected: bool = False
+
+
+class Limits(Config):
+    max_per_cycle: Count = 5
+    max_per_hour: Count = 30
+    max_per_team_per_hour: Count = 10
+
+
+class Reclaim(Config):
+    # observe: decide and log only. warn: also annotate and send Events. enforce: also act.
+    mode: Literal["observe", "warn", "enforce"] = "observe"
+    interval: Duration = Duration(60)
+    idle: IdleRule = msgspec.field(
+        default_factory=lambda: IdleRule(
+            threshold_percent=5.0, window=Duration(1800), min_coverage=0.8, grace=Duration(900)
+        )
+    )
+    # Idle GPUs inside a team's quota are only reclaimed after this longer window.
+    within_quota_window: Duration = Duration(4 * 3600)
+    min_pod_age: Duration = Duration(1800)
+    # Pods at or above this priority are never touched (system-*-critical are 2e9).
+    protected_priority: int = 1_000_000
+    priority_classes: dict[str, PriorityOverride] = msgspec.field(default_factory=dict)
+    owner_actions: OwnerActions = _factory(OwnerActions)
+    limits: Limits = _factory(Limits)
+    exclude_namespaces: list[Name] = msgspec.field(default_factory=lambda: ["kube-system"])
+    exclude_pod_labels: dict[str, str] = msgspec.field(default_factory=dict)
+    allow_opt_out: bool = True
+    # Eviction grace period handed to the pod; never zero.
+    eviction_grace: Duration = Duration(30)
+
+
+class Team(Config):
+    quota_gpus: Count | None = None
+    quota_by_tier: dict[str, Count] = msgspec.field(default_factory=dict)
+
+
+class Queue(Config):
+    enabled: bool = True
+    # A pending pod must wait this long before it may trigger early reclaim.
+    min_wait: Duration = Duration(120)
+
+
+class Policy(Config):
+    api_version: Literal["gpusteward.io/v1alpha1"] = "gpusteward.io/v1alpha1"
+    kind: Literal["Policy"] = "Policy"
+    resources: list[Name] = msgspec.field(default_factory=lambda: ["nvidia.com/gpu"])
+    telemetry: Telemetry = _factory(Telemetry)
+    health: Health = _factory(Health)
+    card_tiers: list[CardTier] = msgspec.field(default_factory=_default_tiers)
+    default_class: Name = "batch"
+    classes: dict[str, WorkloadClass] = msgspec.field(default_factory=_default_classes)
+    reclaim: Reclaim = _factory(Reclaim)
+    teams: dict[str, Team] = msgspec.field(default_factory=dict)
+    queue: Queue = _factory(Queue)
+
+
+class PolicyError(Exception):
+    def __init__(self, source: str, errors: list[FieldError]):
+        self.source = source
+        self.errors = errors
+        lines = "\n".join(f"  - {e}" for e in errors)
+        super().__init__(f"invalid policy {source}:\n{lines}")
+
+
+_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def parse_policy(data: Any, source: str = "<policy>") -> Policy:
+    policy, errors = decode(data, Policy)
+    if errors:
+        # Check the meaning of what did decode too, so every problem is reported at once.
+        repaired, still = decode(without(data, [e.keys for e in errors]), Policy)
+        if not still:
+            reported = {e.keys for e in errors}
+            errors += [e for e in _semantic_errors(repaired) if e.keys not in reported]
+        raise PolicyError(source, errors)
+    errors = list(_semantic_errors(policy))
+    if errors:
+        raise PolicyError(source, errors)
+    return policy
+
+
+def load_policy(path: str | Path) -> Policy:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise PolicyError(str(path), [FieldError((), f"cannot read file: {e.strerror}")]) from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PolicyError(str(path), [FieldError((), f"not valid YAML: {e}")]) from e
+    return parse_policy(data, str(path))
+
+
+def _semantic_errors(p: Policy) -> Iterator[FieldError]:
+    tiers = [t.name for t in p.card_tiers]
+    for i, name in enumerate(p.resources):
+        if not _RESOURCE.match(name):
+            yield FieldError(("resources", i), f"{name!r} is not an extended resource name")
+    if not p.resources:
+        yield FieldError(("resources",), "name at least one GPU resource, e.g. nvidia.com/gpu")
+    for i, tier in enumerate(p.card_tiers):
+        if tiers.index(tier.name) != i:
+            yield FieldError(("cardTiers", i, "name"), f"tier {tier.name!r} is defined twice")
+        try:
+            compile_patterns(tier.products)
+        except CardPatternError as e:
+            yield FieldError(("cardTiers", i, "products"), str(e))
+    if p.default_class not in p.classes:
+        yield FieldError(("defaultClass",), f"{p.default_class!r} is not one of classes")
+    for name, cls in p.classes.items():
+        yield from _class_errors(("classes", name), cls, tiers)
+    for name, team in p.teams.items():
+        for tier in team.quota_by_tier:
+            if tier not in tiers:
+                yield FieldError(("teams", name, "quotaByTier", tier), "unknown card tier")
+    if p.reclaim.eviction_grace <= 0:
+        yield FieldError(("reclaim", "evictionGrace"), "must be above zero: pods get time to exit")
+    if p.telemetry.stale_after < p.telemetry.refresh:
+        yield FieldError(("telemetry", "staleAfter"), "must be at least telemetry.refresh")
+
+
+def _class_errors(
+    path: tuple[str, str], cls: WorkloadClass, tiers: list[str]
+) -> Iterator[FieldError]:
+    for i, tier in enumerate(cls.preferred_tiers):
+        if tier not in tiers:
+            yield FieldError((*path, "preferredTiers", i), f"unknown card tier {tier!r}")
+    w = cls.weights
+    if w.card + w.coolness + w.packing + w.health <= 0:
+        yield FieldError((*path, "weights"), "at least one weight must be above zero")

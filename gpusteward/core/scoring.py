@@ -1,0 +1,148 @@
+"""Filter and score one node for one pod: the whole placement formula lives here.
+
+Filter (first failing rule wins, each with a reason the scheduler logs):
+  * the node has no GPU resource or no product label        -> unresolvable
+  * the pod names card types and the product matches none   -> unresolvable (preemption cannot
+    change a node's card)
+  * healthy free GPUs < GPUs requested                      -> failed (resolvable: pods may leave)
+  Health is only held against a node when its telemetry is fresh: missing telemetry never fails
+  scheduling.
+
+Score: a weighted mean of four terms, each clamped to [0, 1], with the class's weights
+
+    raw   = (w_card*card + w_cool*coolness + w_pack*packing + w_health*health) / sum(w)
+    score = round(10 * raw)          (an integer 0..10, what the extender API expects)
+
+  card      pod patterns p_0..p_{n-1}: 1 - i/n for the first p_i the product matches;
+            otherwise the class's preferred tiers t_0..t_{m-1}: 1 - j/m for the node's tier t_j,
+            0 for other tiers; 0.5 when neither pod nor class states a preference.
+  coolness  1 - mean GPU utilization of the node, where GPUs of pods bound since the last
+            sample count as 100 % busy (burst correction).          Unknown: 0.5 (neutral).
+  packing   u = (allocated + requested) / allocatable after placing the pod;
+            binpack: u, spread: 1 - u.
+  health    1 - faulty GPUs / GPUs.                                  Unknown: 0.5 (neutral).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from gpusteward.core.cards import preference_rank
+from gpusteward.core.nodestate import NodeState
+from gpusteward.core.policy import Weights, WorkloadClass
+
+NEUTRAL = 0.5
+MAX_PRIORITY = 10
+
+
+class Demand(msgspec.Struct, frozen=True):
+    """What the pod being scheduled asks for; the cache key for precomputed replies."""
+
+    gpus: int
+    card_patterns: tuple[str, ...]
+    class_name: str
+
+
+class ClassRule(msgspec.Struct, frozen=True):
+    preferred_tiers: tuple[str, ...]
+    placement: str  # binpack | spread
+    weights: Weights
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    ok: bool
+    resolvable: bool = True
+    reason: str = ""
+
+
+PASS = Verdict(ok=True)
+
+
+def filter_node(state: NodeState, demand: Demand) -> Verdict:
+    if demand.gpus == 0:
+        return PASS  # not a GPU pod: not ours to judge
+    node = state.node
+    if node.gpus <= 0:
+        return Verdict(False, False, "node has no allocatable GPUs")
+    if demand.card_patterns:
+        if node.product is None:
+            return Verdict(False, False, "node has no nvidia.com/gpu.product label")
+        if preference_rank(node.product, demand.card_patterns) is None:
+            wanted = ",".join(demand.card_patterns)
+            return Verdict(False, False, f"card {node.product} not accepted (pod wants {wanted})")
+    if demand.gpus > node.gpus:
+        return Verdict(False, False, f"pod needs {demand.gpus} GPUs, node has {node.gpus}")
+    if state.healthy_free < demand.gpus:
+        return Verdict(False, True, _capacity_reason(state, demand))
+    return PASS
+
+
+def _capacity_reason(state: NodeState, demand: Demand) -> str:
+    reason = f"pod needs {demand.gpus} healthy free GPUs, node has {state.healthy_free}"
+    if state.unhealthy_free:
+        reason += f" (unhealthy: {state.health_reason})"
+    return reason
+
+
+def card_term(state: NodeState, demand: Demand, rule: ClassRule) -> float:
+    if demand.card_patterns:
+        rank = preference_rank(state.node.product, demand.card_patterns)
+        return 0.0 if rank is None else 1.0 - rank / len(demand.card_patterns)
+    if not rule.preferred_tiers:
+        return NEUTRAL
+    if state.tier not in rule.preferred_tiers:
+        return 0.0
+    return 1.0 - rule.preferred_tiers.index(state.tier) / len(rule.preferred_tiers)
+
+
+def coolness_term(state: NodeState) -> float:
+    return NEUTRAL if state.util is None else _clamp(1.0 - state.util)
+
+
+def packing_term(state: NodeState, demand: Demand, placement: str) -> float:
+    used = _clamp((state.allocated + demand.gpus) / max(state.node.gpus, 1))
+    return used if placement == "binpack" else 1.0 - used
+
+
+def health_term(state: NodeState) -> float:
+    if state.faulty is None:
+        return NEUTRAL
+    return _clamp(1.0 - state.faulty / max(state.node.gpus, 1))
+
+
+def raw_score(state: NodeState, demand: Demand, rule: ClassRule) -> float:
+    w = rule.weights
+    terms: Sequence[tuple[float, float]] = (
+        (w.card, card_term(state, demand, rule)),
+        (w.coolness, coolness_term(state)),
+        (w.packing, packing_term(state, demand, rule.placement)),
+        (w.health, health_term(state)),
+    )
+    total = sum(weight for weight, _ in terms)
+    if total <= 0:
+        return NEUTRAL
+    return _clamp(sum(weight * term for weight, term in terms) / total)
+
+
+def to_priority(raw: float) -> int:
+    """Normalise a raw score in [0, 1] to the extender's integer 0..10 (half rounds up)."""
+    return int(_clamp(raw) * MAX_PRIORITY + 0.5)
+
+
+def score_node(state: NodeState, demand: Demand, rule: ClassRule) -> int:
+    if demand.gpus == 0:
+        return 0  # not a GPU pod: the same score everywhere changes nothing
+    return to_priority(raw_score(state, demand, rule))
+
+
+def _clamp(x: float) -> float:
+    return 0.0 if x < 0.0 else 1.0 if x > 1.0 else x
+
+
+def class_rules(classes: Mapping[str, WorkloadClass]) -> dict[str, ClassRule]:
+    return {
+        name: ClassRule(tuple(c.preferred_tiers), c.placement, c.weights)
+        for name, c in classes.items()
+    }

@@ -1,0 +1,179 @@
+"""Decode plain data (from YAML) into msgspec Structs, reporting *every* error with its path.
+
+msgspec stops at the first error; an operator fixing a policy file wants them all at once, so we
+walk the Struct definitions field by field and let msgspec check each leaf value.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Union, get_args, get_origin
+
+import msgspec
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class Duration(float):
+    """Seconds: in YAML a number of seconds or Go-style text such as `90s`, `15m`, `1h30m`."""
+
+    @classmethod
+    def parse(cls, value: object) -> Duration:
+        if isinstance(value, bool):
+            raise ValueError("expected a duration such as 30s, 15m or 1h")
+        if isinstance(value, int | float):
+            if value < 0:
+                raise ValueError("a duration cannot be negative")
+            return cls(value)
+        if isinstance(value, str):
+            text = value.strip()
+            parts = _DURATION_PART.findall(text)
+            if parts and "".join(n + u for n, u in parts) == text:
+                return cls(sum(float(n) * _UNIT_SECONDS[u] for n, u in parts))
+        raise ValueError(f"expected a duration such as 30s, 15m or 1h, got {value!r}")
+
+    def __repr__(self) -> str:
+        return f"Duration({float(self)}s)"
+
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class FieldError:
+    keys: Path
+    message: str
+
+    @property
+    def path(self) -> str:
+        """`classes.training.weights[0]`: the keys as an operator reads them in the YAML."""
+        text = ""
+        for key in self.keys:
+            text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else key)
+        return text
+
+    def __str__(self) -> str:
+        return f"{self.path or '<root>'}: {self.message}"
+
+
+def _join(path: Path, key: str | int) -> Path:
+    return (*path, key)
+
+
+def without(data: Any, paths: list[Path]) -> Any:
+    """A copy of data with the values at paths removed, so defaults apply there."""
+    if not isinstance(data, dict | list):
+        return data
+    drop = {p[0] for p in paths if len(p) == 1}
+    deeper: dict[str | int, list[Path]] = {}
+    for p in paths:
+        if len(p) > 1:
+            deeper.setdefault(p[0], []).append(p[1:])
+    if isinstance(data, list):
+        return [without(v, deeper.get(i, [])) for i, v in enumerate(data) if i not in drop]
+    return {k: without(v, deeper.get(k, [])) for k, v in data.items() if k not in drop}
+
+
+def decode(data: Any, typ: Any, path: Path = ()) -> tuple[Any, list[FieldError]]:
+    """Return (value, errors). The value is only meaningful when errors is empty."""
+    origin = get_origin(typ)
+    if origin is typing.Annotated:
+        base = get_args(typ)[0]
+        if isinstance(base, type) and issubclass(base, msgspec.Struct):
+            return _decode_struct(data, base, path)
+        return _leaf(data, typ, path)
+    if isinstance(typ, type) and issubclass(typ, msgspec.Struct):
+        return _decode_struct(data, typ, path)
+    if typ is Duration:
+        try:
+            return Duration.parse(data), []
+        except ValueError as e:
+            return None, [FieldError(path, str(e))]
+    if origin in (Union, types.UnionType):
+        return _decode_optional(data, typ, path)
+    if origin is list:
+        return _decode_list(data, get_args(typ)[0], path)
+    if origin is dict:
+        return _decode_dict(data, get_args(typ)[1], path)
+    return _leaf(data, typ, path)
+
+
+def _decode_optional(data: Any, typ: Any, path: Path) -> tuple[Any, list[FieldError]]:
+    members = [a for a in get_args(typ) if a is not type(None)]
+    if data is None and len(members) < len(get_args(typ)):
+        return None, []
+    if len(members) == 1:
+        return decode(data, members[0], path)
+    return _leaf(data, typ, path)
+
+
+def _decode_list(data: Any, item: Any, path: Path) -> tuple[Any, list[FieldError]]:
+    if not isinstance(data, list):
+        return None, [FieldError(path, f"expected a list, got {_kind(data)}")]
+    out, errors = [], []
+    for i, element in enumerate(data):
+        value, errs = decode(element, item, _join(path, i))
+        out.append(value)
+        errors += errs
+    return out, errors
+
+
+def _decode_dict(data: Any, item: Any, path: Path) -> tuple[Any, list[FieldError]]:
+    if not isinstance(data, dict):
+        return None, [FieldError(path, f"expected a mapping, got {_kind(data)}")]
+    out, errors = {}, []
+    for key, element in data.items():
+        if not isinstance(key, str):
+            errors.append(FieldError(_join(path, str(key)), "keys must be strings"))
+            continue
+        out[key], errs = decode(element, item, _join(path, key))
+        errors += errs
+    return out, errors
+
+
+def _decode_struct(
+    data: Any, typ: type[msgspec.Struct], path: Path
+) -> tuple[Any, list[FieldError]]:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        return None, [FieldError(path, f"expected a mapping, got {_kind(data)}")]
+    hints = typing.get_type_hints(typ, include_extras=True)
+    fields = msgspec.structs.fields(typ)
+    known = {f.encode_name for f in fields}
+    errors = [
+        FieldError(_join(path, str(k)), f"unknown field (known: {', '.join(sorted(known))})")
+        for k in data
+        if k not in known
+    ]
+    kwargs = {}
+    for f in fields:
+        if f.encode_name not in data:
+            if f.required:
+                errors.append(FieldError(_join(path, f.encode_name), "required field is missing"))
+            continue
+        value, errs = decode(data[f.encode_name], hints[f.name], _join(path, f.encode_name))
+        errors += errs
+        kwargs[f.name] = value
+    if errors:
+        return None, errors
+    return typ(**kwargs), []
+
+
+def _leaf(data: Any, typ: Any, path: Path) -> tuple[Any, list[FieldError]]:
+    if get_origin(typ) is typing.Literal and data not in get_args(typ):
+        choices = ", ".join(str(a) for a in get_args(typ))
+        return None, [FieldError(path, f"expected one of {choices}, got {data!r}")]
+    try:
+        return msgspec.convert(data, typ, strict=True), []
+    except msgspec.ValidationError as e:
+        message = str(e).removesuffix(" - at `$`")
+        return None, [FieldError(path, message)]
+
+
+def _kind(data: Any) -> str:
+    return "nothing" if data is None else type(data).__name__

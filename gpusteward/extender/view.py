@@ -1,0 +1,70 @@
+"""The extender's live view: fleet cache + latest telemetry -> node states -> reply fragments.
+
+Watch events rebuild the states of the nodes they touch; each telemetry tick rebuilds them all
+(also when Prometheus failed, so readings age into "stale" and their terms turn neutral).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from gpusteward.core.cards import CARD_TYPES_ANNOTATION, TierTable, parse_card_types
+from gpusteward.core.fleet import FleetStore
+from gpusteward.core.kubewire import WireNode, WirePod, pod_gpus, to_node
+from gpusteward.core.model import Node, Telemetry, class_of
+from gpusteward.core.nodestate import NodeState, build_node_state
+from gpusteward.core.policy import Policy
+from gpusteward.core.scoring import Demand, class_rules
+from gpusteward.extender.scorebook import ScoreBook
+
+
+class PlacementView:
+    def __init__(self, policy: Policy, fleet: FleetStore, clock: Callable[[], float] = time.time):
+        self.policy = policy
+        self.fleet = fleet
+        self.clock = clock
+        self.tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
+        self.telemetry = Telemetry()
+        self.book = ScoreBook(class_rules(policy.classes), policy.default_class)
+        fleet.subscribe(self._on_fleet_change)
+
+    def node_state(self, node: Node) -> NodeState:
+        return build_node_state(
+            node,
+            self.tiers.tier_of(node.product),
+            self.fleet.pods_on(node.name),
+            self.telemetry.for_node(node.name),
+            self.policy.health,
+            self.clock(),
+            float(self.policy.telemetry.stale_after),
+        )
+
+    def set_telemetry(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.book.replace_states({n.name: self.node_state(n) for n in self.fleet.nodes.values()})
+
+    def stale_nodes(self) -> int:
+        return sum(1 for s in self.book.states.values() if not s.telemetry_known)
+
+    def _on_fleet_change(self, names: set[str]) -> None:
+        for name in names:
+            node = self.fleet.nodes.get(name)
+            self.book.update_state(name, None if node is None else self.node_state(node))
+
+    def demand_of(self, pod: WirePod) -> Demand:
+        """Raises ValueError (bad card-types annotation, bad quantity) for a 400 reply."""
+        labels = pod.metadata.labels or {}
+        annotations = pod.metadata.annotations or {}
+        return Demand(
+            gpus=pod_gpus(pod.spec, self.policy.resources),
+            card_patterns=parse_card_types(annotations.get(CARD_TYPES_ANNOTATION)),
+            class_name=class_of(labels, annotations, self.policy.default_class),
+        )
+
+    def state_from_request(self, wire: WireNode) -> NodeState:
+        """Full-node mode, a node the watch has not delivered yet: judge it from the request."""
+        return self.node_state(to_node(wire, self.policy.resources))

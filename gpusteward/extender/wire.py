@@ -1,0 +1,101 @@
+"""The kube-scheduler extender wire format (`k8s.io/kube-scheduler/extender/v1`).
+
+The upstream structs carry no JSON tags, so keys are Go field names in PascalCase and every
+member is always present (`null` when unused). Requests are decoded into typed structs holding
+only what we read; full Node objects are kept as raw bytes so a filter reply can echo them
+unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from gpusteward.core.kubewire import WireNode, WirePod
+
+
+class RawNodeList(msgspec.Struct):
+    items: list[msgspec.Raw] | None = None
+
+
+class ExtenderArgs(msgspec.Struct, forbid_unknown_fields=True):
+    Pod: WirePod | None = None
+    Nodes: RawNodeList | None = None
+    NodeNames: list[str] | None = None
+
+
+class BadRequest(ValueError):
+    """The request cannot be answered; the message says why (sent back with HTTP 400)."""
+
+
+_args_decoder = msgspec.json.Decoder(ExtenderArgs)
+_node_decoder = msgspec.json.Decoder(WireNode)
+
+
+def decode_args(body: bytes) -> ExtenderArgs:
+    if not body:
+        raise BadRequest("empty body: expected ExtenderArgs JSON")
+    try:
+        args = _args_decoder.decode(body)
+    except msgspec.ValidationError as e:
+        hint = " (keys are PascalCase: Pod, Nodes, NodeNames)" if "unknown field" in str(e) else ""
+        raise BadRequest(f"invalid ExtenderArgs: {e}{hint}") from e
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"malformed JSON: {e}") from e
+    if args.Pod is None:
+        raise BadRequest("ExtenderArgs has no Pod")
+    if args.NodeNames is None and (args.Nodes is None or args.Nodes.items is None):
+        raise BadRequest("ExtenderArgs has neither NodeNames nor Nodes")
+    return args
+
+
+def decode_node(raw: msgspec.Raw) -> WireNode:
+    try:
+        return _node_decoder.decode(raw)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"invalid node in Nodes.items: {e}") from e
+
+
+def encode_str(text: str) -> bytes:
+    return msgspec.json.encode(text)
+
+
+def host_priority(name: str, score: int) -> bytes:
+    return b'{"Host":' + encode_str(name) + b',"Score":' + str(score).encode() + b"}"
+
+
+def priority_list(fragments: Iterable[bytes]) -> bytes:
+    return b"[" + b",".join(fragments) + b"]"
+
+
+def _failure_map(entries: list[tuple[str, bytes]]) -> bytes:
+    # Go marshals maps with sorted keys; we do too, so replies match upstream byte for byte.
+    entries.sort()
+    return b"{" + b",".join(e for _, e in entries) + b"}"
+
+
+def filter_result(
+    *,
+    node_names: list[bytes] | None,
+    nodes: list[bytes] | None,
+    failed: list[tuple[str, bytes]],
+    unresolvable: list[tuple[str, bytes]],
+    error: str = "",
+) -> bytes:
+    """ExtenderFilterResult from pre-encoded JSON values (quoted names, whole nodes)."""
+    nodes_json = b"null"
+    if nodes is not None:
+        nodes_json = b'{"metadata":{},"items":[' + b",".join(nodes) + b"]}"
+    names_json = b"null" if node_names is None else b"[" + b",".join(node_names) + b"]"
+    return (
+        b'{"Nodes":' + nodes_json
+        + b',"NodeNames":' + names_json
+        + b',"FailedNodes":' + _failure_map(failed)
+        + b',"FailedAndUnresolvableNodes":' + _failure_map(unresolvable)
+        + b',"Error":' + encode_str(error) + b"}"
+    )
+
+
+def error_result(message: str) -> bytes:
+    return filter_result(node_names=None, nodes=None, failed=[], unresolvable=[], error=message)
