@@ -10,7 +10,7 @@ from gpusteward.core.cards import CardPatternError
 from gpusteward.core.kubewire import QuantityError
 from gpusteward.core.scoring import Demand
 from gpusteward.extender import wire
-from gpusteward.extender.scorebook import DemandTable, Fragments
+from gpusteward.extender.scorebook import PASSED, DemandTable, Fragments
 from gpusteward.extender.view import PlacementView
 
 NOT_CACHED = "node not in gpusteward's cache yet; retry"
@@ -38,43 +38,54 @@ def _by_name(view: PlacementView, table: DemandTable,
         return
     assert args.Nodes is not None and args.Nodes.items is not None
     for raw in args.Nodes.items:
-        node = wire.decode_node(raw)
-        name = node.metadata.name
+        name = wire.node_name(raw)
         frags = table.by_node.get(name)
         if frags is None and name:
-            frags = view.book.fragments_for_unlisted(view.state_from_request(node), table.demand)
+            state = view.state_from_request(wire.decode_node(raw))
+            frags = view.book.fragments_for_unlisted(state, table.demand)
         yield name, frags, raw
 
 
 def filter_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
     table = view.book.table(demand_or_400(view, args))
-    passed: list[bytes] = []
-    failed: list[tuple[str, bytes]] = []
-    unresolvable: list[tuple[str, bytes]] = []
+    lists: tuple[list[bytes], list[bytes], list[bytes]] = ([], [], [])
+    passed, failed, unresolvable = lists
     unknown = 0
+    if args.NodeNames is not None:  # the hot path: lookups and appends
+        by_node = table.by_node
+        for name in args.NodeNames:
+            f = by_node.get(name)
+            if f is None:
+                unknown += 1
+                failed.append(_not_cached(name))
+            else:
+                lists[f.outcome].append(f.quoted if f.outcome == PASSED else f.failure)
+        body = wire.filter_result(node_names=passed, nodes=None, failed=failed,
+                                  unresolvable=unresolvable)
+        return Outcome(body, unknown)
     for name, frags, raw in _by_name(view, table, args):
         if frags is None:
             unknown += 1
-            failed.append((name, wire.encode_str(name) + b":" + wire.encode_str(NOT_CACHED)))
-        elif frags.failure is None:
-            passed.append(frags.quoted if raw is None else bytes(raw))
-        elif frags.resolvable:
-            failed.append((name, frags.failure))
+            failed.append(_not_cached(name))
         else:
-            unresolvable.append((name, frags.failure))
-    full = args.NodeNames is None
-    body = wire.filter_result(
-        node_names=None if full else passed,
-        nodes=passed if full else None,
-        failed=failed,
-        unresolvable=unresolvable,
-    )
+            lists[frags.outcome].append(bytes(raw) if frags.outcome == PASSED else frags.failure)
+    body = wire.filter_result(node_names=None, nodes=passed, failed=failed,
+                              unresolvable=unresolvable)
     return Outcome(body, unknown)
+
+
+def _not_cached(name: str) -> bytes:
+    return wire.encode_str(name) + b":" + wire.encode_str(NOT_CACHED)
 
 
 def prioritize_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
     table = view.book.table(demand_or_400(view, args))
-    parts: list[bytes] = []
+    if args.NodeNames is not None:  # the hot path: lookups and one join
+        by_node = table.by_node
+        parts = [f.priority if (f := by_node.get(n)) else b"" for n in args.NodeNames]
+        if all(parts):
+            return Outcome(wire.priority_list(parts))
+    parts = []
     unknown = 0
     for name, frags, _ in _by_name(view, table, args):
         if frags is None:

@@ -15,18 +15,21 @@ from gpusteward.core.nodestate import NodeState
 from gpusteward.core.scoring import ClassRule, Demand, filter_node, score_node
 from gpusteward.extender import wire
 
+PASSED, FAILED, UNRESOLVABLE = 0, 1, 2
+
 
 class Fragments:
     """Everything one node contributes to a reply for one demand."""
 
-    __slots__ = ("name", "quoted", "score", "priority", "failure", "resolvable")
+    __slots__ = ("name", "quoted", "outcome", "failure", "score", "priority")
 
     def __init__(self, state: NodeState, demand: Demand, rule: ClassRule):
         self.name = state.name
         self.quoted = wire.encode_str(state.name)
         verdict = filter_node(state, demand)
-        self.failure = None if verdict.ok else self.quoted + b":" + wire.encode_str(verdict.reason)
-        self.resolvable = verdict.resolvable
+        self.outcome = PASSED if verdict.ok else FAILED if verdict.resolvable else UNRESOLVABLE
+        # `"name":"reason"`, ready to join into FailedNodes or FailedAndUnresolvableNodes.
+        self.failure = b"" if verdict.ok else self.quoted + b":" + wire.encode_str(verdict.reason)
         self.score = score_node(state, demand, rule)
         self.priority = wire.host_priority(state.name, self.score)
 

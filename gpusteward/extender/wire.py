@@ -29,8 +29,17 @@ class BadRequest(ValueError):
     """The request cannot be answered; the message says why (sent back with HTTP 400)."""
 
 
+class _Name(msgspec.Struct):
+    name: str = ""
+
+
+class _NamedObject(msgspec.Struct):
+    metadata: _Name = msgspec.field(default_factory=_Name)
+
+
 _args_decoder = msgspec.json.Decoder(ExtenderArgs)
 _node_decoder = msgspec.json.Decoder(WireNode)
+_name_decoder = msgspec.json.Decoder(_NamedObject)
 
 
 def decode_args(body: bytes) -> ExtenderArgs:
@@ -48,6 +57,14 @@ def decode_args(body: bytes) -> ExtenderArgs:
     if args.NodeNames is None and (args.Nodes is None or args.Nodes.items is None):
         raise BadRequest("ExtenderArgs has neither NodeNames nor Nodes")
     return args
+
+
+def node_name(raw: msgspec.Raw) -> str:
+    """Just the name: enough for nodes the watch cache already knows (skips the rest fast)."""
+    try:
+        return _name_decoder.decode(raw).metadata.name
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"invalid node in Nodes.items: {e}") from e
 
 
 def decode_node(raw: msgspec.Raw) -> WireNode:
@@ -69,21 +86,18 @@ def priority_list(fragments: Iterable[bytes]) -> bytes:
     return b"[" + b",".join(fragments) + b"]"
 
 
-def _failure_map(entries: list[tuple[str, bytes]]) -> bytes:
-    # Go marshals maps with sorted keys; we do too, so replies match upstream byte for byte.
-    entries.sort()
-    return b"{" + b",".join(e for _, e in entries) + b"}"
-
-
 def filter_result(
     *,
     node_names: list[bytes] | None,
     nodes: list[bytes] | None,
-    failed: list[tuple[str, bytes]],
-    unresolvable: list[tuple[str, bytes]],
+    failed: list[bytes],
+    unresolvable: list[bytes],
     error: str = "",
 ) -> bytes:
-    """ExtenderFilterResult from pre-encoded JSON values (quoted names, whole nodes)."""
+    """ExtenderFilterResult from pre-encoded JSON (quoted names, whole nodes, `"name":"why"`).
+
+    Failure maps keep the request's node order; Go decodes a map whatever its key order.
+    """
     nodes_json = b"null"
     if nodes is not None:
         nodes_json = b'{"metadata":{},"items":[' + b",".join(nodes) + b"]}"
@@ -91,9 +105,9 @@ def filter_result(
     return (
         b'{"Nodes":' + nodes_json
         + b',"NodeNames":' + names_json
-        + b',"FailedNodes":' + _failure_map(failed)
-        + b',"FailedAndUnresolvableNodes":' + _failure_map(unresolvable)
-        + b',"Error":' + encode_str(error) + b"}"
+        + b',"FailedNodes":{' + b",".join(failed)
+        + b'},"FailedAndUnresolvableNodes":{' + b",".join(unresolvable)
+        + b'},"Error":' + encode_str(error) + b"}"
     )
 
 
