@@ -90,7 +90,7 @@ class Watcher:
         """Forever: list, then watch from the list's resourceVersion; on 410 list again."""
         retrying = AsyncRetrying(
             retry=retry_if_exception_type((KubeError, aiohttp.ClientError, asyncio.TimeoutError)),
-            wait=wait_exponential_jitter(initial=0.5, max=30),
+            wait=wait_exponential_jitter(multiplier=0.5, max=30),
             before_sleep=lambda rs: log.warning(
                 "%s watch failed, retrying: %s", self.kind, rs.outcome.exception()),
         )

@@ -79,7 +79,7 @@ class PrometheusSource:
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(_Transient),
             stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential_jitter(initial=0.2, max=2),
+            wait=wait_exponential_jitter(multiplier=0.2, max=2, jitter=0.2),
             reraise=True,
             before_sleep=lambda rs: log.warning("prometheus query failed, retrying: %s",
                                                 rs.outcome.exception()),
@@ -95,7 +95,7 @@ class PrometheusSource:
     def _query_once(self, promql: str) -> list[dict[str, Any]]:
         self.queries_run += 1
         try:
-            result = self._prom.custom_query(promql, params={"timeout": f"{self.timeout}s"})
+            result = self._prom.custom_query(promql, params={"timeout": f"{self.timeout:g}s"})
         except (requests.ConnectionError, requests.Timeout) as e:
             raise _Transient(f"unreachable: {e}") from e
         except PrometheusApiClientException as e:

@@ -1,0 +1,198 @@
+"""The extender against a real Prometheus holding dcgm-exporter-shaped history.
+
+The fleet is fed into the watch cache directly (this tier has no API server); telemetry comes
+from Prometheus for real, through PrometheusSource.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.core.fleet import FleetStore
+from gpusteward.core.policy import parse_policy
+from gpusteward.extender.app import Extender, create_app
+from gpusteward.extender.view import PlacementView
+from gpusteward.sandbox.dcgm import PodRef, SimGpu, render_openmetrics_history
+from tests.factories import A100, H100, L4, node, pod
+
+H100_NAME = "NVIDIA H100 80GB HBM3"
+
+
+def gpus_at(now: float, t: float) -> list[SimGpu]:
+    """The fleet's GPUs at time t. l-stale stops reporting 3 minutes before now."""
+    out = [SimGpu("h-hot", i, H100_NAME, util_percent=90 if i < 4 else 0,
+                  pod=PodRef("ml", f"busy{i}", "main") if i < 4 else None) for i in range(8)]
+    out += [SimGpu("h-cool", i, H100_NAME) for i in range(8)]
+    out += [SimGpu("a-xid", i, "NVIDIA A100-SXM4-80GB", xid=79 if i == 0 else 0)
+            for i in range(8)]
+    if t < now - 180:
+        out += [SimGpu("l-stale", i, "NVIDIA L4", util_percent=100) for i in range(4)]
+    return out
+
+
+def history(now: float, minutes: int = 10, step: float = 15.0, node_label: str = "Hostname"):
+    frames = []
+    t = now - minutes * 60
+    while t <= now - 5:
+        frames.append((t, gpus_at(now, t)))
+        t += step
+    return render_openmetrics_history(frames, node_label=node_label,
+                                      extra_labels={"job": "dcgm", "instance": "dcgm:9400"})
+
+
+def fleet() -> FleetStore:
+    store = FleetStore()
+    store.replace_all(
+        [node("h-hot", H100), node("h-cool", H100), node("a-xid", A100),
+         node("l-stale", L4, gpus=4), node("l-missing", L4, gpus=4)],
+        [pod(f"busy{i}", node="h-hot", bound_at=time.time() - 3600) for i in range(4)],
+    )
+    return store
+
+
+def training_pod(gpus: int, cards: str | None = None) -> dict:
+    annotations = {"gpusteward.io/card-types": cards} if cards else {}
+    return {"metadata": {"name": "t", "namespace": "ml", "labels": {"gpusteward.io/class":
+                                                                    "training"},
+                         "annotations": annotations},
+            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
+
+
+NAMES = ["h-hot", "h-cool", "a-xid", "l-stale", "l-missing"]
+
+
+@pytest.fixture(scope="module")
+def now() -> float:
+    return time.time()
+
+
+@pytest.fixture
+def prometheus(prometheus_factory, now):
+    return prometheus_factory(history_openmetrics=history(now))
+
+
+async def client_for(url: str, policy_data: dict | None = None):
+    policy = parse_policy(policy_data or {})
+    view = PlacementView(policy, fleet())
+    source = PrometheusSource(url, policy.telemetry, policy.health, attempts=1)
+    extender = Extender(view, source)
+    await extender.refresh()
+    return extender, TestClient(TestServer(create_app(extender)))
+
+
+async def post(client, verb: str, body: dict) -> bytes:
+    resp = await client.post(f"/{verb}", data=json.dumps(body, separators=(",", ":")))  # as Go
+    assert resp.status == 200
+    return await resp.read()
+
+
+async def test_prioritize_scores_live_telemetry_byte_for_byte(prometheus):
+    _, client = await client_for(prometheus.url)
+    async with client:
+        body = await post(client, "prioritize", {"Pod": training_pod(1), "Nodes": None,
+                                                 "NodeNames": NAMES})
+    # card 3, coolness 2, packing 1, health 2 (see gpusteward/core/scoring.py):
+    # h-hot  (3*1 + 2*0.55 + 5/8 + 2*1)/8 = 0.84 -> 8; h-cool (3 + 2 + 1/8 + 2)/8 = 0.89 -> 9
+    # a-xid  (3*0.5 + 2 + 1/8 + 2*7/8)/8 = 0.67 -> 7
+    # L4s    not a training tier, stale/missing telemetry -> neutral 0.5: (0 + 1 + 1/4 + 1)/8 -> 3
+    assert body == (b'[{"Host":"h-hot","Score":8},{"Host":"h-cool","Score":9},'
+                    b'{"Host":"a-xid","Score":7},{"Host":"l-stale","Score":3},'
+                    b'{"Host":"l-missing","Score":3}]')
+
+
+async def test_filter_names_mode_byte_for_byte(prometheus):
+    _, client = await client_for(prometheus.url)
+    async with client:
+        body = await post(client, "filter", {
+            "Pod": training_pod(8, "NVIDIA-H100*,NVIDIA-A100*"), "Nodes": None,
+            "NodeNames": NAMES})
+    wants = "(pod wants NVIDIA-H100*,NVIDIA-A100*)"
+    assert body == (
+        b'{"Nodes":null,"NodeNames":["h-cool"],'
+        b'"FailedNodes":{"h-hot":"pod needs 8 healthy free GPUs, node has 4",'
+        b'"a-xid":"pod needs 8 healthy free GPUs, node has 7 (unhealthy: gpu 0: XID 79)"},'
+        b'"FailedAndUnresolvableNodes":{"l-stale":"card NVIDIA-L4 not accepted ' + wants.encode()
+        + b'","l-missing":"card NVIDIA-L4 not accepted ' + wants.encode() + b'"},"Error":""}'
+    )
+
+
+async def test_filter_full_node_mode_returns_the_same_verdicts(prometheus):
+    items = [{"metadata": {"name": n, "labels": {"nvidia.com/gpu.product": p}},
+              "status": {"allocatable": {"nvidia.com/gpu": g}}}
+             for n, p, g in [("h-cool", H100, "8"), ("a-xid", A100, "8"), ("l-stale", L4, "4")]]
+    _, client = await client_for(prometheus.url)
+    async with client:
+        body = await post(client, "filter", {
+            "Pod": training_pod(8, "NVIDIA-H100*,NVIDIA-A100*"),
+            "Nodes": {"metadata": {}, "items": items}, "NodeNames": None})
+    expected_nodes = json.dumps({"metadata": {}, "items": [items[0]]}, separators=(",", ":"))
+    assert body.startswith(b'{"Nodes":' + expected_nodes.encode() + b',"NodeNames":null,')
+    reply = json.loads(body)
+    assert list(reply["FailedNodes"]) == ["a-xid"]
+    assert list(reply["FailedAndUnresolvableNodes"]) == ["l-stale"]
+
+
+async def test_a_refresh_runs_a_fixed_number_of_queries(prometheus):
+    extender, client = await client_for(prometheus.url)
+    source = extender.telemetry
+    before = source.queries_run
+    await extender.refresh()
+    assert source.queries_run - before == len(source.queries) == 5
+
+
+async def test_readings_carry_sample_time_and_pod_attribution(prometheus, now):
+    extender, _ = await client_for(prometheus.url)
+    readings = {r.gpu: r for r in extender.view.telemetry.for_node("h-hot")}
+    assert readings["0"].pod == "ml/busy0" and readings["7"].pod is None
+    assert readings["0"].util == pytest.approx(0.9)
+    assert now - 30 < readings["0"].sampled_at <= now
+    stale = extender.view.telemetry.for_node("l-stale")
+    assert stale and all(r.sampled_at < now - 170 for r in stale)
+    assert extender.view.telemetry.for_node("l-missing") == ()
+
+
+async def test_the_node_label_is_configurable(prometheus_factory, now):
+    prom = prometheus_factory(history_openmetrics=history(now, node_label="hostname"))
+    extender, _ = await client_for(prom.url, {"telemetry": {"nodeLabels": ["hostname"]}})
+    assert len(extender.view.telemetry.for_node("h-cool")) == 8
+    default, _ = await client_for(prom.url)  # looks for Hostname first, then hostname
+    assert len(default.view.telemetry.for_node("h-cool")) == 8
+    other, _ = await client_for(prom.url, {"telemetry": {"nodeLabels": ["kubernetes_node"]}})
+    assert other.view.telemetry.for_node("h-cool") == ()
+
+
+async def test_unreachable_prometheus_gives_neutral_scores_and_a_metric(unused_tcp_port):
+    extender, client = await client_for(f"http://127.0.0.1:{unused_tcp_port}")
+    async with client:
+        body = await post(client, "prioritize", {"Pod": training_pod(1),
+                                                 "NodeNames": ["h-cool", "l-missing"]})
+        metrics = await (await client.get("/metrics")).text()
+    # h-cool: (3*1 + 2*0.5 + 1/8 + 2*0.5)/8 = 0.64 -> 6: load and health neutral, card still counts
+    assert json.loads(body) == [{"Host": "h-cool", "Score": 6}, {"Host": "l-missing", "Score": 3}]
+    assert extender.metrics.refresh_errors._value.get() >= 1
+    assert "gpusteward_telemetry_stale_nodes 5.0" in metrics
+
+
+async def test_garbage_from_prometheus_is_treated_as_unavailable(dcgm_endpoint):
+    # A DCGM endpoint is an HTTP server that is not Prometheus: /api/v1/query answers garbage.
+    extender, client = await client_for(f"http://{dcgm_endpoint.target}")
+    async with client:
+        status = (await client.post("/filter", data=json.dumps(
+            {"Pod": training_pod(1), "NodeNames": ["h-cool"]}))).status
+    assert status == 200
+    assert extender.metrics.refresh_errors._value.get() >= 1
+    assert extender.view.stale_nodes() == 5
+
+
+async def test_stale_readings_turn_neutral_without_a_new_fetch(prometheus):
+    extender, _ = await client_for(prometheus.url)
+    assert extender.view.stale_nodes() == 2  # l-stale and l-missing
+    extender.view.clock = lambda: time.time() + 3600  # an hour later, Prometheus gone quiet
+    extender.telemetry = None
+    await extender.refresh()
+    assert extender.view.stale_nodes() == 5

@@ -1,0 +1,225 @@
+"""A real Prometheus for component and e2e tests (Debian package ``prometheus`` 2.42).
+
+Tests talk to the real server because a fake query API would agree with our
+PromQL bugs. ``PrometheusServer`` backfills DCGM-shaped history with
+``promtool tsdb create-blocks-from openmetrics`` into an empty TSDB *before*
+starting Prometheus, then scrapes the given targets (``honor_labels: true``, so
+the exporter's ``pod``/``namespace``/``container`` survive as they are).
+
+What we found about backfill and the head block (tried against 2.42):
+
+* No flag is needed for backfilled blocks that reach up to "now".
+  ``--storage.tsdb.allow-overlapping-blocks`` is still accepted (hidden, "This
+  flag has no effect"): since 2.39 overlapping blocks are always allowed.
+* Blocks found at start-up are queried right away, next to the (empty) head:
+  a query ending at "now" sees history up to its last sample; an instant query
+  needs a sample within the 5-minute lookback, so use ``*_over_time`` for older
+  history.
+* On open, the head takes the newest block's end as its lowest valid time, so
+  a scraped sample older than the last backfilled sample is dropped as out of
+  bounds — for every series, not only the backfilled ones. Keep the newest
+  history sample at or before the moment Prometheus starts (in the past, not in
+  the future) and history and live scrapes join up; no other margin is needed.
+* Prometheus's first scrape of a target comes about 5 s after it is ready
+  (service discovery hands out targets at most every 5 s), so live-scrape
+  tests poll for their series instead of sleeping one interval.
+* Retention counts back from the newest block, not the clock (tsdb's
+  ``BeyondTimeRetention``; not tried here); a long
+  ``--storage.tsdb.retention.time`` makes sure old fixtures are never cut.
+* promtool writes 2-hour-aligned blocks; backfilling into a *running* server is
+  what the upstream docs warn about, which is why history goes in first.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer"]
+
+#: ``job`` label of every scrape target the harness configures.
+SCRAPE_JOB = "dcgm"
+
+_READY_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 10.0
+_PORT_ATTEMPTS = 3
+_LOG_TAIL_CHARS = 4000
+_INSTALL_HINT = (
+    "`make test` installs the Debian package `prometheus` (apt-get install prometheus), "
+    "which provides both `prometheus` and `promtool`"
+)
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus or promtool is missing, failed, or answered with an error."""
+
+
+class PrometheusServer:
+    """One Prometheus process on a free loopback port, with its files in ``workdir``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        history_openmetrics: str | None = None,
+        scrape_targets: Sequence[str] = (),
+        scrape_interval: str = "1s",
+        prometheus_bin: str = "prometheus",
+        promtool_bin: str = "promtool",
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.history_openmetrics = history_openmetrics
+        self.scrape_targets = list(scrape_targets)
+        self.scrape_interval = scrape_interval
+        self.prometheus_bin = prometheus_bin
+        self.promtool_bin = promtool_bin
+        self.url = ""
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "prometheus.log"
+
+    @property
+    def tsdb_path(self) -> Path:
+        return self.workdir / "tsdb"
+
+    def start(self) -> None:
+        prometheus, promtool = _require(self.prometheus_bin), _require(self.promtool_bin)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.history_openmetrics is not None:
+            self._backfill(promtool)
+        config = self.workdir / "prometheus.yml"
+        config.write_text(self._config())  # JSON is YAML, and needs no quoting rules
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                self._launch(prometheus, config)
+                return
+            except PrometheusError:
+                # Another process may have taken the free port between probe and bind.
+                if attempt + 1 == _PORT_ATTEMPTS or "address already in use" not in self.log_tail():
+                    raise
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> PrometheusServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def api(self, path: str, **params: str | float) -> Any:
+        """GET ``/api/v1/<path>`` and return its ``data``; raise on an error answer."""
+        query = urllib.parse.urlencode(params)
+        try:
+            url = f"{self.url}/api/v1/{path}?{query}"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")
+            raise PrometheusError(f"{path} {params}: HTTP {e.code}: {detail}") from e
+        if body.get("status") != "success":
+            raise PrometheusError(f"{path} {params}: {body}")
+        return body["data"]
+
+    def log_tail(self) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return self.log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
+
+    def _launch(self, prometheus: str, config: Path) -> None:
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        args = [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.tsdb_path}",
+            "--storage.tsdb.retention.time=10y",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ]
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _backfill(self, promtool: str) -> None:
+        history = self.workdir / "history.om"
+        history.write_text(self.history_openmetrics or "")
+        args = [
+            promtool,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(history),
+            str(self.tsdb_path),
+        ]
+        result = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            output = result.stdout + result.stderr
+            raise PrometheusError(f"promtool backfill of {history} failed:\n{output}")
+
+    def _config(self) -> str:
+        job = {
+            "job_name": SCRAPE_JOB,
+            "honor_labels": True,
+            "scrape_interval": self.scrape_interval,
+            "scrape_timeout": self.scrape_interval,  # must not exceed the interval
+            "static_configs": [{"targets": self.scrape_targets}],
+        }
+        scrape_configs = [job] if self.scrape_targets else []
+        return json.dumps({"scrape_configs": scrape_configs}, indent=2)
+
+    def _wait_ready(self) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                self._process = None
+                raise PrometheusError(f"prometheus exited before it was ready:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        waited = f"{_READY_TIMEOUT_S:.0f} s"
+        raise PrometheusError(f"prometheus not ready after {waited}:\n{self.log_tail()}")
+
+
+def _require(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise PrometheusError(f"{binary!r} not found on PATH; {_INSTALL_HINT}")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
