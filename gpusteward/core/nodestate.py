@@ -25,6 +25,8 @@ class NodeState(msgspec.Struct, frozen=True):
     # GPUs with a fault, held by a pod or not; None when health is unknown.
     faulty: int | None = None
     health_reason: str = ""
+    # GPUs of pods the extender expects here that the watch has not shown bound yet.
+    inflight: int = 0
 
     @property
     def name(self) -> str:
@@ -51,17 +53,19 @@ def build_node_state(
     health: Health,
     now: float,
     stale_after: float,
+    inflight: int = 0,
 ) -> NodeState:
+    """inflight: GPUs of pods just placed here whose binding the watch has not delivered."""
     bound = [p for p in pods if not p.deleting and p.phase not in ("Succeeded", "Failed")]
     allocated = sum(p.gpus for p in bound)
     fresh = tuple(r for r in readings if now - r.sampled_at <= stale_after)
     if not fresh:
-        return NodeState(node, tier, allocated, None, None)
+        return NodeState(node, tier, allocated, None, None, inflight=inflight)
     sampled_at = min(r.sampled_at for r in fresh)
     burst = sum(p.gpus for p in bound if p.bound_at is not None and p.bound_at > sampled_at)
     faulty, unhealthy_free, reason = _faults(fresh, health)
-    util = _burst_util(fresh, node.gpus, burst)
-    return NodeState(node, tier, allocated, util, unhealthy_free, faulty, reason)
+    util = _burst_util(fresh, node.gpus, burst + inflight)
+    return NodeState(node, tier, allocated, util, unhealthy_free, faulty, reason, inflight)
 
 
 def _burst_util(readings: tuple[GpuReading, ...], gpus: int, burst_gpus: int) -> float | None:

@@ -17,8 +17,9 @@ Score: a weighted mean of four terms, each clamped to [0, 1], with the class's w
             otherwise the class's preferred tiers t_0..t_{m-1}: 1 - j/m for the node's tier t_j,
             0 for other tiers; 0.5 when neither pod nor class states a preference.
   coolness  1 - mean GPU utilization of the node, where GPUs of pods bound since the last
-            sample count as 100 % busy (burst correction).          Unknown: 0.5 (neutral).
-  packing   u = (allocated + requested) / allocatable after placing the pod;
+            sample, and of pods just placed here whose binding has not arrived yet, count as
+            100 % busy (burst correction).                           Unknown: 0.5 (neutral).
+  packing   u = (allocated + in flight + requested) / allocatable after placing the pod;
             binpack: u, spread: 1 - u.
   health    1 - faulty GPUs / GPUs.                                  Unknown: 0.5 (neutral).
 """
@@ -102,7 +103,7 @@ def coolness_term(state: NodeState) -> float:
 
 
 def packing_term(state: NodeState, demand: Demand, placement: str) -> float:
-    used = _clamp((state.allocated + demand.gpus) / max(state.node.gpus, 1))
+    used = _clamp((state.allocated + state.inflight + demand.gpus) / max(state.node.gpus, 1))
     return used if placement == "binpack" else 1.0 - used
 
 

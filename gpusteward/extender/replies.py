@@ -23,6 +23,7 @@ class Outcome(msgspec.Struct):
 
 def demand_or_400(view: PlacementView, args: wire.ExtenderArgs) -> Demand:
     assert args.Pod is not None
+    view.forget(args.Pod.metadata.uid)
     try:
         return view.demand_of(args.Pod)
     except (CardPatternError, QuantityError) as e:
@@ -80,17 +81,23 @@ def _not_cached(name: str) -> bytes:
 
 def prioritize_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
     table = view.book.table(demand_or_400(view, args))
+    ranked: list[Fragments | None]
     if args.NodeNames is not None:  # the hot path: lookups and one join
-        by_node = table.by_node
-        parts = [f.priority if (f := by_node.get(n)) else b"" for n in args.NodeNames]
-        if all(parts):
-            return Outcome(wire.priority_list(parts))
-    parts = []
-    unknown = 0
-    for name, frags, _ in _by_name(view, table, args):
-        if frags is None:
-            unknown += 1
-            parts.append(wire.host_priority(name, 0))
-        else:
-            parts.append(frags.priority)
-    return Outcome(wire.priority_list(parts), unknown)
+        ranked = [table.by_node.get(n) for n in args.NodeNames]
+        names = args.NodeNames
+    else:
+        names, ranked = [], []
+        for name, frags, _ in _by_name(view, table, args):
+            names.append(name)
+            ranked.append(frags)
+    parts = [f.priority if f else wire.host_priority(n, 0) for n, f in zip(names, ranked, strict=True)]
+    body = wire.priority_list(parts)
+    _expect_on_best(view, args, table.demand, ranked)
+    return Outcome(body, sum(1 for f in ranked if f is None))
+
+
+def _expect_on_best(view: PlacementView, args: wire.ExtenderArgs, demand: Demand,
+                    ranked: list[Fragments | None]) -> None:
+    best = max((f for f in ranked if f is not None), key=lambda f: f.score, default=None)
+    if best is not None and args.Pod is not None:
+        view.expect(args.Pod.metadata.uid, best.name, demand.gpus)

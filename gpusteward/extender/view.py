@@ -2,6 +2,9 @@
 
 Watch events rebuild the states of the nodes they touch; each telemetry tick rebuilds them all
 (also when Prometheus failed, so readings age into "stale" and their terms turn neutral).
+
+A pod the extender just ranked is expected on its top node until the watch shows where it was
+bound: in a burst the scheduler places the next pod before our watch sees the last binding.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from gpusteward.core.policy import Policy
 from gpusteward.core.scoring import Demand, class_rules
 from gpusteward.extender.scorebook import ScoreBook
 
+# Longer than any watch delay; a pod that never binds (deleted while pending) is forgotten.
+INFLIGHT_TTL = 30.0
+
 
 class PlacementView:
     def __init__(self, policy: Policy, fleet: FleetStore, clock: Callable[[], float] = time.time):
@@ -27,6 +33,8 @@ class PlacementView:
         self.tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
         self.telemetry = Telemetry()
         self.book = ScoreBook(class_rules(policy.classes), policy.default_class)
+        # pod uid -> (node, GPUs, when): placements not yet seen through the watch.
+        self.inflight: dict[str, tuple[str, int, float]] = {}
         fleet.subscribe(self._on_fleet_change)
 
     def node_state(self, node: Node) -> NodeState:
@@ -38,6 +46,7 @@ class PlacementView:
             self.policy.health,
             self.clock(),
             float(self.policy.telemetry.stale_after),
+            sum(gpus for n, gpus, _ in self.inflight.values() if n == node.name),
         )
 
     def set_telemetry(self, telemetry: Telemetry) -> None:
@@ -45,12 +54,37 @@ class PlacementView:
         self.rebuild()
 
     def rebuild(self) -> None:
+        horizon = self.clock() - INFLIGHT_TTL
+        self.inflight = {uid: v for uid, v in self.inflight.items() if v[2] >= horizon}
         self.book.replace_states({n.name: self.node_state(n) for n in self.fleet.nodes.values()})
 
     def stale_nodes(self) -> int:
         return sum(1 for s in self.book.states.values() if not s.telemetry_known)
 
+    def expect(self, pod_uid: str, node: str, gpus: int) -> None:
+        """The scheduler is about to bind this pod, most likely to the node we ranked first."""
+        if not pod_uid or gpus <= 0 or self._bound(pod_uid):
+            return
+        previous = self.inflight.get(pod_uid)
+        self.inflight[pod_uid] = (node, gpus, self.clock())
+        self._refresh_nodes({node, previous[0]} if previous else {node})
+
+    def forget(self, pod_uid: str) -> None:
+        """Asked about this pod again: its earlier expected placement must not count against it."""
+        entry = self.inflight.pop(pod_uid, None)
+        if entry is not None:
+            self._refresh_nodes({entry[0]})
+
+    def _bound(self, pod_uid: str) -> bool:
+        pod = self.fleet.pods.get(pod_uid)
+        return pod is not None and pod.node is not None
+
     def _on_fleet_change(self, names: set[str]) -> None:
+        for uid in [uid for uid in self.inflight if self._bound(uid)]:
+            names.add(self.inflight.pop(uid)[0])
+        self._refresh_nodes(names)
+
+    def _refresh_nodes(self, names: set[str]) -> None:
         for name in names:
             node = self.fleet.nodes.get(name)
             self.book.update_state(name, None if node is None else self.node_state(node))

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpusteward.core.fleet import FleetStore
+from gpusteward.core.model import Telemetry
 from gpusteward.core.policy import parse_policy
+from gpusteward.extender import wire
 from gpusteward.extender.app import Extender, create_app
+from gpusteward.extender.replies import prioritize_reply
 from gpusteward.extender.view import PlacementView
-from tests.factories import A100, H100, L4, NOW, node, pod
+from tests.factories import A100, H100, L4, NOW, node, pod, readings
 
 POLICY = parse_policy({})
 
@@ -161,3 +165,42 @@ async def test_bad_requests_are_counted_by_verb_and_code(client):
 async def test_health_and_readiness(client):
     assert (await client.get("/healthz")).status == 200
     assert (await client.get("/readyz")).status == 200  # no watches to wait for here
+
+
+def coolness_only_view() -> tuple[PlacementView, FleetStore]:
+    policy = parse_policy({"classes": {"batch": {"weights": {
+        "card": 0, "coolness": 1, "packing": 0, "health": 0}}}})
+    fleet = FleetStore()
+    view = PlacementView(policy, fleet, clock=lambda: NOW)
+    fleet.replace_all([node("x", H100), node("y", H100)], [])
+    view.set_telemetry(Telemetry(nodes={"x": readings("x", [0.0] * 8),
+                                        "y": readings("y", [0.2] * 8)}, ok=True))
+    return view, fleet
+
+
+def scores(view: PlacementView, uid: str) -> dict[str, int]:
+    pod_json = gpu_pod(4)
+    pod_json["metadata"]["uid"] = uid
+    args = wire.decode_args(json.dumps({"Pod": pod_json, "NodeNames": ["x", "y"]}).encode())
+    return {e["Host"]: e["Score"] for e in json.loads(prioritize_reply(view, args).body)}
+
+
+def test_a_burst_does_not_pile_onto_the_node_that_looked_idlest():
+    view, _ = coolness_only_view()
+    assert scores(view, "first") == {"x": 10, "y": 8}
+    # "first" is expected on x (4 of 8 GPUs busy) until the watch shows its binding.
+    assert scores(view, "second") == {"x": 5, "y": 8}
+
+
+def test_asking_again_about_the_same_pod_does_not_count_it_twice():
+    view, _ = coolness_only_view()
+    assert scores(view, "first") == scores(view, "first") == {"x": 10, "y": 8}
+
+
+def test_the_watch_replaces_the_expectation_with_the_real_binding():
+    view, fleet = coolness_only_view()
+    scores(view, "first")
+    bound = msgspec.structs.replace(pod("first", node="y", gpus=4, bound_at=NOW), uid="first")
+    fleet.upsert_pod(bound)  # the scheduler chose y after all
+    assert view.inflight == {}
+    assert scores(view, "second") == {"x": 10, "y": 3}  # y: (1.6 + 4) / 8 busy -> 0.3 cool
