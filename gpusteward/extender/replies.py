@@ -90,8 +90,8 @@ def prioritize_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
         for name, frags, _ in _by_name(view, table, args):
             names.append(name)
             ranked.append(frags)
-    parts = [f.priority if f else wire.host_priority(n, 0) for n, f in zip(names, ranked, strict=True)]
-    body = wire.priority_list(parts)
+    pairs = zip(names, ranked, strict=True)
+    body = wire.priority_list([f.priority if f else wire.host_priority(n, 0) for n, f in pairs])
     _expect_on_best(view, args, table.demand, ranked)
     return Outcome(body, sum(1 for f in ranked if f is None))
 
