@@ -1,0 +1,240 @@
+"""One reclaim cycle: Snapshot -> Plan. Pure; `now` comes from the snapshot.
+
+Stages live in pod annotations, so a restarted reclaimer picks up where it left off:
+    idle (idle-since + GPUIdle) -> warned (reclaim-at + GPUIdleWarning) -> at the deadline, still
+    idle: reclaimed. Renewed activity clears the marks (GPUActive).
+Pending higher-priority pods may have idle victims reclaimed at once (queue.py). Limits cap the
+reclaims of a cycle; marks and warnings are reversible metadata and are not limited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+import msgspec
+
+from gpusteward.core.model import Pod
+from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import queue
+from gpusteward.core.reclaim.model import (
+    IDLE_SINCE,
+    RECLAIM_AT,
+    Action,
+    Evidence,
+    Owner,
+    Plan,
+    Rule,
+    Snapshot,
+    Verdict,
+)
+from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
+from gpusteward.core.reclaim.rules import judge, protections, rule_for
+
+GROUP_ACTIONS = {"suspend", "scale"}  # act on a whole workload: only when all its pods are idle
+
+
+def plan(snap: Snapshot, policy: Policy) -> Plan:
+    if not snap.telemetry_ok:
+        return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}")
+    over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers)
+    verdicts: list[Verdict] = []
+    staged: list[Action] = []
+    idle_now: dict[str, bool] = {}  # pod uid -> idle by its own (not within-quota) rule
+    due: set[str] = set()
+    for pod in snap.pods:
+        if pod.node is None:
+            continue
+        v, action, idle, is_due = _judge_pod(pod, snap, policy, pod.uid in over)
+        verdicts.append(v)
+        idle_now[pod.uid] = idle
+        if is_due:
+            due.add(pod.uid)
+        elif action is not None:
+            staged.append(action)
+    by_uid = {p.uid: p for p in snap.pods}
+    teams = usage(snap.pods, policy, snap.namespace_labels)
+    reclaims = _queue_claims(snap, policy, by_uid, idle_now, teams)
+    claimed = {a.pod.uid for a in reclaims}
+    reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
+                 if a.pod.uid not in claimed]
+    allowed, held = _limit(reclaims, snap, policy)
+    return Plan(tuple(verdicts), tuple(staged + allowed), tuple(held))
+
+
+def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy,
+               is_borrowed: bool) -> tuple[Verdict, Action | None, bool, bool]:
+    """(audit verdict, stage action, idle by its own rule, due for reclaim)."""
+    name = team(pod, snap.namespace_labels)
+    owner = owner_of(pod, snap)
+    rule = rule_for(pod, policy)
+    vetoes = tuple(protections(pod, owner, policy, snap.now))
+    if vetoes:
+        v = Verdict(pod.key, name, pod.gpus, "protected", vetoes, rule=rule)
+        clear = _clear(pod, name, "protected", "; ".join(vetoes)) if _marked(pod) else None
+        return v, clear, False, False
+    own_state, _ = judge(_evidence(snap, rule, pod), rule, pod.gpus)
+    rule = _effective(rule, policy, name, is_borrowed)
+    evidence = _evidence(snap, rule, pod)
+    state, why = judge(evidence, rule, pod.gpus)
+    verdict = Verdict(pod.key, name, pod.gpus, state, (why,), evidence, rule, is_borrowed)
+    action, is_due = _stage(pod, name, state, why, rule, snap.now)
+    return verdict, action, own_state == "idle", is_due
+
+
+def _effective(rule: Rule, policy: Policy, team_name: str, is_borrowed: bool) -> Rule:
+    """Idle GPUs inside a team's quota wait the policy's longer window."""
+    spec = policy.teams.get(team_name)
+    if spec is None or spec.quota_gpus is None or is_borrowed:
+        return rule
+    window = max(rule.window, float(policy.reclaim.within_quota_window))
+    return msgspec.structs.replace(rule, window=window)
+
+
+def _evidence(snap: Snapshot, rule: Rule, pod: Pod) -> Evidence | None:
+    return snap.evidence.get(rule.window, {}).get(pod.key)
+
+
+def owner_of(pod: Pod, snap: Snapshot) -> Owner:
+    return snap.owners.get(pod.uid) or Owner("Pod", pod.namespace, pod.name, (pod.uid,))
+
+
+def _stage(pod: Pod, team_name: str, state: str, why: str, rule: Rule,
+           now: float) -> tuple[Action | None, bool]:
+    if state == "busy":
+        return (_clear(pod, team_name, "active", why) if _marked(pod) else None), False
+    if state != "idle":
+        return None, False  # unknown: neither advance nor clear; the evidence says nothing
+    if IDLE_SINCE not in pod.annotations:
+        return Action("mark", pod, team_name, "idle", f"GPUs idle: {why}"), False
+    deadline = parse_stamp(pod.annotations.get(RECLAIM_AT))
+    if deadline is None:
+        at = now + rule.grace
+        return Action("warn", pod, team_name, "idle",
+                      f"GPUs idle: {why}; reclaim at {stamp(at)} unless they get busy",
+                      reclaim_at=at), False
+    return None, deadline <= now
+
+
+def _clear(pod: Pod, team_name: str, reason: str, why: str) -> Action:
+    return Action("clear", pod, team_name, reason, f"marks cleared: {why}")
+
+
+def _marked(pod: Pod) -> bool:
+    return IDLE_SINCE in pod.annotations or RECLAIM_AT in pod.annotations
+
+
+def how_to_reclaim(owner: Owner, policy: Policy) -> str:
+    a = policy.reclaim.owner_actions
+    return {"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
+            "StatefulSet": a.stateful_set}.get(owner.kind, a.unknown)
+
+
+def _whole_owner(owner: Owner, uid: str, ok: Mapping[str, bool]) -> bool:
+    """True when every GPU pod of the owner is ok (idle, or due)."""
+    return all(ok.get(u, False) for u in owner.pods or (uid,))
+
+
+def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: set[str],
+                  over: set[str]) -> list[Action]:
+    out: list[Action] = []
+    for uid in sorted(due):
+        pod = by_uid[uid]
+        owner = owner_of(pod, snap)
+        how = how_to_reclaim(owner, policy)
+        if how in GROUP_ACTIONS and not _whole_owner(owner, uid, dict.fromkeys(due, True)):
+            continue  # partly idle workload: marks only
+        if how == "annotate":
+            continue
+        reason = "over-quota" if uid in over else "idle"
+        out.append(Action("reclaim", pod, team(pod, snap.namespace_labels), reason,
+                          f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} "
+                          f"{owner.name}", owner, how))
+    return out
+
+
+def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
+                  idle_now: dict[str, bool], teams: Mapping[str, TeamUsage]) -> list[Action]:
+    if not policy.queue.enabled:
+        return []
+    candidates = []
+    for uid, idle in idle_now.items():
+        pod = by_uid[uid]
+        owner = owner_of(pod, snap)
+        how = how_to_reclaim(owner, policy)
+        if idle and how != "annotate" and not owner.in_progress and (
+                how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)):
+            candidates.append(queue.Candidate(pod, team(pod, snap.namespace_labels)))
+    free = _free_gpus(snap)
+    actions: list[Action] = []
+    for pending in queue.waiting(snap.pods, snap.now, float(policy.queue.min_wait)):
+        c = queue.claim(pending, snap.nodes, free, candidates, teams,
+                        team(pending, snap.namespace_labels))
+        if c is None:
+            continue
+        taken = {v.pod.uid for v in c.victims}
+        candidates = [x for x in candidates if x.pod.uid not in taken]
+        free[c.node] = free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - pending.gpus
+        for v in c.victims:
+            owner = owner_of(v.pod, snap)
+            actions.append(Action(
+                "reclaim", v.pod, v.team, "queue",
+                f"reclaiming {v.pod.gpus} idle GPU(s) on {c.node} for pending {pending.key} "
+                f"(priority {pending.priority} > {v.pod.priority})", owner,
+                how_to_reclaim(owner, policy)))
+    return actions
+
+
+def _free_gpus(snap: Snapshot) -> dict[str, int]:
+    """Free GPUs per node; GPUs of terminating pods count as free (they are on their way)."""
+    used: dict[str, int] = {}
+    for p in snap.pods:
+        if p.node and not p.deleting:
+            used[p.node] = used.get(p.node, 0) + p.gpus
+    return {n: max(0, node.gpus - used.get(n, 0)) for n, node in snap.nodes.items()}
+
+
+_ORDER = {"queue": 0, "over-quota": 1, "idle": 2}
+
+
+def _limit(reclaims: list[Action], snap: Snapshot,
+           policy: Policy) -> tuple[list[Action], list[tuple[Action, str]]]:
+    lim = policy.reclaim.limits
+    hour = [a for a in snap.recent_actions if snap.now - a.at < 3600]
+    per_team: dict[str, int] = {}
+    for a in hour:
+        per_team[a.team] = per_team.get(a.team, 0) + 1
+    allowed: list[Action] = []
+    held: list[tuple[Action, str]] = []
+    owners: set[str] = set()
+    ordered = sorted(reclaims, key=lambda a: (_ORDER[a.reason], a.pod.priority, a.pod.uid))
+    for a in ordered:
+        assert a.owner is not None
+        if a.owner.key in owners:
+            continue  # one action per owner: the first one covers the workload
+        if a.owner.in_progress:
+            held.append((a, f"{a.owner.kind} {a.owner.name} already being reclaimed"))
+        elif len(allowed) >= lim.max_per_cycle:
+            held.append((a, f"limit: {lim.max_per_cycle} per cycle"))
+        elif len(hour) + len(allowed) >= lim.max_per_hour:
+            held.append((a, f"limit: {lim.max_per_hour} per hour"))
+        elif per_team.get(a.team, 0) >= lim.max_per_team_per_hour:
+            held.append((a, f"limit: {lim.max_per_team_per_hour} per team per hour"))
+        else:
+            allowed.append(a)
+            per_team[a.team] = per_team.get(a.team, 0) + 1
+        owners.add(a.owner.key)
+    return allowed, held
+
+
+def stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_stamp(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

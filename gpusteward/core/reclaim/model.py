@@ -1,0 +1,109 @@
+"""What the reclaimer decides from, and what it decides: evidence, owners, stages, actions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from gpusteward.core.model import Node, Pod
+
+# Annotations the reclaimer writes; restarts lose nothing because the stage lives on the pod.
+IDLE_SINCE = "gpusteward.io/idle-since"
+RECLAIM_AT = "gpusteward.io/reclaim-at"
+RECLAIM_REASON = "gpusteward.io/reclaim-reason"
+REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
+OPT_OUT = "gpusteward.io/reclaim"  # value "never"
+
+
+class Evidence(msgspec.Struct, frozen=True):
+    """A pod's GPU utilization over one window, from telemetry.
+
+    peak_percent: the highest utilization of any of the pod's GPUs in the window.
+    coverage: samples present / samples expected, for the worst-covered GPU (0..1).
+    gpus_seen: how many of the pod's GPUs have any series at all.
+    """
+
+    window: float
+    peak_percent: float | None = None
+    coverage: float = 0.0
+    gpus_seen: int = 0
+
+
+class Rule(msgspec.Struct, frozen=True):
+    """The idle rule in force for one pod (policy levels already merged)."""
+
+    threshold_percent: float
+    window: float
+    min_coverage: float
+    grace: float
+
+
+class Owner(msgspec.Struct, frozen=True):
+    """The workload a pod belongs to, resolved to the object the reclaimer acts on."""
+
+    kind: str  # Pod, Job, Deployment, StatefulSet, ReplicaSet, DaemonSet, or another kind
+    namespace: str
+    name: str
+    # The owner's GPU pods (uids); a Deployment is only scaled when all of them are idle.
+    pods: tuple[str, ...] = ()
+    # Work already under way on the owner (suspended Job, scaled-down Deployment).
+    in_progress: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+
+class PastAction(msgspec.Struct, frozen=True):
+    at: float
+    team: str
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """Everything one reclaim cycle decides from, read at one moment."""
+
+    now: float
+    pods: tuple[Pod, ...]  # GPU pods, bound or pending
+    nodes: Mapping[str, Node]
+    owners: Mapping[str, Owner]  # pod uid -> owner
+    namespace_labels: Mapping[str, Mapping[str, str]]
+    # window seconds -> pod key -> evidence over that window
+    evidence: Mapping[float, Mapping[str, Evidence]]
+    telemetry_ok: bool
+    telemetry_problem: str = ""
+    recent_actions: tuple[PastAction, ...] = ()
+    tiers: Mapping[str, str | None] = msgspec.field(default_factory=dict)  # node -> tier
+
+
+class Action(msgspec.Struct, frozen=True):
+    """One change the reclaimer wants; the act layer carries it out (or, by mode, only logs it)."""
+
+    kind: str  # mark | warn | clear | reclaim
+    pod: Pod
+    team: str
+    reason: str  # idle | over-quota | queue | active | protected
+    message: str
+    owner: Owner | None = None
+    how: str = ""  # evict | suspend | scale | annotate (reclaim only)
+    reclaim_at: float | None = None  # warn only
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """The audit record of one pod in one cycle."""
+
+    pod: str
+    team: str
+    gpus: int
+    state: str  # protected | unknown | busy | idle
+    reasons: tuple[str, ...] = ()
+    evidence: Evidence | None = None
+    rule: Rule | None = None
+    borrowed: bool = False
+
+
+class Plan(msgspec.Struct, frozen=True):
+    verdicts: tuple[Verdict, ...]
+    actions: tuple[Action, ...]
+    held_back: tuple[tuple[Action, str], ...] = ()  # reclaim actions a limit stopped, and why
+    halted: str = ""  # non-empty: nothing at all was done this cycle, and why

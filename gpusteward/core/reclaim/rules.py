@@ -1,0 +1,87 @@
+"""Which idle rule applies to a pod, what its evidence says, and why a pod may not be touched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gpusteward.core.model import Pod, class_of
+from gpusteward.core.policy import IdleRule, Policy
+from gpusteward.core.reclaim.model import OPT_OUT, Evidence, Owner, Rule
+
+
+def rule_for(pod: Pod, policy: Policy) -> Rule:
+    """Policy default, overridden by the pod's class, then by its PriorityClass."""
+    levels = [policy.reclaim.idle]
+    cls = policy.classes.get(class_of(pod.labels, pod.annotations, policy.default_class))
+    if cls is not None:
+        levels.append(cls.idle)
+    override = policy.reclaim.priority_classes.get(pod.priority_class)
+    if override is not None:
+        levels.append(override.idle)
+    merged = IdleRule()
+    for level in levels:
+        merged = IdleRule(
+            threshold_percent=_pick(level.threshold_percent, merged.threshold_percent),
+            window=_pick(level.window, merged.window),
+            min_coverage=_pick(level.min_coverage, merged.min_coverage),
+            grace=_pick(level.grace, merged.grace),
+        )
+    assert merged.threshold_percent is not None and merged.window is not None
+    assert merged.min_coverage is not None and merged.grace is not None
+    return Rule(merged.threshold_percent, float(merged.window), merged.min_coverage,
+                float(merged.grace))
+
+
+def _pick(value, fallback):  # type: ignore[no-untyped-def]
+    return fallback if value is None else value
+
+
+def windows(policy: Policy, pods: tuple[Pod, ...]) -> set[float]:
+    """Every window a cycle needs evidence for: a fixed set, whatever the number of pods."""
+    found = {rule_for(p, policy).window for p in pods}
+    if policy.teams:
+        found |= {max(w, float(policy.reclaim.within_quota_window)) for w in found}
+    return found
+
+
+def judge(evidence: Evidence | None, rule: Rule, gpus: int) -> tuple[str, str]:
+    """(idle | busy | unknown, why). Missing samples mean unknown, never idle."""
+    if evidence is None or evidence.gpus_seen == 0 or evidence.peak_percent is None:
+        return "unknown", "no GPU telemetry for the pod in the window"
+    if evidence.gpus_seen < gpus:
+        return "unknown", f"telemetry covers {evidence.gpus_seen} of its {gpus} GPUs"
+    if evidence.coverage < rule.min_coverage:
+        return "unknown", (f"sample coverage {evidence.coverage:.0%} below "
+                           f"{rule.min_coverage:.0%}")
+    if evidence.peak_percent >= rule.threshold_percent:
+        return "busy", (f"peak {evidence.peak_percent:.0f}% >= {rule.threshold_percent:.0f}% "
+                        f"in {rule.window:.0f}s")
+    return "idle", f"peak {evidence.peak_percent:.0f}% < {rule.threshold_percent:.0f}% " \
+                   f"over {rule.window:.0f}s (coverage {evidence.coverage:.0%})"
+
+
+def protections(pod: Pod, owner: Owner | None, policy: Policy, now: float) -> Iterator[str]:
+    """Every reason this pod may not be touched (none: it may be)."""
+    r = policy.reclaim
+    override = r.priority_classes.get(pod.priority_class)
+    if pod.priority >= r.protected_priority:
+        yield f"priority {pod.priority} >= protected {r.protected_priority}"
+    if override is not None and override.protected:
+        yield f"PriorityClass {pod.priority_class} is protected by policy"
+    if owner is not None and owner.kind == "DaemonSet":
+        yield "DaemonSet pod"
+    if pod.mirror:
+        yield "static (mirror) pod"
+    if pod.deleting:
+        yield "already terminating"
+    if pod.namespace in r.exclude_namespaces:
+        yield f"namespace {pod.namespace} is excluded"
+    if r.exclude_pod_labels and all(pod.labels.get(k) == v
+                                    for k, v in r.exclude_pod_labels.items()):
+        yield "pod labels match reclaim.excludePodLabels"
+    if pod.annotations.get(OPT_OUT) == "never" and r.allow_opt_out:
+        yield f"opted out ({OPT_OUT}: never)"
+    if now - pod.created_at < r.min_pod_age:
+        yield f"younger than {float(r.min_pod_age):.0f}s"
+    if pod.phase != "Running":
+        yield f"phase {pod.phase}"
