@@ -48,6 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="largest request body accepted (full-node mode sends whole Nodes)")
     _common(ext)
 
+    rec = sub.add_parser("reclaimer", help="reclaim GPUs that pods hold idle")
+    rec.add_argument("--policy", help="policy YAML file (required unless restoring)")
+    rec.add_argument("--mode", choices=["observe", "warn", "enforce"],
+                     help="override the policy's reclaim.mode")
+    rec.add_argument("--once", action="store_true", help="run one cycle and exit (no Lease)")
+    rec.add_argument("--metrics-listen", type=_hostport, default=("0.0.0.0", 9090),
+                     metavar="HOST:PORT", help="/healthz and /metrics")
+    rec.add_argument("--lease-namespace", help="namespace of the leader-election Lease "
+                     "(default: the pod's namespace, else $POD_NAMESPACE, else default)")
+    rec.add_argument("--lease-name", default="gpusteward-reclaimer")
+    rec.add_argument("--lease-duration", type=float, default=15.0, metavar="SECONDS")
+    _common(rec)
+    rec_sub = rec.add_subparsers(dest="reclaimer_command")
+    restore = rec_sub.add_parser("restore", help="undo a scale-down or Job suspension")
+    restore.add_argument("target", metavar="NAMESPACE/KIND/NAME")
+    restore.add_argument("--kubeconfig", help="kubeconfig file (else $KUBECONFIG, else in-cluster)")
+
     pol = sub.add_parser("policy", help="policy file tools")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
     check = pol_sub.add_parser("check", help="validate a policy file (exit 0 valid, 2 invalid)")
@@ -91,11 +108,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpusteward.extender.serve import serve
 
         return asyncio.run(serve(policy, args, prometheus_url(args.prometheus_url, policy)))
+    if args.command == "reclaimer":
+        return _reclaimer(args)
     if args.command == "sandbox":
         from gpusteward.sandbox.cli import run_sandbox_command
 
         return run_sandbox_command(args)
     raise AssertionError(args.command)
+
+
+def _reclaimer(args: argparse.Namespace) -> int:
+    from gpusteward.reclaimer import serve
+
+    _setup_logging(getattr(args, "log_level", "info"))
+    if args.reclaimer_command == "restore":
+        return asyncio.run(serve.restore(args))
+    if not args.policy:
+        print("gpusteward reclaimer: --policy is required", file=sys.stderr)
+        return EXIT_USAGE
+    policy = _load(args.policy)
+    args.lease_namespace = args.lease_namespace or serve.default_namespace()
+    return asyncio.run(serve.serve(policy, args, prometheus_url(args.prometheus_url, policy)))
 
 
 if __name__ == "__main__":

@@ -121,40 +121,12 @@ class Watcher:
         return version
 
     async def _list(self) -> tuple[list[msgspec.Raw], str]:
-        items: list[msgspec.Raw] = []
-        token: str | None = None
-        while True:
-            params: list[tuple[str, Any]] = [("limit", self.page_size)]
-            if token:
-                params.append(("continue", token))
-            body = await self._get(params)
-            page = _list_decoder.decode(body)
-            items += page.items
-            token = page.metadata.continue_
-            if not token:
-                return items, page.metadata.resource_version
-
-    async def _get(self, params: list[tuple[str, Any]]) -> bytes:
-        resp = await self._request(params, timeout=60)
-        async with resp:
-            body = await resp.read()
-            if resp.status != 200:
-                raise _status_error(resp.status, body, f"list {self.kind}")
-            return body
-
-    async def _request(
-        self, params: list[tuple[str, Any]], timeout: float
-    ) -> aiohttp.ClientResponse:
-        return await self.api.call_api(
-            self.path, "GET", query_params=params, auth_settings=["BearerToken"],
-            _preload_content=False, _request_timeout=timeout,
-            header_params={"Accept": "application/json"},
-        )
+        return await list_raw(self.api, self.path, self.page_size)
 
     async def _watch(self, version: str) -> str:
         params = [("watch", "true"), ("resourceVersion", version),
                   ("allowWatchBookmarks", "true"), ("timeoutSeconds", self.watch_timeout)]
-        resp = await self._request(params, timeout=self.watch_timeout + 30)
+        resp = await raw_get(self.api, self.path, params, timeout=self.watch_timeout + 30)
         async with resp:
             if resp.status != 200:
                 raise _status_error(resp.status, await resp.read(), f"watch {self.kind}")
@@ -203,6 +175,37 @@ class Watcher:
         if pod.gpus <= 0 or pod.phase in ("Succeeded", "Failed"):
             return None
         return pod
+
+
+async def raw_get(api: client.ApiClient, path: str, params: list[tuple[str, Any]],
+                  timeout: float) -> aiohttp.ClientResponse:
+    """GET with the client's auth and transport, body left unread (we decode it ourselves)."""
+    return await api.call_api(
+        path, "GET", query_params=params, auth_settings=["BearerToken"],
+        _preload_content=False, _request_timeout=timeout,
+        header_params={"Accept": "application/json"},
+    )
+
+
+async def list_raw(api: client.ApiClient, path: str,
+                   page_size: int = 500) -> tuple[list[msgspec.Raw], str]:
+    """Every object of a (paginated) LIST as raw JSON, and the list's resourceVersion."""
+    items: list[msgspec.Raw] = []
+    token: str | None = None
+    while True:
+        params: list[tuple[str, Any]] = [("limit", page_size)]
+        if token:
+            params.append(("continue", token))
+        resp = await raw_get(api, path, params, timeout=60)
+        async with resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise _status_error(resp.status, body, f"list {path}")
+        page = _list_decoder.decode(body)
+        items += page.items
+        token = page.metadata.continue_
+        if not token:
+            return items, page.metadata.resource_version
 
 
 async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -43,12 +43,13 @@ def queries(health: Health) -> dict[str, str]:
     """The PromQL of one refresh. GR_ENGINE_ACTIVE stands in where GPU_UTIL is absent (MIG)."""
     ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
     window = f"{int(health.xid_window)}s"
+    step = f"{max(1, int(health.xid_window) // 40)}s"  # ~40 points per series and window
     return {
         "util": "(DCGM_FI_DEV_GPU_UTIL / 100) or DCGM_FI_PROF_GR_ENGINE_ACTIVE",
         "util_at": "timestamp(DCGM_FI_DEV_GPU_UTIL) or timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE)",
         "temp": "DCGM_FI_DEV_GPU_TEMP",
         "fb_used": "DCGM_FI_DEV_FB_USED",
-        "xid": f"max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:15s])",
+        "xid": f"max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:{step}])",
     }
 
 

@@ -43,6 +43,10 @@ class Telemetry(Config):
     refresh: Duration = Duration(15)
     # A sample older than this is treated as missing (neutral score, no reclaim).
     stale_after: Duration = Duration(120)
+    # How often Prometheus stores a sample per GPU: the reclaimer expects window / this many
+    # samples and calls a pod's evidence unknown below reclaim.idle.minCoverage of that.
+    # dcgm-exporter collects every 30 s; set this to your scrape interval if it is longer.
+    scrape_interval: Duration = Duration(30)
     query_timeout: Duration = Duration(10)
 
 

@@ -1,0 +1,185 @@
+"""Read one reclaim Snapshot: a fixed set of LISTs from the API server and a fixed set of PromQL
+queries (1 freshness query + 2 per idle window), whatever the number of pods."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+from kubernetes_asyncio import client
+
+from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.adapters.kube import list_raw
+from gpusteward.adapters.prometheus import POD_LABELS, PrometheusSource
+from gpusteward.core.cards import TierTable
+from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
+from gpusteward.core.model import Pod
+from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Evidence, Owner, PastAction, Snapshot
+from gpusteward.core.reclaim.rules import windows
+
+
+class Spec(msgspec.Struct):
+    replicas: int | None = None
+    suspend: bool | None = None
+
+
+class Workload(msgspec.Struct):
+    metadata: Meta = msgspec.field(default_factory=Meta)
+    spec: Spec = msgspec.field(default_factory=Spec)
+
+
+class NamespaceObj(msgspec.Struct):
+    metadata: Meta = msgspec.field(default_factory=Meta)
+
+
+WORKLOAD_PATHS = {
+    "ReplicaSet": "/apis/apps/v1/replicasets",
+    "Deployment": "/apis/apps/v1/deployments",
+    "StatefulSet": "/apis/apps/v1/statefulsets",
+    "Job": "/apis/batch/v1/jobs",
+}
+
+
+def _decode(raws: Iterable[msgspec.Raw], typ: type) -> list[Any]:
+    decoder = msgspec.json.Decoder(typ)
+    return [decoder.decode(r) for r in raws]
+
+
+class SnapshotReader:
+    def __init__(self, api: client.ApiClient, prometheus: PrometheusSource, policy: Policy,
+                 clock: Callable[[], float] = time.time):
+        self.api = api
+        self.prometheus = prometheus
+        self.policy = policy
+        self.clock = clock
+        self.tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
+        self.api_calls = 0
+
+    async def read(self, recent: Sequence[PastAction] = ()) -> Snapshot:
+        now = self.clock()
+        pods_raw, nodes_raw, ns_raw, *workloads = await asyncio.gather(
+            self._list("/api/v1/pods"), self._list("/api/v1/nodes"),
+            self._list("/api/v1/namespaces"),
+            *(self._list(path) for path in WORKLOAD_PATHS.values()))
+        names = self.policy.resources
+        pods = tuple(p for p in (_pod(w, names) for w in _decode(pods_raw, WirePod))
+                     if p is not None)
+        nodes = {n.name: n for n in (to_node(w, names) for w in _decode(nodes_raw, WireNode))}
+        owned = dict(zip(WORKLOAD_PATHS, (_decode(w, Workload) for w in workloads), strict=True))
+        evidence, ok, problem = await self._evidence(pods, now)
+        return Snapshot(
+            now=now, pods=pods, nodes=nodes, owners=resolve_owners(pods, owned),
+            namespace_labels={n.metadata.name: n.metadata.labels or {}
+                              for n in _decode(ns_raw, NamespaceObj)},
+            evidence=evidence, telemetry_ok=ok, telemetry_problem=problem,
+            recent_actions=tuple(recent),
+            tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
+        )
+
+    async def _list(self, path: str) -> list[msgspec.Raw]:
+        self.api_calls += 1
+        items, _ = await list_raw(self.api, path)
+        return items
+
+    async def _evidence(self, pods: tuple[Pod, ...],
+                        now: float) -> tuple[dict[float, dict[str, Evidence]], bool, str]:
+        needed = sorted(windows(self.policy, tuple(p for p in pods if p.node)))
+        try:
+            age = await self._telemetry_age(now)
+            if age > float(self.policy.telemetry.stale_after):
+                return {}, False, f"newest GPU sample is {age:.0f}s old"
+            found = await asyncio.gather(*(self._window(w) for w in needed))
+        except TelemetryUnavailable as e:
+            return {}, False, str(e)
+        return dict(zip(needed, found, strict=True)), True, ""
+
+    async def _telemetry_age(self, now: float) -> float:
+        result = await self.prometheus.query("max(timestamp(DCGM_FI_DEV_GPU_UTIL))")
+        if not result:
+            raise TelemetryUnavailable("no DCGM_FI_DEV_GPU_UTIL series at all")
+        return now - float(result[0]["value"][1])
+
+    async def _window(self, window: float) -> dict[str, Evidence]:
+        w = f"{int(window)}s"
+        peak_q = (f"max_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
+                  f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]) * 100)")
+        count_q = (f"count_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
+                   f"count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}])")
+        peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
+                                             self.prometheus.query(count_q))
+        expected = window / float(self.policy.telemetry.scrape_interval)
+        return per_pod(window, peaks, counts, expected)
+
+
+def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, Any]],
+            expected: float) -> dict[str, Evidence]:
+    """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage."""
+    gpu_peak: dict[str, dict[tuple[str, ...], float]] = {}
+    gpu_count: dict[tuple[str, ...], float] = {}
+    for s in counts:
+        gpu_count[_gpu_key(s["metric"])] = float(s["value"][1])
+    for s in peaks:
+        pod = _pod_key(s["metric"])
+        if pod is not None:
+            gpu_peak.setdefault(pod, {})[_gpu_key(s["metric"])] = float(s["value"][1])
+    out = {}
+    for pod, gpus in gpu_peak.items():
+        coverage = min(min(1.0, gpu_count.get(k, 0.0) / max(expected, 1.0)) for k in gpus)
+        out[pod] = Evidence(window=window, peak_percent=max(gpus.values()), coverage=coverage,
+                            gpus_seen=len(gpus))
+    return out
+
+
+def _pod_key(labels: Mapping[str, str]) -> str | None:
+    for ns_label, pod_label in POD_LABELS:
+        if labels.get(pod_label):
+            return f"{labels.get(ns_label, '')}/{labels[pod_label]}"
+    return None
+
+
+def _gpu_key(labels: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(labels.get(k, "") for k in ("UUID", "gpu", "GPU_I_ID", "Hostname", "hostname",
+                                              "pod", "exported_pod"))
+
+
+def _pod(w: WirePod, resources: Sequence[str]) -> Pod | None:
+    try:
+        pod = to_pod(w, resources)
+    except QuantityError:
+        return None
+    return pod if pod.gpus > 0 and pod.phase not in ("Succeeded", "Failed") else None
+
+
+def resolve_owners(pods: Iterable[Pod], owned: Mapping[str, list[Workload]]) -> dict[str, Owner]:
+    """pod uid -> the workload to act on (ReplicaSets resolve to their Deployment)."""
+    by_uid = {kind: {w.metadata.uid: w for w in items} for kind, items in owned.items()}
+    top: dict[str, tuple[str, Workload | None, str, str]] = {}
+    for pod in pods:
+        ref = pod.controller
+        if ref is None:
+            continue
+        kind, name, obj = ref.kind, ref.name, by_uid.get(ref.kind, {}).get(ref.uid)
+        if kind == "ReplicaSet" and obj is not None:
+            parent = next((o for o in obj.metadata.owner_references or () if o.controller), None)
+            if parent is not None and parent.kind == "Deployment":
+                kind, name = "Deployment", parent.name
+                obj = by_uid["Deployment"].get(parent.uid)
+        top[pod.uid] = (kind, obj, pod.namespace, name)
+    members: dict[tuple[str, str, str], list[str]] = {}
+    for uid, (kind, _, ns, name) in top.items():
+        members.setdefault((kind, ns, name), []).append(uid)
+    return {uid: Owner(kind, ns, name, tuple(members[(kind, ns, name)]), _in_progress(kind, obj))
+            for uid, (kind, obj, ns, name) in top.items()}
+
+
+def _in_progress(kind: str, obj: Workload | None) -> bool:
+    if obj is None:
+        return False
+    if kind == "Job":
+        return bool(obj.spec.suspend)
+    annotations = obj.metadata.annotations or {}
+    return kind in ("Deployment", "StatefulSet") and REPLICAS_BEFORE in annotations

@@ -1,0 +1,1 @@
+"""The idle-GPU reclaimer: snapshot -> decide (pure) -> act, as the single leader."""

@@ -1,0 +1,113 @@
+"""The reclaim cycle: read a snapshot, decide (pure), log the evidence, act as the mode allows."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim.decide import plan
+from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot
+from gpusteward.reclaimer.metrics import ReclaimerMetrics
+
+log = logging.getLogger("gpusteward.reclaimer")
+
+# What each mode lets through to the API server.
+WRITES = {"observe": set(), "warn": {"mark", "warn", "clear"},
+          "enforce": {"mark", "warn", "clear", "reclaim"}}
+
+
+class Reader(Protocol):
+    async def read(self, recent: list[PastAction]) -> Snapshot: ...
+
+
+class Writer(Protocol):
+    async def apply(self, action: Action) -> str: ...
+
+
+@dataclass
+class Reclaimer:
+    policy: Policy
+    mode: str
+    reader: Reader
+    writer: Writer
+    metrics: ReclaimerMetrics = field(default_factory=ReclaimerMetrics)
+    clock: Callable[[], float] = time.time
+    # Reclaims of the last hour, for the per-hour limits (kept by the leader, in memory).
+    recent: list[PastAction] = field(default_factory=list)
+
+    async def cycle(self) -> Plan:
+        started = time.perf_counter()
+        snap = await self.reader.read(self.recent)
+        decided = plan(snap, self.policy)
+        audit(decided)
+        results = [await self._act(a) for a in decided.actions]
+        self.metrics.observe(snap, decided, float(self.policy.reclaim.interval))
+        elapsed = time.perf_counter() - started
+        self.metrics.cycle.observe(elapsed)
+        self.metrics.cycles.labels("halted" if decided.halted else "ok").inc()
+        summarize(decided, results, self.mode, elapsed)
+        return decided
+
+    async def _act(self, action: Action) -> str:
+        if action.kind not in WRITES[self.mode]:
+            result = "skipped"
+        else:
+            result = await self.writer.apply(action)
+            if action.kind == "reclaim" and result == "done":
+                now = self.clock()
+                self.recent = [a for a in self.recent if now - a.at < 3600]
+                self.recent.append(PastAction(now, action.team))
+        self.metrics.actions.labels(action.kind, action.reason, action.team, result).inc()
+        log.info("action=%s pod=%s team=%s reason=%s how=%s mode=%s result=%s msg=%r",
+                 action.kind, action.pod.key, action.team, action.reason, action.how or "-",
+                 self.mode, result, action.message)
+        return result
+
+    async def run(self) -> None:
+        """Cycle forever; an error in one cycle is logged and the next cycle starts afresh."""
+        while True:
+            try:
+                await self.cycle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.metrics.cycles.labels("error").inc()
+                log.exception("reclaim cycle failed; nothing more is done until the next cycle")
+            await asyncio.sleep(float(self.policy.reclaim.interval))
+
+
+def audit(p: Plan) -> None:
+    """One line per pod decision, with the evidence it rests on."""
+    if p.halted:
+        log.warning("cycle halted, nothing reclaimed: %s", p.halted)
+        return
+    for v in p.verdicts:
+        ev = v.evidence
+        log.info("decision pod=%s team=%s gpus=%d state=%s peak=%s coverage=%s window=%s "
+                 "borrowed=%s why=%r", v.pod, v.team, v.gpus, v.state,
+                 "-" if ev is None or ev.peak_percent is None else f"{ev.peak_percent:.1f}",
+                 "-" if ev is None else f"{ev.coverage:.2f}",
+                 "-" if v.rule is None else f"{v.rule.window:.0f}s", v.borrowed,
+                 "; ".join(v.reasons))
+    for action, why in p.held_back:
+        log.info("held-back pod=%s team=%s reason=%s why=%r", action.pod.key, action.team,
+                 action.reason, why)
+
+
+def summarize(p: Plan, results: list[str], mode: str, elapsed: float) -> None:
+    states = {s: sum(1 for v in p.verdicts if v.state == s)
+              for s in ("busy", "idle", "unknown", "protected")}
+    reclaimed = sum(1 for a, r in zip(p.actions, results, strict=True)
+                    if a.kind == "reclaim" and r == "done")
+    gpus = sum(a.pod.gpus for a, r in zip(p.actions, results, strict=True)
+               if a.kind == "reclaim" and r == "done")
+    log.info("cycle mode=%s pods=%d busy=%d idle=%d unknown=%d protected=%d actions=%d "
+             "reclaimed=%d gpus_returned=%d held_back=%d halted=%r took=%.3fs", mode,
+             len(p.verdicts), states["busy"], states["idle"], states["unknown"],
+             states["protected"], len(p.actions), reclaimed, gpus, len(p.held_back),
+             p.halted, elapsed)

@@ -1,0 +1,82 @@
+"""The reclaimer's Prometheus metrics. Labels are team, card, stage, action, reason, result —
+never a pod, so cardinality stays bounded by the fleet's shape, not its churn."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gpusteward.core.reclaim.model import RECLAIM_AT, Plan, Snapshot
+from gpusteward.core.reclaim.quota import team
+
+
+class ReclaimerMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.gpus = Gauge("gpusteward_gpus", "GPUs held by running pods, by team, card and state "
+                          "(allocated, idle).", ["team", "card", "state"], registry=r)
+        self.pods = Gauge("gpusteward_reclaimer_pods", "GPU pods by reclaim stage.", ["stage"],
+                          registry=r)
+        self.actions = Counter("gpusteward_reclaimer_actions_total",
+                               "Reclaimer actions by kind, reason, team and result "
+                               "(result 'skipped' = not carried out in this mode).",
+                               ["action", "reason", "team", "result"], registry=r)
+        self.cycle = Histogram("gpusteward_reclaimer_cycle_duration_seconds",
+                               "Time for one read-decide-act cycle.", registry=r,
+                               buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+        self.cycles = Counter("gpusteward_reclaimer_cycles_total",
+                              "Cycles by result (ok, halted: no telemetry, error).", ["result"],
+                              registry=r)
+        self.idle_seconds = Counter("gpusteward_idle_gpu_seconds_total",
+                                    "GPU-seconds held idle, by team.", ["team"], registry=r)
+        self.pending = Gauge("gpusteward_pending_gpu_pods", "Pending GPU pods, by team.",
+                             ["team"], registry=r)
+        self.pending_wait = Gauge("gpusteward_pending_gpu_pod_max_wait_seconds",
+                                  "Longest wait of a pending GPU pod, by team.", ["team"],
+                                  registry=r)
+        self.telemetry_ok = Gauge("gpusteward_reclaimer_telemetry_ok",
+                                  "1 when telemetry was fresh in the last cycle.", registry=r)
+        self.leader = Gauge("gpusteward_reclaimer_leader", "1 while this replica leads.",
+                            registry=r)
+        self.held_back = Counter("gpusteward_reclaimer_held_back_total",
+                                 "Reclaims a limit or an in-progress action held back.",
+                                 registry=r)
+
+    def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
+        self.telemetry_ok.set(1 if snap.telemetry_ok else 0)
+        self.held_back.inc(len(plan.held_back))
+        cards = {n.name: n.product or "unknown" for n in snap.nodes.values()}
+        gpus: Tally[tuple[str, str, str]] = Tally()
+        stages: Tally[str] = Tally()
+        by_key = {p.key: p for p in snap.pods}
+        for v in plan.verdicts:
+            pod = by_key[v.pod]
+            card = cards.get(pod.node or "", "unknown")
+            gpus[(v.team, card, "allocated")] += v.gpus
+            if v.state == "idle":
+                gpus[(v.team, card, "idle")] += v.gpus
+                self.idle_seconds.labels(v.team).inc(v.gpus * interval)
+            stages["warned" if v.state == "idle" and RECLAIM_AT in pod.annotations
+                   else v.state] += 1
+        self.gpus.clear()
+        for (owner, card, state), n in gpus.items():
+            self.gpus.labels(owner, card, state).set(n)
+        self.pods.clear()
+        for stage, n in stages.items():
+            self.pods.labels(stage).set(n)
+        self._pending(snap)
+
+    def _pending(self, snap: Snapshot) -> None:
+        count: Tally[str] = Tally()
+        wait: dict[str, float] = {}
+        for p in snap.pods:
+            if p.node is None and not p.deleting:
+                t = team(p, snap.namespace_labels)
+                count[t] += 1
+                wait[t] = max(wait.get(t, 0.0), snap.now - p.created_at)
+        self.pending.clear()
+        self.pending_wait.clear()
+        for t, n in count.items():
+            self.pending.labels(t).set(n)
+            self.pending_wait.labels(t).set(wait[t])

@@ -1,0 +1,136 @@
+"""Run the reclaimer: adapters wired to the loop, one active replica through a Lease,
+`/healthz` and `/metrics` on --metrics-listen, and the `restore` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import uuid
+
+from aiohttp import web
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
+from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpusteward.adapters.actor import Actor
+from gpusteward.adapters.errors import KubeConfigError
+from gpusteward.adapters.kube import connect
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.policy import Policy
+from gpusteward.reclaimer.loop import Reclaimer
+
+log = logging.getLogger("gpusteward.reclaimer")
+
+
+def _metrics_app(reclaimer: Reclaimer) -> web.Application:
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(reclaimer.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics)])
+    return app
+
+
+async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | None) -> int:
+    if not prometheus_url:
+        log.error("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the policy's "
+                  "telemetry.prometheusUrl): the reclaimer never acts without telemetry")
+        return 2
+    try:
+        api = await connect(args.kubeconfig)
+    except KubeConfigError as e:
+        log.error("%s", e)
+        return 2
+    source = PrometheusSource(prometheus_url, policy.telemetry, policy.health)
+    reclaimer = Reclaimer(policy, args.mode or policy.reclaim.mode,
+                          SnapshotReader(api, source, policy),
+                          Actor(api, float(policy.reclaim.eviction_grace)))
+    log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
+             float(policy.reclaim.interval), prometheus_url)
+    try:
+        if args.once:
+            await reclaimer.cycle()
+            return 0
+        return await _serve_forever(reclaimer, api, args)
+    finally:
+        await api.close()
+
+
+async def _serve_forever(reclaimer: Reclaimer, api, args: argparse.Namespace) -> int:  # noqa: ANN001
+    runner = web.AppRunner(_metrics_app(reclaimer), access_log=None)
+    await runner.setup()
+    host, port = args.metrics_listen
+    await web.TCPSite(runner, host, port).start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    election = asyncio.create_task(_lead(reclaimer, api, args))
+    await asyncio.wait([election, asyncio.create_task(stop.wait())],
+                       return_when=asyncio.FIRST_COMPLETED)
+    election.cancel()
+    await runner.cleanup()
+    return 0
+
+
+async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  # noqa: ANN001
+    """Only the Lease holder cycles; a replica that loses the Lease stops at once and waits."""
+    identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+    async def started() -> None:
+        reclaimer.metrics.leader.set(1)
+        log.info("leading as %s (Lease %s/%s)", identity, args.lease_namespace, args.lease_name)
+        await reclaimer.run()
+
+    async def stopped() -> None:
+        reclaimer.metrics.leader.set(0)
+        log.warning("lost the Lease; standing by")
+
+    while True:
+        lock = LeaseLock(args.lease_name, args.lease_namespace, identity, api)
+        config = electionconfig.Config(lock, lease_duration=args.lease_duration,
+                                       renew_deadline=args.lease_duration * 2 / 3,
+                                       retry_period=max(1.0, args.lease_duration / 8),
+                                       onstarted_leading=started, onstopped_leading=stopped)
+        log.info("waiting for the Lease %s/%s as %s", args.lease_namespace, args.lease_name,
+                 identity)
+        await leaderelection.LeaderElection(config).run()
+
+
+async def restore(args: argparse.Namespace) -> int:
+    try:
+        namespace, kind, name = args.target.split("/")
+    except ValueError:
+        log.error("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or Job), got %r",
+                  args.target)
+        return 2
+    api = await connect(args.kubeconfig)
+    try:
+        print(await Actor(api, 30).restore(namespace, kind, name))
+        return 0
+    except (LookupError, ValueError) as e:
+        log.error("%s", e)
+        return 1
+    except ApiException as e:
+        log.error("restoring %s failed: HTTP %s %s", args.target, e.status, e.reason)
+        return 1
+    finally:
+        await api.close()
+
+
+def default_namespace() -> str:
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip()
+    except OSError:
+        return os.environ.get("POD_NAMESPACE", "default")

@@ -1,0 +1,108 @@
+"""Reclaim evidence from a real Prometheus holding 40 minutes of DCGM history (15 s samples)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.policy import parse_policy
+from gpusteward.core.reclaim.rules import judge, rule_for
+from gpusteward.sandbox.dcgm import PodRef, SimGpu, render_openmetrics_history
+from tests.unit.test_reclaim_decide import gpu_pod
+
+STEP = 15.0
+POLICY = parse_policy({"telemetry": {"scrapeInterval": "15s"}})
+
+
+def gpus_at(now: float, t: float, i: int) -> list[SimGpu]:
+    def gpu(node: str, idx: int, pod: str, util: float) -> SimGpu:
+        return SimGpu(node, idx, "NVIDIA H100 80GB HBM3", util_percent=util,
+                      pod=PodRef("ml", pod, "main"))
+
+    out = [gpu("n1", 0, "idle", 1), gpu("n1", 1, "idle", 2),  # a 2-GPU pod, idle on both
+           gpu("n1", 2, "busy", 80),
+           gpu("n1", 3, "brief", 90 if now - 600 <= t < now - 540 else 0),
+           gpu("n2", 0, "half", 0), gpu("n2", 1, "half", 95)]  # one GPU busy: the pod is busy
+    if i % 4 == 0:
+        out.append(gpu("n2", 2, "sparse", 0))  # a quarter of the expected samples
+    return out
+
+
+def history(now: float, end: float) -> str:
+    frames, t, i = [], now - 40 * 60, 0
+    while t <= end:
+        frames.append((t, gpus_at(now, t, i)))
+        t += STEP
+        i += 1
+    return render_openmetrics_history(frames, extra_labels={"job": "dcgm", "instance": "d:9400"})
+
+
+def reader(url: str) -> SnapshotReader:
+    return SnapshotReader(None, PrometheusSource(url, POLICY.telemetry, POLICY.health), POLICY)
+
+
+@pytest.fixture(scope="module")
+def now() -> float:
+    return time.time()
+
+
+@pytest.fixture
+def prometheus(prometheus_factory, now):
+    return prometheus_factory(history_openmetrics=history(now, now - 5))
+
+
+@pytest.mark.parametrize(
+    ("pod", "gpus", "state"),
+    [
+        pytest.param("idle", 2, "idle", id="idle-on-every-gpu"),
+        pytest.param("busy", 1, "busy", id="busy"),
+        pytest.param("brief", 1, "busy", id="briefly-busy-inside-the-window-is-not-idle"),
+        pytest.param("half", 2, "busy", id="one-busy-gpu-makes-the-pod-busy"),
+        pytest.param("sparse", 1, "unknown", id="low-coverage-is-unknown"),
+        pytest.param("missing", 1, "unknown", id="missing-series-is-unknown"),
+    ],
+)
+async def test_evidence_over_the_window(prometheus, now, pod, gpus, state):
+    pods = (gpu_pod(pod, gpus=gpus),)
+    evidence, ok, problem = await reader(prometheus.url)._evidence(pods, now)
+    assert ok, problem
+    rule = rule_for(pods[0], POLICY)
+    assert judge(evidence[rule.window].get(f"ml/{pod}"), rule, gpus)[0] == state
+
+
+async def test_peak_and_coverage_are_measured(prometheus, now):
+    evidence, _, _ = await reader(prometheus.url)._evidence((gpu_pod("idle", gpus=2),), now)
+    ev = evidence[1800.0]["ml/idle"]
+    assert ev.peak_percent == 2.0 and ev.gpus_seen == 2
+    assert 0.95 <= ev.coverage <= 1.0
+    assert evidence[1800.0]["ml/sparse"].coverage == pytest.approx(0.25, abs=0.03)
+
+
+async def test_queries_per_cycle_do_not_grow_with_the_pods(prometheus, now):
+    r = reader(prometheus.url)
+    await r._evidence((gpu_pod("idle"),), now)
+    few = r.prometheus.queries_run
+    await r._evidence(tuple(gpu_pod(f"p{i}") for i in range(500)), now)
+    assert r.prometheus.queries_run - few == few == 3  # freshness + peak + count, one window
+
+
+@pytest.mark.parametrize(
+    ("ended_ago", "problem"),
+    [
+        pytest.param(180, "newest GPU sample is", id="samples-older-than-staleAfter"),
+        pytest.param(600, "no DCGM_FI_DEV_GPU_UTIL series", id="series-gone-from-lookback"),
+    ],
+)
+async def test_stale_telemetry_halts_the_cycle(prometheus_factory, now, ended_ago, problem):
+    prom = prometheus_factory(history_openmetrics=history(now, now - ended_ago))
+    _, ok, why = await reader(prom.url)._evidence((gpu_pod("idle"),), now)
+    assert not ok and problem in why
+
+
+async def test_unreachable_prometheus_halts_the_cycle(unused_tcp_port, now):
+    _, ok, problem = await reader(f"http://127.0.0.1:{unused_tcp_port}")._evidence(
+        (gpu_pod("idle"),), now)
+    assert not ok and "unreachable" in problem
