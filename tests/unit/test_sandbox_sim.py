@@ -1,0 +1,75 @@
+"""The sandbox's pure parts: utilization profiles, stable GPU indices, fleet files."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusteward.core.fleet import FleetStore
+from gpusteward.core.model import Node, Pod
+from gpusteward.sandbox.fleet import DEFAULT_FLEET, FleetError, load_fleet, node_objects
+from gpusteward.sandbox.simulator import (
+    GpuAssigner, ProfileError, parse_profile, simulate, util_at,
+)
+
+
+@pytest.mark.parametrize(
+    ("profile", "elapsed", "percent"),
+    [
+        pytest.param("85", 1e6, 85.0, id="constant"),
+        pytest.param(None, 10, 0.0, id="no-annotation-is-idle"),
+        pytest.param("90:5m,0:25m", 60, 90.0, id="first-step"),
+        pytest.param("90:5m,0:25m", 400, 0.0, id="second-step"),
+        pytest.param("90:5m,0:25m", 1800 + 10, 90.0, id="repeats"),
+    ],
+)
+def test_utilization_profiles(profile, elapsed, percent):
+    assert util_at(profile, elapsed) == percent
+
+
+@pytest.mark.parametrize("bad", ["lots", "120", "50:soon", "50:0s"])
+def test_bad_profiles_are_refused(bad):
+    with pytest.raises(ProfileError):
+        parse_profile(bad)
+
+
+def pod(name: str, gpus: int, bound_at: float, **kw) -> Pod:
+    return Pod(namespace="ml", name=name, uid=name, gpus=gpus, node="n", phase="Running",
+               bound_at=bound_at, **kw)
+
+
+def test_gpu_indices_are_stable_and_reused_after_a_pod_leaves():
+    node = Node("n", "NVIDIA-L4", 4)
+    assigner = GpuAssigner()
+    first = assigner.assign(node, [pod("a", 2, 1.0), pod("b", 1, 2.0)])
+    assert first == {"a": [0, 1], "b": [2]}
+    again = assigner.assign(node, [pod("b", 1, 2.0), pod("c", 2, 3.0)])
+    assert again == {"b": [2], "c": [0, 1]}
+
+
+def test_simulated_gpus_carry_pod_labels_and_utilization():
+    store = FleetStore()
+    store.replace_all([Node("n", "NVIDIA-L4", 2, labels={"nvidia.com/gpu.memory": "23034"})],
+                      [pod("a", 1, 0.0, annotations={"sandbox.gpusteward.io/gpu-util": "70"})])
+    gpus = simulate(store, GpuAssigner(), now=100.0)
+    assert [(g.index, g.util_percent, g.pod and g.pod.name) for g in gpus] == [
+        (0, 70.0, "a"), (1, 0.0, None)]
+    assert gpus[0].model_name == "NVIDIA L4"
+
+
+def test_the_default_fleet_is_mixed():
+    nodes = node_objects(DEFAULT_FLEET)
+    products = {n["metadata"]["labels"]["nvidia.com/gpu.product"] for n in nodes}
+    assert products == {"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4"}
+    assert nodes[0]["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+
+
+def test_fleet_files_are_validated_with_paths(tmp_path):
+    good = tmp_path / "fleet.yaml"
+    good.write_text("pools:\n- {name: h100, product: NVIDIA-H100-80GB-HBM3, count: 3, gpus: 8,"
+                    " taints: [{key: gpu, effect: NoSchedule}]}\n")
+    fleet = load_fleet(good)
+    assert [n["metadata"]["name"] for n in node_objects(fleet)] == ["h100-0", "h100-1", "h100-2"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools:\n- {name: H100, product: x, count: -1}\n")
+    with pytest.raises(FleetError, match=r"pools\[0\]\.name.*\n.*pools\[0\]\.count"):
+        load_fleet(bad)
