@@ -1,4 +1,4 @@
-"""Every field path of the policy with its default: the checklist docs/policy.md is tested against."""
+"""Every policy field path with its default: docs/policy.md is tested against this list."""
 
 from __future__ import annotations
 

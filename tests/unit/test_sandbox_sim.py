@@ -8,7 +8,11 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, FleetError, load_fleet, node_objects
 from gpusteward.sandbox.simulator import (
-    GpuAssigner, ProfileError, parse_profile, simulate, util_at,
+    GpuAssigner,
+    ProfileError,
+    parse_profile,
+    simulate,
+    util_at,
 )
 
 
