@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--lease-namespace", help="namespace of the leader-election Lease "
                      "(default: the pod's namespace, else $POD_NAMESPACE, else default)")
     rec.add_argument("--lease-name", default="gpusteward-reclaimer")
-    rec.add_argument("--lease-duration", type=float, default=15.0, metavar="SECONDS")
+    rec.add_argument("--lease-duration", type=int, default=15, metavar="SECONDS",
+                     help="a standby takes over this long after the leader stops renewing")
     _common(rec)
     rec_sub = rec.add_subparsers(dest="reclaimer_command")
     restore = rec_sub.add_parser("restore", help="undo a scale-down or Job suspension")

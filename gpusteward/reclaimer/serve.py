@@ -78,9 +78,12 @@ async def _serve_forever(reclaimer: Reclaimer, api, args: argparse.Namespace) ->
     election = asyncio.create_task(_lead(reclaimer, api, args))
     await asyncio.wait([election, asyncio.create_task(stop.wait())],
                        return_when=asyncio.FIRST_COMPLETED)
+    failed = election.done() and not election.cancelled() and election.exception()
+    if failed:
+        log.error("leader election failed; exiting so the pod restarts", exc_info=failed)
     election.cancel()
     await runner.cleanup()
-    return 0
+    return 1 if failed else 0
 
 
 async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  # noqa: ANN001
@@ -98,9 +101,11 @@ async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  #
 
     while True:
         lock = LeaseLock(args.lease_name, args.lease_namespace, identity, api)
-        config = electionconfig.Config(lock, lease_duration=args.lease_duration,
-                                       renew_deadline=args.lease_duration * 2 / 3,
-                                       retry_period=max(1.0, args.lease_duration / 8),
+        # The lock stores the duration as a string and reads it back with int().
+        duration = int(args.lease_duration)
+        config = electionconfig.Config(lock, lease_duration=duration,
+                                       renew_deadline=duration * 2 / 3,
+                                       retry_period=max(1.0, duration / 8),
                                        onstarted_leading=started, onstopped_leading=stopped)
         log.info("waiting for the Lease %s/%s as %s", args.lease_namespace, args.lease_name,
                  identity)

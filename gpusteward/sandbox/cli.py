@@ -1,0 +1,28 @@
+"""`gpusteward sandbox up|down|status|env`: a local cluster of real Kubernetes components."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
+    sb = sub.add_parser("sandbox", help="local real control plane with simulated GPU nodes")
+    sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
+    up = sb_sub.add_parser("up", help="build what is missing and start the sandbox")
+    up.add_argument("--fleet", help="fleet YAML file (default: a mixed H100/A100/L4 fleet)")
+    up.add_argument("--with-extender", action="store_true",
+                    help="run the extender behind the real kube-scheduler")
+    up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")
+    up.add_argument("--policy", help="policy for the extender/reclaimer (default: the example)")
+    up.add_argument("--state-dir", help="where the sandbox keeps its files and logs")
+    for name, text in (("down", "stop every process the sandbox started"),
+                       ("status", "show what runs"),
+                       ("env", "print export lines for KUBECONFIG and PROMETHEUS_URL")):
+        p = sb_sub.add_parser(name, help=text)
+        p.add_argument("--state-dir", help="the sandbox's state directory")
+
+
+def run_sandbox_command(args: argparse.Namespace) -> int:
+    from gpusteward.sandbox.commands import run
+
+    return run(args)

@@ -1,0 +1,341 @@
+"""The sandbox: real etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from
+Go modules), kwok for fake GPU nodes, the DCGM simulator, a real Prometheus, and optionally the
+extender behind the scheduler — all on loopback, all stopped by `stop()` or `sandbox down`."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpusteward.sandbox.build import ensure_binaries
+from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, node_objects
+from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
+from gpusteward.sandbox.procs import Proc, free_port, stop_pid
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
+SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
+STOP_ORDER = ("reclaimer", "scheduler", "extender", "prometheus", "simulator", "kwok",
+              "controller-manager", "apiserver", "etcd")
+
+
+@dataclass
+class SandboxConfig:
+    state_dir: Path
+    fleet: Fleet = DEFAULT_FLEET
+    with_extender: bool = False
+    with_reclaimer: bool = False
+    policy: Path = SANDBOX_POLICY
+    node_cache_capable: bool = True
+    scrape_interval: str = "1s"
+    reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
+    log: Any = print
+
+
+@dataclass
+class Sandbox:
+    cfg: SandboxConfig
+    procs: dict[str, Proc] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    # --- paths and endpoints ------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return self.cfg.state_dir
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "admin.kubeconfig"
+
+    @property
+    def api_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['prometheus']}"
+
+    @property
+    def extender_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['extender']}"
+
+    @property
+    def simulator_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['simulator']}"
+
+    def api(self) -> KubeHTTP:
+        return KubeHTTP(self.api_url, self.token)
+
+    def env_lines(self) -> list[str]:
+        return [f"export KUBECONFIG={self.kubeconfig}",
+                f"export PROMETHEUS_URL={self.prometheus_url}"]
+
+    # --- lifecycle ----------------------------------------------------------------------
+    def start(self) -> Sandbox:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        started = time.monotonic()
+        self.bin = ensure_binaries(log=self.cfg.log)
+        for sub in ("logs", "pki", "etcd"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self.ports = {name: free_port() for name in
+                      ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler",
+                       "simulator", "prometheus", "extender", "reclaimer")}
+        self._write_credentials()
+        self._start_etcd()
+        self._start_apiserver()
+        self._start_controller_manager()
+        self._start_kwok()
+        self.create_fleet(self.cfg.fleet)
+        self._start_simulator()
+        self.start_prometheus()
+        if self.cfg.with_extender:
+            self.start_extender()
+        self.start_scheduler()
+        if self.cfg.with_reclaimer:
+            self.start_reclaimer()
+        self.save()
+        self.cfg.log(f"sandbox up in {time.monotonic() - started:.1f}s (state: {self.dir})")
+
+    def stop(self) -> None:
+        for name in STOP_ORDER:
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                proc.stop()
+        state = self.dir / "state.json"
+        if state.exists():
+            state.unlink()
+
+    def save(self) -> None:
+        state = {"token": self.token, "ports": self.ports,
+                 "pids": {name: p.pid for name, p in self.procs.items()},
+                 "kubeconfig": str(self.kubeconfig), "prometheus_url": self.prometheus_url}
+        (self.dir / "state.json").write_text(json.dumps(state, indent=2))
+
+    # --- components ---------------------------------------------------------------------
+    def _run(self, name: str, argv: list[str], ready, timeout: float = 90.0) -> Proc:
+        proc = Proc(name, argv, self.dir / "logs" / f"{name}.log")
+        self.procs[name] = proc.start()
+        proc.wait_ready(ready, timeout)
+        return proc
+
+    def _k8s(self, *args: str) -> list[str]:
+        return [str(self.bin / "k8s"), *args]
+
+    def _write_credentials(self) -> None:
+        (self.dir / "tokens.csv").write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
+        key = self.dir / "pki" / "sa.key"
+        if not key.exists():
+            subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True,
+                           capture_output=True)
+        self.kubeconfig.write_text(yaml.safe_dump(self._kubeconfig_dict()))
+
+    def _kubeconfig_dict(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1", "kind": "Config", "current-context": "sandbox",
+            "clusters": [{"name": "sandbox", "cluster": {
+                "server": f"https://127.0.0.1:{self.ports['apiserver']}",
+                "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [{"name": "sandbox", "context": {"cluster": "sandbox", "user": "admin"}}],
+        }
+
+    def _start_etcd(self) -> None:
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        self._run("etcd", self._k8s(
+            "etcd", "--name=sandbox", f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=sandbox={peer}", "--unsafe-no-fsync=true",
+            "--log-level=warn"), lambda: _http_ok(f"{client}/health"))
+
+    def _start_apiserver(self) -> None:
+        key = self.dir / "pki" / "sa.key"
+        self._run("apiserver", self._k8s(
+            "apiserver", f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.ports['apiserver']}", f"--cert-dir={self.dir / 'pki'}",
+            f"--token-auth-file={self.dir / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={key}", f"--service-account-signing-key-file={key}",
+            "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
+            "--endpoint-reconciler-type=none", "--disable-admission-plugins=ServiceAccount",
+            "--enable-priority-and-fairness=false", "--max-requests-inflight=0",
+            "--max-mutating-requests-inflight=0", "-v=1"),
+            lambda: _http_ok(f"{self.api_url}/readyz", self.token), timeout=120)
+        wait_for("namespace default", lambda: self.api().exists("/api/v1/namespaces/default"))
+
+    def _start_controller_manager(self) -> None:
+        port = self.ports["controller-manager"]
+        self._run("controller-manager", self._k8s(
+            "controller-manager", f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            f"--service-account-private-key-file={self.dir / 'pki' / 'sa.key'}",
+            f"--root-ca-file={self.dir / 'pki' / 'apiserver.crt'}",
+            "--use-service-account-credentials=false", "--controllers=*,-nodeipam",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            "--concurrent-gc-syncs=5", "-v=1"),
+            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"))
+
+    def _kwok_stages(self) -> Path:
+        """kwokctl's default Stages without pod-complete: in the sandbox a Job's GPU pod runs
+        until it is suspended or deleted, like a training run that would last for hours."""
+        text = subprocess.run([str(self.bin / "kwok"), "default-stages", "--lease"], check=True,
+                              capture_output=True, text=True).stdout
+        docs = [d for d in text.split("\n---\n") if "name: pod-complete" not in d]
+        path = self.dir / "kwok-stages.yaml"
+        path.write_text("\n---\n".join(docs))
+        return path
+
+    def _start_kwok(self) -> None:
+        self._run("kwok", [
+            str(self.bin / "kwok"), f"--kubeconfig={self.kubeconfig}",
+            f"--config={self._kwok_stages()}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--manage-nodes-with-label-selector=", "--manage-single-node=",
+            "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1", "--node-lease-duration-seconds=40",
+        ], lambda: True)
+
+    def create_fleet(self, fleet: Fleet) -> None:
+        api = self.api()
+        for obj in node_objects(fleet):
+            api.apply(f"/api/v1/nodes/{obj['metadata']['name']}", obj)
+        names = [obj["metadata"]["name"] for obj in node_objects(fleet)]
+        wait_for("kwok to mark the fleet Ready", lambda: all(
+            _ready(api.get(f"/api/v1/nodes/{n}")) for n in names), timeout=60)
+
+    def _start_simulator(self) -> None:
+        port = self.ports["simulator"]
+        self._run("simulator", [sys.executable, "-m", "gpusteward.sandbox.simulator",
+                                f"--kubeconfig={self.kubeconfig}", f"--listen=127.0.0.1:{port}"],
+                  lambda: _http_ok(f"{self.simulator_url}/health"))
+
+    def start_prometheus(self) -> None:
+        config = self.dir / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": self.cfg.scrape_interval,
+                       "evaluation_interval": self.cfg.scrape_interval},
+            "scrape_configs": [{"job_name": "dcgm-exporter", "static_configs": [
+                {"targets": [f"127.0.0.1:{self.ports['simulator']}"]}]}],
+        }))
+        self._run("prometheus", [
+            "prometheus", f"--config.file={config}",
+            f"--storage.tsdb.path={self.dir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}",
+            "--storage.tsdb.retention.time=2d", "--log.level=warn",
+        ], lambda: _http_ok(f"{self.prometheus_url}/-/ready"))
+
+    def start_extender(self) -> None:
+        self._run("extender", [
+            sys.executable, "-m", "gpusteward", "extender", f"--policy={self.cfg.policy}",
+            f"--listen=127.0.0.1:{self.ports['extender']}", f"--kubeconfig={self.kubeconfig}",
+            f"--prometheus-url={self.prometheus_url}",
+        ], lambda: _http_ok(f"{self.extender_url}/readyz"))
+
+    def stop_component(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            proc.stop()
+
+    def scheduler_config(self) -> dict[str, Any]:
+        config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+        config["clientConnection"] = {"kubeconfig": str(self.kubeconfig), "qps": 500,
+                                      "burst": 1000}
+        config["leaderElection"] = {"leaderElect": False}
+        # Preemption is left to gpusteward's queue enforcement, which displaces idle GPUs only
+        # (see docs/operations.md); the scheduler's own would evict busy pods as readily.
+        config["profiles"] = [{"schedulerName": "default-scheduler", "plugins": {
+            "postFilter": {"disabled": [{"name": "DefaultPreemption"}]}}}]
+        if self.cfg.with_extender:
+            for ext in config["extenders"]:
+                ext["urlPrefix"] = self.extender_url
+                ext["nodeCacheCapable"] = self.cfg.node_cache_capable
+        else:
+            config.pop("extenders", None)
+        return config
+
+    def start_scheduler(self) -> None:
+        path = self.dir / "scheduler.yaml"
+        path.write_text(yaml.safe_dump(self.scheduler_config()))
+        port = self.ports["scheduler"]
+        self._run("scheduler", self._k8s(
+            "scheduler", f"--config={path}", "--bind-address=127.0.0.1",
+            f"--secure-port={port}", "-v=2"),
+            lambda: _http_ok(f"https://127.0.0.1:{port}/readyz"))
+
+    def restart_scheduler(self, *, node_cache_capable: bool | None = None) -> None:
+        if node_cache_capable is not None:
+            self.cfg.node_cache_capable = node_cache_capable
+        self.stop_component("scheduler")
+        self.start_scheduler()
+        self.save()
+
+    @property
+    def reclaimer_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['reclaimer']}"
+
+    def reclaimer_argv(self, metrics_port: int, name: str = "gpusteward-reclaimer") -> list[str]:
+        argv = [sys.executable, "-m", "gpusteward", "reclaimer", f"--policy={self.cfg.policy}",
+                f"--kubeconfig={self.kubeconfig}", f"--prometheus-url={self.prometheus_url}",
+                f"--metrics-listen=127.0.0.1:{metrics_port}", "--lease-namespace=kube-system",
+                f"--lease-name={name}", "--lease-duration=6"]
+        if self.cfg.reclaimer_mode:
+            argv.append(f"--mode={self.cfg.reclaimer_mode}")
+        return argv
+
+    def start_reclaimer(self) -> None:
+        self._run("reclaimer", self.reclaimer_argv(self.ports["reclaimer"]),
+                  lambda: _http_ok(f"{self.reclaimer_url}/healthz"))
+
+
+def stop_from_state(state_dir: Path) -> bool:
+    """`sandbox down`: stop what a previous `sandbox up` left running."""
+    state_file = state_dir / "state.json"
+    if not state_file.exists():
+        return False
+    pids = json.loads(state_file.read_text()).get("pids", {})
+    for name in STOP_ORDER:
+        if name in pids:
+            stop_pid(int(pids[name]))
+    state_file.unlink()
+    return True
+
+
+def _ready(node: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in node.get("status", {}).get("conditions", []))
+
+
+_INSECURE = ssl.create_default_context()
+_INSECURE.check_hostname = False
+_INSECURE.verify_mode = ssl.CERT_NONE
+
+
+def _http_ok(url: str, token: str | None = None) -> bool:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=2, context=_INSECURE) as resp:
+            return resp.status == 200
+    except OSError:
+        return False

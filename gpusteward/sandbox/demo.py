@@ -1,0 +1,183 @@
+"""`make demo`: gpusteward placing a mixed GPU workload on a local sandbox cluster.
+
+Starts the sandbox (building the control plane on first use), runs the extender behind the real
+kube-scheduler, submits training, inference and experiment pods with card preferences and
+different utilizations, and shows where each pod landed and why. Set KEEP=1 to leave the
+sandbox running afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpusteward.sandbox.build import SandboxBuildError
+from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
+from gpusteward.sandbox.commands import default_state_dir
+from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.procs import SandboxError
+from gpusteward.sandbox.simulator import UTIL_ANNOTATION
+
+NS = "demo"
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    cls: str
+    gpus: int
+    cards: str | None
+    util: str  # what the simulator makes its GPUs read
+
+
+# First the long-running background load, then pods whose placement shows the rules at work.
+WORKLOAD = [
+    Job("llm-pretrain", "training", 8, "NVIDIA-H100*", "97"),
+    Job("vision-finetune", "training", 4, "NVIDIA-H100*,NVIDIA-A100*", "88"),
+    Job("notebook-alice", "experiment", 1, "NVIDIA-L4", "0"),
+    Job("chat-serving-0", "inference", 1, "NVIDIA-L4,NVIDIA-A100*", "35"),
+    Job("chat-serving-1", "inference", 1, "NVIDIA-L4,NVIDIA-A100*", "35"),
+    Job("chat-serving-2", "inference", 1, "NVIDIA-L4,NVIDIA-A100*", "35"),
+    Job("ranking-batch", "batch", 4, None, "70"),
+    Job("speech-finetune", "training", 4, "NVIDIA-H100*,NVIDIA-A100*", "91"),
+    Job("notebook-bob", "experiment", 1, None, "0"),
+]
+
+
+def manifest(job: Job) -> dict[str, Any]:
+    annotations = {UTIL_ANNOTATION: job.util}
+    if job.cards:
+        annotations["gpusteward.io/card-types"] = job.cards
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": job.name, "labels": {"gpusteward.io/class": job.cls,
+                                                  "gpusteward.io/team": "demo"},
+                     "annotations": annotations},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "main", "image": "registry.invalid/cuda-job:1",
+            "resources": {"limits": {"nvidia.com/gpu": str(job.gpus)}}}]},
+    }
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.load(resp)
+
+
+def node_utilization(prometheus_url: str) -> dict[str, float]:
+    query = "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
+    url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        result = json.load(resp)["data"]["result"]
+    return {r["metric"]["Hostname"]: float(r["value"][1]) for r in result}
+
+
+def explain(box: Sandbox, job: Job, nodes: list[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """What the extender thinks of every node for this pod (no uid: nothing is reserved)."""
+    pod = manifest(job)
+    verdict = _post(f"{box.extender_url}/filter", {"Pod": pod, "NodeNames": nodes})
+    rejected = {**verdict["FailedNodes"], **verdict["FailedAndUnresolvableNodes"]}
+    scores = _post(f"{box.extender_url}/prioritize", {"Pod": pod, "NodeNames": nodes})
+    return {e["Host"]: e["Score"] for e in scores}, rejected
+
+
+def run_workload(box: Sandbox) -> list[dict[str, Any]]:
+    api = box.api()
+    api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": NS}})
+    nodes = sorted(n["metadata"]["name"] for n in api.get("/api/v1/nodes")["items"])
+    products = {n["metadata"]["name"]: n["metadata"]["labels"].get("nvidia.com/gpu.product", "")
+                for n in api.get("/api/v1/nodes")["items"]}
+    rows = []
+    for job in WORKLOAD:
+        util = node_utilization(box.prometheus_url)
+        scores, rejected = explain(box, job, nodes)
+        api.create(f"/api/v1/namespaces/{NS}/pods", manifest(job))
+        node = wait_for(f"{job.name} to be scheduled", lambda j=job: api.get(
+            f"/api/v1/namespaces/{NS}/pods/{j.name}")["spec"].get("nodeName"), timeout=60)
+        rows.append({"pod": job.name, "class": job.cls, "gpus": job.gpus,
+                     "wants": job.cards or "(class tiers)", "node": node,
+                     "card": products[node], "node_util": util.get(node, 0.0),
+                     "score": scores.get(node), "best_other": max(
+                         (s for n, s in scores.items() if n != node and n not in rejected),
+                         default=None),
+                     "rejected": len(rejected)})
+        # Let the new pod's GPUs show up in telemetry before the next decision.
+        time.sleep(2.5)
+    return rows
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    header = (f"{'pod':<17}{'class':<11}{'gpus':>4}  {'wants':<27}{'landed on':<10}"
+              f"{'card':<23}{'util':>5}{'score':>6}{'next':>5}{'ruled out':>10}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        other = "-" if r["best_other"] is None else str(r["best_other"])
+        print(f"{r['pod']:<17}{r['class']:<11}{r['gpus']:>4}  {r['wants']:<27}{r['node']:<10}"
+              f"{r['card']:<23}{r['node_util']:>4.0f}%{r['score']:>6}{other:>5}"
+              f"{r['rejected']:>10}")
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    def accepted(r: dict[str, Any]) -> bool:
+        from gpusteward.core.cards import parse_card_types, preference_rank
+
+        patterns = parse_card_types(None if r["wants"].startswith("(") else r["wants"])
+        return not patterns or preference_rank(r["card"], patterns) is not None
+
+    ok = sum(accepted(r) for r in rows)
+    top = sum(r["best_other"] is None or r["score"] >= r["best_other"] for r in rows)
+    return [
+        f"{len(rows)} GPU pods placed by the real kube-scheduler with the gpusteward extender.",
+        f"{ok}/{len(rows)} landed on a card they accept; "
+        f"{top}/{len(rows)} on a node gpusteward scored highest among those allowed.",
+        "score = gpusteward's 0-10 placement score (card fit, live GPU load, packing, health);",
+        "next = best score among the other allowed nodes; util = node GPU utilization before.",
+    ]
+
+
+def main() -> int:
+    keep = os.environ.get("KEEP") == "1"
+    state = default_state_dir() if keep else Path(tempfile.mkdtemp(prefix="gpusteward-demo-"))
+    if keep and (state / "state.json").exists():
+        print(f"a sandbox already runs from {state}; run `gpusteward sandbox down` first",
+              file=sys.stderr)
+        return 1
+    print("Starting the sandbox (the first run builds Kubernetes from Go modules: 10-30 min)...")
+    try:
+        box = Sandbox(SandboxConfig(state_dir=state, with_extender=True,
+                                    log=lambda m: print(f"  {m}", flush=True))).start()
+    except (SandboxBuildError, SandboxError, TimeoutError) as e:
+        print(f"demo failed to start the sandbox: {e}", file=sys.stderr)
+        return 1
+    try:
+        print("\nPlacing a mixed GPU workload, one pod at a time:\n")
+        rows = run_workload(box)
+        print_rows(rows)
+        print()
+        print("\n".join(summary(rows)))
+    finally:
+        if keep:
+            print(f"\nThe sandbox keeps running (state in {state}). Explore it with:\n"
+                  f"  eval $(.venv/bin/gpusteward sandbox env)\n"
+                  f"  curl -s \"$PROMETHEUS_URL/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL\"\n"
+                  f"Stop it with: .venv/bin/gpusteward sandbox down")
+        else:
+            box.stop()
+            print("\nSandbox stopped.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""Child processes of the sandbox: started in their own session, logged to a file, stopped
+for sure (SIGTERM, then SIGKILL), and found again by pid after `sandbox up` has returned."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: Sequence[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    pid: int = 0
+    _popen: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self._popen = subprocess.Popen(
+                list(self.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env}, start_new_session=True)
+        self.pid = self._popen.pid
+        return self
+
+    def alive(self) -> bool:
+        if self._popen is not None:
+            return self._popen.poll() is None
+        return pid_alive(self.pid)
+
+    def wait_ready(self, check: Callable[[], bool], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise SandboxError(f"{self.name} exited during start-up; log {self.log}:\n"
+                                   f"{log_tail(self.log)}")
+            with contextlib.suppress(OSError):
+                if check():
+                    return
+            time.sleep(0.2)
+        raise SandboxError(f"{self.name} not ready after {timeout:.0f}s; log {self.log}:\n"
+                           f"{log_tail(self.log)}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        stop_pid(self.pid, timeout)
+        if self._popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout=1)
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; treat it as gone.
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state != "Z"
+    return True
+
+
+def stop_pid(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM the process group, wait, then SIGKILL it."""
+    if not pid_alive(pid):
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                return
+            time.sleep(0.1)

@@ -1,0 +1,157 @@
+"""The DCGM simulator: dcgm-exporter's `/metrics` for every GPU of the sandbox's fake nodes.
+
+It watches Nodes and GPU Pods like any gpusteward app. Each bound GPU pod gets stable GPU
+indices on its node (lowest free first, kept until the pod goes away). A pod's utilization comes
+from its annotation `sandbox.gpusteward.io/gpu-util`:
+
+    "85"              85 % on every GPU of the pod, all the time
+    "90:5m,0:25m"     a repeating profile: 90 % for 5 minutes, then 0 % for 25, from binding
+
+Free GPUs read 0 %. Node labels `sandbox.gpusteward.io/xid` and `sandbox.gpusteward.io/gpu-temp`
+make every GPU of that node report that XID / temperature (health tests).
+
+    python -m gpusteward.sandbox.simulator --kubeconfig FILE --listen 127.0.0.1:9400
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from aiohttp import web
+
+from gpusteward.adapters.kube import Watcher, connect
+from gpusteward.core.fleet import FleetStore
+from gpusteward.core.model import Node, Pod
+from gpusteward.core.typedconfig import Duration
+from gpusteward.sandbox.dcgm import PodRef, SimGpu, model_name_for_product, render_exposition
+from gpusteward.sandbox.fleet import TEMP_LABEL, XID_LABEL
+
+UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
+IDLE_TEMP_C, BUSY_TEMP_C = 34, 71
+
+
+class ProfileError(ValueError):
+    pass
+
+
+def parse_profile(text: str) -> list[tuple[float, float]]:
+    """`90:5m,0:25m` -> [(90.0, 300.0), (0.0, 1500.0)]; `85` -> [(85.0, inf)]."""
+    steps = []
+    for part in text.split(","):
+        value, _, length = part.strip().partition(":")
+        try:
+            percent = float(value)
+            seconds = float(Duration.parse(length)) if length else float("inf")
+        except ValueError as e:
+            raise ProfileError(f"bad {UTIL_ANNOTATION} {text!r}: {e}") from e
+        if not 0 <= percent <= 100 or seconds <= 0:
+            raise ProfileError(f"bad {UTIL_ANNOTATION} {text!r}: percent 0-100, length > 0")
+        steps.append((percent, seconds))
+    return steps
+
+
+def util_at(profile: str | None, elapsed: float) -> float:
+    if not profile:
+        return 0.0
+    steps = parse_profile(profile)
+    cycle = sum(length for _, length in steps)
+    t = elapsed % cycle if cycle != float("inf") else elapsed
+    for percent, length in steps:
+        if t < length:
+            return percent
+        t -= length
+    return steps[-1][0]
+
+
+class GpuAssigner:
+    """Stable GPU indices for the pods bound to each node."""
+
+    def __init__(self) -> None:
+        self._by_node: dict[str, dict[str, list[int]]] = {}
+
+    def assign(self, node: Node, pods: Iterable[Pod]) -> dict[str, list[int]]:
+        held = self._by_node.setdefault(node.name, {})
+        live = {p.uid: p for p in pods}
+        for uid in list(held):
+            if uid not in live:
+                del held[uid]
+        taken = {i for indices in held.values() for i in indices}
+        for uid, pod in sorted(live.items(), key=lambda kv: (kv[1].bound_at or 0, kv[0])):
+            if uid not in held:
+                free = [i for i in range(node.gpus) if i not in taken][: pod.gpus]
+                held[uid] = free
+                taken.update(free)
+        return held
+
+
+def simulate(fleet: FleetStore, assigner: GpuAssigner, now: float) -> list[SimGpu]:
+    gpus: list[SimGpu] = []
+    for node in fleet.nodes.values():
+        if not node.product or node.gpus <= 0:
+            continue
+        pods = {p.uid: p for p in fleet.pods_on(node.name) if not p.deleting}
+        owner = {i: pods[uid] for uid, idx in assigner.assign(node, pods.values()).items()
+                 for i in idx}
+        gpus += [_gpu(node, i, owner.get(i), now) for i in range(node.gpus)]
+    return gpus
+
+
+def _gpu(node: Node, index: int, pod: Pod | None, now: float) -> SimGpu:
+    memory = int(node.labels.get("nvidia.com/gpu.memory", "81559"))
+    util = 0.0
+    if pod is not None:
+        try:
+            util = util_at(pod.annotations.get(UTIL_ANNOTATION), now - (pod.bound_at or now))
+        except ProfileError as e:
+            logging.getLogger("gpusteward.simulator").warning("%s: %s", pod.key, e)
+    temp = int(node.labels.get(TEMP_LABEL) or (BUSY_TEMP_C if util > 50 else IDLE_TEMP_C))
+    return SimGpu(
+        node=node.name, index=index, model_name=model_name_for_product(node.product or ""),
+        util_percent=util, memory_mib=memory,
+        fb_used_mib=int(memory * (0.6 if util else 0.05)) if pod else 0,
+        temp_c=temp, power_w=70.0 + 6.0 * util, xid=int(node.labels.get(XID_LABEL) or 0),
+        pod=PodRef(pod.namespace, pod.name, "main") if pod else None,
+    )
+
+
+def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time) -> web.Application:
+    assigner = GpuAssigner()
+
+    async def metrics(request: web.Request) -> web.Response:
+        text = render_exposition(simulate(fleet, assigner, clock()))
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics), web.get("/health", health)])
+    return app
+
+
+async def _main(args: argparse.Namespace) -> None:
+    api = await connect(args.kubeconfig)
+    fleet = FleetStore()
+    watchers = [Watcher(api, fleet, kind, ["nvidia.com/gpu"]) for kind in ("nodes", "pods")]
+    tasks = [asyncio.create_task(w.run()) for w in watchers]
+    host, _, port = args.listen.rpartition(":")
+    runner = web.AppRunner(create_app(fleet), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, int(port)).start()
+    await asyncio.gather(*tasks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--listen", default="127.0.0.1:9400")
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(_main(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Helpers for e2e tests: GPU pod manifests and waiting on the real API server."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
+from gpusteward.sandbox.simulator import UTIL_ANNOTATION
+
+
+def gpu_pod(name: str, gpus: int = 1, *, cards: str | None = None, cls: str | None = None,
+            util: str | None = None, node: str | None = None,
+            labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+            priority_class: str | None = None) -> dict[str, Any]:
+    meta_labels = dict(labels or {})
+    meta_annotations = dict(annotations or {})
+    if cls:
+        meta_labels["gpusteward.io/class"] = cls
+    if cards:
+        meta_annotations["gpusteward.io/card-types"] = cards
+    if util is not None:
+        meta_annotations[UTIL_ANNOTATION] = util
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "registry.invalid/cuda-job:1",
+                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        "terminationGracePeriodSeconds": 1,
+    }
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": meta_labels, "annotations": meta_annotations},
+            "spec": spec}
+
+
+class Namespace:
+    def __init__(self, api: KubeHTTP, name: str):
+        self.api = api
+        self.name = name
+
+    def create(self) -> None:
+        self.api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                               "metadata": {"name": self.name}})
+
+    def delete(self) -> None:
+        """Workloads first (or their controllers make new pods), then pods, then the namespace."""
+        for group, kind in (("apps/v1", "deployments"), ("apps/v1", "statefulsets"),
+                            ("apps/v1", "replicasets"), ("batch/v1", "jobs")):
+            self.api.delete(f"/apis/{group}/namespaces/{self.name}/{kind}",
+                            {"propagationPolicy": "Background"})
+        self.api.delete(f"/api/v1/namespaces/{self.name}/pods")
+        wait_for(f"pods in {self.name} to go away", lambda: not self.pods(), timeout=60)
+        self.api.delete(f"/api/v1/namespaces/{self.name}")
+
+    def path(self, kind: str = "pods", name: str = "") -> str:
+        base = f"/api/v1/namespaces/{self.name}/{kind}"
+        return f"{base}/{name}" if name else base
+
+    def create_pod(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self.api.create(self.path(), manifest)
+
+    def pod(self, name: str) -> dict[str, Any]:
+        return self.api.get(self.path("pods", name))
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.api.get(self.path())["items"]
+
+    def node_of(self, name: str, timeout: float = 60) -> str:
+        return wait_for(f"pod {self.name}/{name} to be scheduled",
+                        lambda: self.pod(name)["spec"].get("nodeName"), timeout=timeout)
+
+    def running(self, name: str, timeout: float = 60) -> dict[str, Any]:
+        return wait_for(f"pod {self.name}/{name} to run",
+                        lambda: (p := self.pod(name))["status"].get("phase") == "Running" and p,
+                        timeout=timeout)
+
+
+def wait_for_gpu_samples(prometheus_url: str, namespace: str, pods: list[str],
+                         settle: float = 3.0) -> None:
+    """Until Prometheus holds utilization samples for these pods; then let the extender refresh."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    def present() -> bool:
+        query = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}'
+        url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            result = json.load(resp)["data"]["result"]
+        return set(pods) <= {r["metric"].get("pod") for r in result}
+
+    wait_for(f"GPU samples for {pods}", present, timeout=60)
+    time.sleep(settle)
