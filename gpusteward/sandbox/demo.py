@@ -147,6 +147,33 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def gpu_events(box: Sandbox) -> list[dict[str, Any]]:
+    items = box.api().get(f"/api/v1/namespaces/{NS}/events")["items"]
+    return sorted((e for e in items if e.get("reason", "").startswith("GPU")),
+                  key=lambda e: (e.get("lastTimestamp") or "", e["metadata"]["name"]))
+
+
+def watch_reclaimer(box: Sandbox, rows: list[dict[str, Any]], timeout: float = 150) -> int:
+    """Print the reclaimer's Events as they come; return the GPUs it gave back."""
+    idle = {j.name for j in WORKLOAD if j.util == "0"}
+    gpus = {r["pod"]: r["gpus"] for r in rows}
+    seen: set[str] = set()
+    reclaimed: set[str] = set()
+    started = time.monotonic()
+    while time.monotonic() - started < timeout and not idle <= reclaimed:
+        for e in gpu_events(box):
+            if e["metadata"]["name"] in seen:
+                continue
+            seen.add(e["metadata"]["name"])
+            pod = e["involvedObject"]["name"]
+            print(f"  +{time.monotonic() - started:5.1f}s  {pod:<17}{e['reason']:<16}"
+                  f"{e['message'][:90]}")
+            if e["reason"] == "GPUReclaimed":
+                reclaimed.add(pod)
+        time.sleep(1)
+    return sum(gpus[p] for p in reclaimed)
+
+
 def main() -> int:
     keep = os.environ.get("KEEP") == "1"
     state = default_state_dir() if keep else Path(tempfile.mkdtemp(prefix="gpusteward-demo-"))
@@ -167,6 +194,14 @@ def main() -> int:
         print_rows(rows)
         print()
         print("\n".join(summary(rows)))
+        print("\nStarting the reclaimer. The sandbox policy runs it in enforce mode with a 15 s"
+              "\nidle window and a 4 s grace (shipped default: observe, 30 min, 15 min).\n")
+        box.start_reclaimer()
+        returned = watch_reclaimer(box, rows)
+        allocated = sum(r["gpus"] for r in rows)
+        print(f"\nReclaimer: {returned} of {allocated} allocated GPUs were held by idle pods and "
+              f"given back; busy pods were left alone.")
+        ok = all(r["node"] for r in rows) and returned > 0
     finally:
         if keep:
             print(f"\nThe sandbox keeps running (state in {state}). Explore it with:\n"
@@ -176,7 +211,7 @@ def main() -> int:
         else:
             box.stop()
             print("\nSandbox stopped.")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
