@@ -161,6 +161,28 @@ async def round_trips(port: int, verb: str, body: bytes, count: int) -> list[flo
     return times
 
 
+async def throughput(port: int, body: bytes, clients: int = 16, seconds: float = 5.0,
+                     cap: int = 50_000) -> float:
+    """Requests/s the server (one process, one core) answers under concurrent load;
+    bounded in time and count, loopback only."""
+    url = f"http://127.0.0.1:{port}/prioritize"
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline and done < cap:
+            async with session.post(url, data=body) as r:
+                await r.read()
+            done += 1
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        return done / (time.perf_counter() - started)
+
+
 def start(kind: str, n: int) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--nodes", str(n),
@@ -198,6 +220,9 @@ def run(nodes: list[int], count: int) -> dict:
                 results.append({"nodes": n, "verb": verb, "mode": "full", "server": full,
                                 "body_mb": len(body["full"]) / 1e6})
             results.append({"nodes": n, "mode": "full", "decode": decode_speed(body["full"])})
+            results.append({"nodes": n, "mode": "names", "verb": "prioritize",
+                            "requests_per_second": asyncio.run(throughput(ours_port,
+                                                                          body["names"]))})
         finally:
             for p in (ours, floor):
                 p.terminate()
@@ -210,6 +235,10 @@ def run(nodes: list[int], count: int) -> dict:
 def print_table(report: dict) -> None:
     print(f"# extender benchmark — {report['machine']}, Python {report['python']}")
     for r in report["results"]:
+        if "requests_per_second" in r:
+            print(f"{r['nodes']:>6} names prioritize  {r['requests_per_second']:.0f} requests/s "
+                  f"under 16 concurrent loopback clients (server: one process)")
+            continue
         if "decode" in r:
             d = r["decode"]
             print(f"{r['nodes']:>6} full  decode   typed {d['typed_ms']:.1f} ms  json.loads "
@@ -228,7 +257,7 @@ def print_table(report: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000, 5000, 10000])
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--quick", action="store_true", help="CI: tiny run, checks it works")
     parser.add_argument("--serve", choices=["gpusteward", "floor"])

@@ -25,6 +25,7 @@ from gpusteward.sandbox.procs import Proc, free_port, stop_pid
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
+OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
 STOP_ORDER = ("reclaimer", "scheduler", "extender", "prometheus", "simulator", "kwok",
               "controller-manager", "apiserver", "etcd")
 
@@ -191,7 +192,7 @@ class Sandbox:
             f"--service-account-private-key-file={self.dir / 'pki' / 'sa.key'}",
             f"--root-ca-file={self.dir / 'pki' / 'apiserver.crt'}",
             "--use-service-account-credentials=false", "--controllers=*,-nodeipam",
-            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            f"--authorization-always-allow-paths={OPEN_PATHS}",
             "--concurrent-gc-syncs=5", "-v=1"),
             lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"))
 
@@ -219,9 +220,13 @@ class Sandbox:
         api = self.api()
         for obj in node_objects(fleet):
             api.apply(f"/api/v1/nodes/{obj['metadata']['name']}", obj)
-        names = [obj["metadata"]["name"] for obj in node_objects(fleet)]
-        wait_for("kwok to mark the fleet Ready", lambda: all(
-            _ready(api.get(f"/api/v1/nodes/{n}")) for n in names), timeout=60)
+        names = {obj["metadata"]["name"] for obj in node_objects(fleet)}
+
+        def all_ready() -> bool:
+            ready = {n["metadata"]["name"] for n in api.get("/api/v1/nodes")["items"] if _ready(n)}
+            return names <= ready
+
+        wait_for("kwok to mark the fleet Ready", all_ready, timeout=120)
 
     def _start_simulator(self) -> None:
         port = self.ports["simulator"]
@@ -279,12 +284,19 @@ class Sandbox:
         port = self.ports["scheduler"]
         self._run("scheduler", self._k8s(
             "scheduler", f"--config={path}", "--bind-address=127.0.0.1",
-            f"--secure-port={port}", "-v=2"),
+            f"--secure-port={port}", f"--authorization-always-allow-paths={OPEN_PATHS}", "-v=1"),
             lambda: _http_ok(f"https://127.0.0.1:{port}/readyz"))
 
-    def restart_scheduler(self, *, node_cache_capable: bool | None = None) -> None:
+    @property
+    def scheduler_metrics_url(self) -> str:
+        return f"https://127.0.0.1:{self.ports['scheduler']}/metrics"
+
+    def restart_scheduler(self, *, node_cache_capable: bool | None = None,
+                          with_extender: bool | None = None) -> None:
         if node_cache_capable is not None:
             self.cfg.node_cache_capable = node_cache_capable
+        if with_extender is not None:
+            self.cfg.with_extender = with_extender
         self.stop_component("scheduler")
         self.start_scheduler()
         self.save()
