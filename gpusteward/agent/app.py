@@ -1,0 +1,152 @@
+"""The agent's aiohttp app: a background collector and two thin handlers.
+
+The collector reads NVML, asks the kubelet which pod holds which GPU, maps GPU processes to pods
+and renders the exposition once per interval; ``/metrics`` only returns the last text, so a slow
+or lost GPU never delays a scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from gpusteward.agent.collect import AgentView, collect, unavailable_view
+from gpusteward.agent.exposition import render
+from gpusteward.agent.model import DeviceAssignment
+from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
+from gpusteward.agent.pidmap import read_owners
+from gpusteward.agent.podresources import (
+    DEFAULT_SOCKET,
+    PodResourcesClient,
+    PodResourcesUnavailable,
+)
+
+log = logging.getLogger("gpusteward.agent")
+
+CONTENT_TYPE = "text/plain"  # aiohttp adds the charset; version below
+EXPOSITION_VERSION = "0.0.4"
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node: str
+    interval: float = 15.0  # seconds between NVML reads; dcgm-exporter's chart scrapes at 15 s
+    pod_resources_socket: str = DEFAULT_SOCKET
+    proc_root: Path = Path("/proc")  # the host's /proc (hostPID) to map GPU PIDs to pods
+    node_label: str = "Hostname"  # dcgm-exporter's released name for the node label
+
+
+@dataclass
+class AgentDeps:
+    nvml: NvmlReader = field(default_factory=NvmlReader)
+    pod_resources: PodResourcesClient | None = None
+
+
+@dataclass
+class Exported:
+    """What the handlers read: the last rendered text and how the last collection went."""
+
+    text: str = ""
+    view: AgentView | None = None
+    collected_at: float = 0.0
+    pod_resources_ok: bool | None = None
+
+
+SETTINGS = web.AppKey("settings", AgentSettings)
+DEPS = web.AppKey("deps", AgentDeps)
+EXPORTED = web.AppKey("exported", Exported)
+
+
+async def _assignments(
+    deps: AgentDeps, exported: Exported, socket: str
+) -> tuple[tuple[DeviceAssignment, ...], list[str]]:
+    client = deps.pod_resources or PodResourcesClient(socket)
+    try:
+        held = await client.list()
+    except PodResourcesUnavailable as e:
+        if exported.pod_resources_ok is not False:
+            log.warning("exporting GPU metrics without pod labels: %s", e)
+        exported.pod_resources_ok = False
+        return (), ["pod_resources_unavailable"]
+    if exported.pod_resources_ok is False:
+        log.info("kubelet pod-resources socket answers again; pod labels are back")
+    exported.pod_resources_ok = True
+    return held, []
+
+
+async def collect_once(settings: AgentSettings, deps: AgentDeps, exported: Exported) -> None:
+    """One collection; NVML being unavailable is published, never raised."""
+    try:
+        if not deps.nvml.started:
+            await deps.nvml.start()
+        snapshot = await deps.nvml.read()
+    except NvmlUnavailable as e:
+        log.error("NVML unavailable on %s: %s", settings.node, e, extra={"node": settings.node})
+        _publish(exported, unavailable_view(settings.node, e.reason), settings)
+        return
+    held, problems = await _assignments(deps, exported, settings.pod_resources_socket)
+    pids = {p.pid for gpu in snapshot.gpus for p in gpu.processes}
+    owners = await asyncio.to_thread(read_owners, pids, settings.proc_root) if pids else {}
+    _publish(exported, collect(snapshot, settings.node, held, owners, problems), settings)
+
+
+def _publish(exported: Exported, view: AgentView, settings: AgentSettings) -> None:
+    exported.view = view
+    exported.text = render(view, settings.node_label)
+    exported.collected_at = time.time()
+
+
+async def _collector(app: web.Application) -> AsyncIterator[None]:
+    settings, deps, exported = app[SETTINGS], app[DEPS], app[EXPORTED]
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(settings.interval)
+            try:
+                await collect_once(settings, deps, exported)
+            except Exception:  # keep serving the last text; the next cycle tries again
+                log.exception("collection failed on %s", settings.node)
+
+    await collect_once(settings, deps, exported)  # serve real data from the first scrape on
+    task = asyncio.create_task(loop(), name="gpusteward-agent-collector")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    with contextlib.suppress(NvmlUnavailable):
+        await deps.nvml.close()
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = request.app[EXPORTED].text
+    return web.Response(
+        text=text, content_type=CONTENT_TYPE, headers={"X-Exposition-Version": EXPOSITION_VERSION}
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    exported = request.app[EXPORTED]
+    age = time.time() - exported.collected_at
+    stale = age > 3 * request.app[SETTINGS].interval + 10
+    if exported.view is None or stale:
+        return web.Response(status=503, text=f"no collection for {age:.0f}s\n")
+    if exported.view.nvml_error:
+        return web.Response(text=f"serving an error: NVML {exported.view.nvml_error}\n")
+    return web.Response(text="ok\n")
+
+
+def create_app(settings: AgentSettings, deps: AgentDeps | None = None) -> web.Application:
+    app = web.Application()
+    app[SETTINGS] = settings
+    app[DEPS] = deps or AgentDeps()
+    app[EXPORTED] = Exported()
+    app.add_routes([web.get("/metrics", metrics), web.get("/healthz", healthz)])
+    app.cleanup_ctx.append(_collector)
+    return app

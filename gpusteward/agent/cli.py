@@ -1,0 +1,99 @@
+"""``gpusteward agent``: flags, the missing-driver decision, and serving.
+
+Wired into the main command by ``gpusteward.cli`` through ``add_agent_parser`` and
+``run_agent``; ``main(argv)`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from gpusteward.agent.app import AgentDeps, AgentSettings, create_app
+from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
+from gpusteward.agent.podresources import DEFAULT_SOCKET
+
+log = logging.getLogger("gpusteward.agent")
+
+EXIT_USAGE = 2
+EXIT_NO_DRIVER = 1
+ON_MISSING_DRIVER = ("exit", "serve-error")
+
+__all__ = ["add_agent_parser", "main", "run_agent"]
+
+
+def _hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "agent", help="serve dcgm-exporter-compatible GPU metrics read through NVML (per node)"
+    )
+    p.add_argument("--listen", type=_hostport, default=("0.0.0.0", 9400), metavar="HOST:PORT",
+                   help="/metrics and /healthz (default 0.0.0.0:9400, dcgm-exporter's port)")
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                   help="value of the Hostname label (default $NODE_NAME; required)")
+    p.add_argument("--interval", type=_interval, default=15.0, metavar="SECONDS",
+                   help="seconds between NVML reads (default 15)")
+    p.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, metavar="PATH",
+                   help=f"kubelet PodResources socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--on-missing-driver", choices=ON_MISSING_DRIVER, default="exit",
+                   help="no NVML library or driver: exit non-zero (default) or keep serving "
+                        "gpusteward_agent_nvml_up 0 and retry every interval")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    if not args.node_name:
+        print("gpusteward agent: --node-name or $NODE_NAME is required "
+              "(the Hostname label must be the Kubernetes node name)", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    reader = NvmlReader()
+    try:
+        asyncio.run(reader.start())
+    except NvmlUnavailable as e:
+        if args.on_missing_driver == "exit":
+            log.error("NVML unavailable on %s (%s): %s; exiting", args.node_name, e.reason, e)
+            return EXIT_NO_DRIVER
+        log.error("NVML unavailable on %s (%s): %s; serving the error and retrying every %gs",
+                  args.node_name, e.reason, e, args.interval)
+    settings = AgentSettings(node=args.node_name, interval=args.interval,
+                             pod_resources_socket=args.pod_resources_socket)
+    host, port = args.listen
+    web.run_app(create_app(settings, AgentDeps(nvml=reader)), host=host, port=port,
+                print=None, access_log=None)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpusteward")
+    add_agent_parser(parser.add_subparsers(dest="command", required=True))
+    args = sys.argv[1:] if argv is None else list(argv)
+    return run_agent(parser.parse_args(["agent", *args]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

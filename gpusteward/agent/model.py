@@ -1,0 +1,68 @@
+"""Plain data passed between the agent's adapters and its pure collect step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpusteward.core.dcgm import PodRef
+
+__all__ = [
+    "DeviceAssignment",
+    "GpuSample",
+    "NvmlSnapshot",
+    "PidOwner",
+    "PodRef",
+    "ProcessUtil",
+]
+
+
+@dataclass(frozen=True)
+class ProcessUtil:
+    """One process on one GPU: host PID, SM utilization in percent (None: no recent sample)."""
+
+    pid: int
+    sm_percent: float | None = None
+    used_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """What NVML said about one GPU in one read. ``error`` set means the readings are absent."""
+
+    index: int
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    util_percent: float | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    temp_c: int | None = None
+    power_mw: int | None = None
+    processes: tuple[ProcessUtil, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class NvmlSnapshot:
+    """One read of every GPU on the node; ``problems`` name degraded parts (snake_case)."""
+
+    driver_version: str
+    gpus: tuple[GpuSample, ...]
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceAssignment:
+    """A device the kubelet allocated to a container: GPU UUID and, if time-sliced, the replica."""
+
+    uuid: str
+    pod: PodRef
+    replica: str | None = None
+
+
+@dataclass(frozen=True)
+class PidOwner:
+    """The pod a host process belongs to, from its cgroup (uid) and environment (hostname)."""
+
+    pod_uid: str
+    hostname: str | None = None

@@ -1,0 +1,70 @@
+"""A real Prometheus scrapes the agent and a dcgm-exporter stand-in; PrometheusSource reads both.
+
+The same GPUs, described once to the NVML test library and once to the DCGM simulator, must come
+out of ``PrometheusSource.fetch()`` as the same readings: the agent is a drop-in for the
+extender and the reclaimer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp.test_utils import TestServer
+
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.agent.app import AgentSettings, create_app
+from gpusteward.core.dcgm import PodRef, SimGpu
+from gpusteward.core.model import Telemetry
+from gpusteward.core.policy import parse_policy
+from tests.agent.fakes import FakeGpu, FakeKubelet, FakeNvml, Holder
+from tests.support.fixtures import DcgmEndpoint, PrometheusFactory
+
+A = "GPU-c89b14a3-ce7c-6725-8424-b55d37d9c332"
+B = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+H100 = "NVIDIA H100 80GB HBM3"
+MIB = 1 << 20
+
+
+async def fetch_both(source: PrometheusSource, nodes: set[str]) -> Telemetry:
+    deadline = time.monotonic() + 40
+    while True:
+        telemetry = await source.fetch()
+        if all(len(telemetry.nodes.get(n, ())) == 2 for n in nodes):
+            return telemetry
+        assert time.monotonic() < deadline, f"not scraped yet: {telemetry.nodes}"
+        await asyncio.sleep(0.5)
+
+
+async def test_prometheus_reads_the_agent_exactly_as_it_reads_dcgm_exporter(
+    fake_nvml: FakeNvml,
+    kubelet: FakeKubelet,
+    dcgm_endpoint: DcgmEndpoint,
+    prometheus_factory: PrometheusFactory,
+) -> None:
+    fake_nvml.write([
+        FakeGpu(A, util_gpu=87, memory_used=40000 * MIB, temperature=61),
+        FakeGpu(B, util_gpu=3, memory_used=512 * MIB, temperature=33),
+    ])
+    kubelet.holders = [Holder("ml", "train-0", "trainer", (A,))]
+    dcgm_endpoint.gpus = [
+        SimGpu("dcgm-node", 0, H100, util_percent=87, fb_used_mib=40000, temp_c=61,
+               pod=PodRef("ml", "train-0", "trainer")),
+        SimGpu("dcgm-node", 1, H100, util_percent=3, fb_used_mib=512, temp_c=33),
+    ]
+    settings = AgentSettings(node="agent-node", interval=1.0,
+                             pod_resources_socket=str(kubelet.socket_path))
+    async with TestServer(create_app(settings), host="127.0.0.1") as agent:
+        prometheus = prometheus_factory(
+            scrape_targets=[f"127.0.0.1:{agent.port}", dcgm_endpoint.target])
+        policy = parse_policy({})
+        source = PrometheusSource(prometheus.url, policy.telemetry, policy.health, attempts=1)
+        telemetry = await fetch_both(source, {"agent-node", "dcgm-node"})
+
+    def comparable(node: str) -> list[tuple[object, ...]]:
+        return [(r.gpu, r.util, r.temp_c, r.fb_used_mib, r.xid, r.pod)
+                for r in sorted(telemetry.nodes[node], key=lambda r: r.gpu)]
+
+    assert comparable("agent-node") == comparable("dcgm-node")
+    assert comparable("agent-node")[0][-1] == "ml/train-0"
+    assert {r.uuid for r in telemetry.nodes["agent-node"]} == {A, B}

@@ -1,0 +1,129 @@
+"""NvmlReader through the real nvidia-ml-py binding into the C test library (nothing patched).
+
+Distinct values in every field check pynvml's ctypes signatures and struct layouts against the
+nvml.h layouts the C library is compiled with; injected NVML error codes check the error tree.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusteward.agent.model import ProcessUtil
+from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
+from tests.agent.fakes import GIB, FakeGpu, FakeNvml
+
+A = "GPU-c89b14a3-ce7c-6725-8424-b55d37d9c332"
+B = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+
+
+async def read_once(reader: NvmlReader):  # type: ignore[no-untyped-def]
+    await reader.start()
+    try:
+        return await reader.read()
+    finally:
+        await reader.close()
+
+
+async def test_every_reading_arrives_in_its_own_field(fake_nvml: FakeNvml) -> None:
+    fake_nvml.write([FakeGpu(
+        A, name="NVIDIA A100-SXM4-80GB", pci_bus_id="00000000:8A:00.0", util_gpu=87,
+        util_memory=31, memory_total=80 * GIB, memory_used=12345 * (1 << 20), temperature=41,
+        power_mw=250_123,
+        processes=[{"pid": 4242, "used_memory": 3 * GIB}, {"pid": 4243, "used_memory": GIB}],
+        process_utilization=[{"pid": 4242, "sm": 37, "mem": 11,
+                              "timestamp": 1_700_000_000_000_001}],
+    )], driver_version="570.124.06")
+
+    snap = await read_once(NvmlReader())
+
+    (gpu,) = snap.gpus
+    assert snap.driver_version == "570.124.06"
+    assert (gpu.uuid, gpu.name, gpu.pci_bus_id) == (A, "NVIDIA A100-SXM4-80GB", "00000000:8A:00.0")
+    assert (gpu.util_percent, gpu.temp_c, gpu.power_mw) == (87.0, 41, 250_123)
+    assert (gpu.memory_total_bytes, gpu.memory_used_bytes) == (80 * GIB, 12345 * (1 << 20))
+    assert gpu.processes == (ProcessUtil(4242, 37.0, 3 * GIB), ProcessUtil(4243, 0.0, GIB))
+    assert gpu.error is None
+
+
+async def test_an_idle_gpu_raises_not_found_in_nvml_and_reads_as_no_samples(
+    fake_nvml: FakeNvml,
+) -> None:
+    fake_nvml.write([FakeGpu(A, processes=[{"pid": 7, "used_memory": GIB}])])
+
+    (gpu,) = (await read_once(NvmlReader())).gpus
+
+    assert gpu.processes == (ProcessUtil(7, 0.0, GIB),)
+
+
+async def test_samples_already_seen_are_not_read_twice(fake_nvml: FakeNvml) -> None:
+    ts = 1_700_000_000_000_000
+    fake_nvml.write([FakeGpu(A, process_utilization=[{"pid": 9, "sm": 50, "timestamp": ts}])])
+    reader = NvmlReader()
+    await reader.start()
+    try:
+        first, second = await reader.read(), await reader.read()
+    finally:
+        await reader.close()
+
+    assert first.gpus[0].processes == (ProcessUtil(9, 50.0, None),)
+    assert second.gpus[0].processes == ()
+
+
+async def test_a_lost_gpu_is_reported_with_its_error_and_the_others_are_read(
+    fake_nvml: FakeNvml,
+) -> None:
+    fake_nvml.write([FakeGpu(A, util_gpu=60), FakeGpu(B, util_gpu=70)])
+    reader = NvmlReader()
+    await reader.start()
+    try:
+        before = await reader.read()
+        fake_nvml.write([FakeGpu(A, util_gpu=60),
+                         FakeGpu(B, util_gpu=70, errors={"*": "GPU_IS_LOST"})])
+        after = await reader.read()
+    finally:
+        await reader.close()
+
+    assert [g.error for g in before.gpus] == [None, None]
+    assert (after.gpus[0].util_percent, after.gpus[0].error) == (60.0, None)
+    assert (after.gpus[1].uuid, after.gpus[1].error) == (B, "gpu_is_lost")
+
+
+async def test_a_library_mismatch_drops_the_process_list_and_names_the_problem(
+    fake_nvml: FakeNvml,
+) -> None:
+    fake_nvml.write([FakeGpu(A, util_gpu=5, processes=[{"pid": 1, "used_memory": GIB}],
+                             errors={"nvmlDeviceGetComputeRunningProcesses_v3":
+                                     "FUNCTION_NOT_FOUND"})])
+
+    snap = await read_once(NvmlReader())
+
+    assert snap.problems == ("library_mismatch",)
+    assert (snap.gpus[0].util_percent, snap.gpus[0].processes) == (5.0, ())
+
+
+@pytest.mark.parametrize(
+    ("init_error", "reason"),
+    [
+        pytest.param("DRIVER_NOT_LOADED", "driver_not_loaded", id="no-kernel-driver"),
+        pytest.param("LIBRARY_NOT_FOUND", "library_not_found", id="library-not-found"),
+        pytest.param("LIB_RM_VERSION_MISMATCH", "lib_rm_version_mismatch", id="rm-mismatch"),
+    ],
+)
+async def test_nvml_that_cannot_start_is_unavailable(
+    fake_nvml: FakeNvml, init_error: str, reason: str
+) -> None:
+    fake_nvml.write([FakeGpu(A)], init_error=init_error)
+
+    with pytest.raises(NvmlUnavailable) as caught:
+        await NvmlReader().start()
+
+    assert caught.value.reason == reason
+
+
+async def test_an_unsupported_reading_is_none(fake_nvml: FakeNvml) -> None:
+    fake_nvml.write([FakeGpu(A, errors={"nvmlDeviceGetPowerUsage": "NOT_SUPPORTED",
+                                        "nvmlDeviceGetUtilizationRates": "NOT_SUPPORTED"})])
+
+    (gpu,) = (await read_once(NvmlReader())).gpus
+
+    assert (gpu.power_mw, gpu.util_percent, gpu.error) == (None, None, None)
