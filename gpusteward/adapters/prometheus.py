@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -76,7 +77,17 @@ class PrometheusSource:
         """Any instant query, with the same retries and error mapping (used by the reclaimer)."""
         return await self._query(promql)
 
+    async def query_range(self, promql: str, start: float, end: float,
+                          step: float) -> list[dict[str, Any]]:
+        """A range query (whole seconds; a matrix of series), with the same retries and error
+        mapping as instant queries (used by the report)."""
+        return await self._retry(self._query_range_once, promql, start, end, step)
+
     async def _query(self, promql: str) -> list[dict[str, Any]]:
+        return await self._retry(self._query_once, promql)
+
+    async def _retry(self, once: Callable[..., list[dict[str, Any]]],
+                     *args: Any) -> list[dict[str, Any]]:
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(_Transient),
             stop=stop_after_attempt(self.attempts),
@@ -88,15 +99,27 @@ class PrometheusSource:
         try:
             async for attempt in retrying:
                 with attempt:
-                    return await asyncio.to_thread(self._query_once, promql)
+                    return await asyncio.to_thread(once, *args)
         except _Transient as e:
             raise TelemetryUnavailable(f"prometheus at {self.url}: {e}") from e
         raise AssertionError("unreachable")
 
     def _query_once(self, promql: str) -> list[dict[str, Any]]:
+        return self._mapped(promql, lambda: self._prom.custom_query(
+            promql, params={"timeout": f"{self.timeout:g}s"}))
+
+    def _query_range_once(self, promql: str, start: float, end: float,
+                          step: float) -> list[dict[str, Any]]:
+        return self._mapped(promql, lambda: self._prom.custom_query_range(
+            promql, start_time=datetime.fromtimestamp(start, UTC),
+            end_time=datetime.fromtimestamp(end, UTC), step=f"{step:g}",
+            params={"timeout": f"{self.timeout:g}s"}))
+
+    def _mapped(self, promql: str, call: Callable[[], Any]) -> list[dict[str, Any]]:
+        """Run one HTTP call, mapping library errors to ours (_Transient ones are retried)."""
         self.queries_run += 1
         try:
-            result = self._prom.custom_query(promql, params={"timeout": f"{self.timeout:g}s"})
+            result = call()
         except (requests.ConnectionError, requests.Timeout) as e:
             raise _Transient(f"unreachable: {e}") from e
         except PrometheusApiClientException as e:

@@ -1,0 +1,87 @@
+"""Read what the fleet report needs: the reclaimer's Snapshot (SnapshotReader) and per-GPU
+utilization over the report window from one range query — split by time into a fixed number of
+chunks when the window holds more points than Prometheus answers at once — whatever the fleet size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.adapters.prometheus import POD_LABELS, PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.policy import Policy
+from gpusteward.core.report.model import ReportInput, Series, Window
+
+MAX_POINTS = 10_000  # Prometheus refuses more than 11,000 points per series in one query
+Progress = Callable[[int, int], None]  # (range queries done, range queries in all)
+
+
+def utilization_query(step: float, scrape_interval: float) -> str:
+    """Peak utilization per slot: the lookback spans two scrapes, so no slot falls between them."""
+    look = f"{int(max(step, 2 * scrape_interval))}s"
+    return (f"max_over_time(DCGM_FI_DEV_GPU_UTIL[{look}]) or "
+            f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{look}]) * 100)")
+
+
+def chunks(window: Window) -> list[tuple[float, float]]:
+    """(first slot, last slot) of each range query, slots being window.slots."""
+    slots = window.slots
+    n = math.ceil(len(slots) / MAX_POINTS)
+    size = math.ceil(len(slots) / n)
+    return [(slots[i], slots[min(i + size, len(slots)) - 1]) for i in range(0, len(slots), size)]
+
+
+class UsageReader:
+    def __init__(self, snapshots: SnapshotReader, prometheus: PrometheusSource, policy: Policy):
+        self.snapshots = snapshots
+        self.prometheus = prometheus
+        self.policy = policy
+        self.node_labels = tuple(policy.telemetry.node_labels)
+
+    async def read(self, window: float, step: float,
+                   progress: Progress = lambda done, total: None) -> ReportInput:
+        snap = await self.snapshots.read()
+        end = float(math.floor(snap.now))
+        grid = Window(start=end - window, end=end, step=step)
+        query = utilization_query(step, float(self.policy.telemetry.scrape_interval))
+        parts = chunks(grid)
+        results: list[dict[str, Any]] = []
+        progress(0, len(parts))
+        try:
+            for i, (first, last) in enumerate(parts):
+                results += await self.prometheus.query_range(query, first, last, step)
+                progress(i + 1, len(parts))
+        except TelemetryUnavailable as e:
+            return ReportInput(snap, grid, (), range_ok=False, range_problem=str(e))
+        return ReportInput(snap, grid, tuple(series(results, self.node_labels)))
+
+
+def series(results: Sequence[Mapping[str, Any]], node_labels: Sequence[str]) -> list[Series]:
+    """Pod-attributed GPU series, one per (pod, GPU), chunks joined; free GPUs are left out."""
+    points: dict[tuple[str, str, str], dict[float, float]] = {}
+    for s in results:
+        labels = s["metric"]
+        pod = _pod_key(labels)
+        node = next((labels[k] for k in node_labels if labels.get(k)), "")
+        if pod is None:
+            continue
+        merged = points.setdefault((pod, node, _gpu_id(labels)), {})
+        for t, v in s["values"]:  # one GPU in several series (virtual GPUs): its peak
+            merged[float(t)] = max(float(v), merged.get(float(t), 0.0))
+    return [Series(pod, node, gpu, tuple(sorted(p.items())))
+            for (pod, node, gpu), p in sorted(points.items())]
+
+
+def _pod_key(labels: Mapping[str, str]) -> str | None:
+    for ns_label, pod_label in POD_LABELS:
+        if labels.get(pod_label):
+            return f"{labels.get(ns_label, '')}/{labels[pod_label]}"
+    return None
+
+
+def _gpu_id(labels: Mapping[str, str]) -> str:
+    gpu = labels.get("UUID") or labels.get("uuid") or labels.get("gpu", "")
+    return f"{gpu}/mig{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else gpu

@@ -1,0 +1,1 @@
+"""The fleet report: allocated vs actually used GPUs, by team, card, node, namespace or class."""

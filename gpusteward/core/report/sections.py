@@ -1,0 +1,93 @@
+"""The report's pod-level sections: top idle pods with the reclaimer's decision, the queue, and
+teams against their quotas (pure)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from gpusteward.core.model import class_of
+from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim.decide import plan
+from gpusteward.core.reclaim.model import Plan, Snapshot
+from gpusteward.core.reclaim.quota import borrowed, team
+from gpusteward.core.report.model import (
+    Decision,
+    IdlePod,
+    PodUsage,
+    QueuedPod,
+    QueueGroup,
+    TeamQuota,
+)
+
+
+def decisions(snap: Snapshot, policy: Policy) -> dict[str, Decision]:
+    """pod key -> what the reclaimer would do this cycle: the same pure `plan`, observe mode
+    (nothing is written; the report only reads the plan)."""
+    decided = plan(snap, policy)
+    if decided.halted:
+        return {p.key: Decision("halted", "none", decided.halted) for p in snap.pods}
+    out = {v.pod: Decision(v.state, "none", "; ".join(v.reasons)) for v in decided.verdicts}
+    for action, why in decided.held_back:
+        out[action.pod.key] = Decision(out[action.pod.key].state, "held", why)
+    for a in decided.actions:
+        kind = f"reclaim/{a.how}" if a.kind == "reclaim" else a.kind
+        out[a.pod.key] = Decision(_state(decided, a.pod.key), kind, a.message)
+    return out
+
+
+def _state(decided: Plan, key: str) -> str:
+    return next((v.state for v in decided.verdicts if v.pod == key), "unknown")
+
+
+def top_idle(usages: list[PodUsage], snap: Snapshot, policy: Policy,
+             top: int) -> tuple[IdlePod, ...]:
+    """Pods present now with idle GPU-hours in the window, most idle GPU-hours first."""
+    ranked = sorted((u for u in usages if u.state != "gone" and u.idle_hours > 0),
+                    key=lambda u: (-u.idle_hours, u.key))[:top]
+    if not ranked:
+        return ()
+    decided = decisions(snap, policy)
+    missing = Decision("unknown", "none", "not in the reclaimer's snapshot")
+    return tuple(IdlePod(
+        namespace=u.namespace, pod=u.name, owner=u.owner, team=u.team, card=u.card, gpus=u.gpus,
+        state=u.state, idle_since=u.idle_since, idle_gpu_hours=u.idle_hours,
+        idle_cost=u.idle_cost, reclaimer=decided.get(u.key, missing)) for u in ranked)
+
+
+def queue(snap: Snapshot, policy: Policy) -> tuple[QueuedPod, ...]:
+    """Pending GPU pods, longest waiting first."""
+    pending = [p for p in snap.pods if p.node is None and not p.deleting and p.gpus > 0]
+    out = [QueuedPod(
+        namespace=p.namespace, pod=p.name, team=team(p, snap.namespace_labels),
+        cls=class_of(p.labels, p.annotations, policy.default_class), gpus=p.gpus,
+        priority=p.priority, wait_seconds=max(0.0, snap.now - p.created_at),
+        unschedulable=p.unschedulable_since is not None) for p in pending]
+    return tuple(sorted(out, key=lambda q: (-q.wait_seconds, q.namespace, q.pod)))
+
+
+def queue_groups(pods: tuple[QueuedPod, ...]) -> tuple[QueueGroup, ...]:
+    acc: dict[tuple[str, str], list[QueuedPod]] = defaultdict(list)
+    for q in pods:
+        acc[(q.team, q.cls)].append(q)
+    return tuple(QueueGroup(t, c, len(m), sum(q.gpus for q in m),
+                            max(q.wait_seconds for q in m)) for (t, c), m in sorted(acc.items()))
+
+
+def quotas(usages: list[PodUsage], snap: Snapshot, policy: Policy) -> tuple[TeamQuota, ...]:
+    """Every team with a quota or with GPUs: used, borrowed beyond quota, idle within quota."""
+    over_uids = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers)
+    over = {p.key for p in snap.pods if p.uid in over_uids}
+    present = [u for u in usages if u.state != "gone"]
+    names = sorted(set(policy.teams) | {u.team for u in present})
+    out = []
+    for name in names:
+        mine = [u for u in present if u.team == name]
+        spec = policy.teams.get(name)
+        out.append(TeamQuota(
+            team=name, quota=None if spec is None else spec.quota_gpus,
+            used=float(sum(u.gpus for u in mine)),
+            borrowed=float(sum(u.gpus for u in mine if u.key in over)),
+            idle_within_quota=float(sum(u.gpus for u in mine
+                                        if u.state == "idle" and u.key not in over)),
+            idle_borrowed=float(sum(u.gpus for u in mine if u.state == "idle" and u.key in over))))
+    return tuple(out)

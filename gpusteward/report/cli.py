@@ -1,0 +1,156 @@
+"""`gpusteward report`: flags, wiring of the adapters to the pure report, and output.
+
+    gpusteward report [--policy FILE] [--window 24h] [--step 5m]
+                      [--by team|card|node|namespace|class] [--format table|json|csv]
+                      [--html FILE] [--top N]
+                      [--kubeconfig FILE] [--prometheus-url URL]
+
+Exit 0 with a report (usage shown as unknown when Prometheus cannot answer), 2 for bad flags, an
+invalid policy, no kubeconfig or no Prometheus URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpusteward.core.policy import Policy, PolicyError, load_policy, parse_policy
+from gpusteward.core.report.model import DIMENSIONS
+from gpusteward.core.typedconfig import Duration
+
+EXIT_USAGE = 2
+MAX_SLOTS = 2_000  # default step: the window in at most this many slots
+
+
+def _duration(text: str) -> float:
+    try:
+        seconds = float(Duration.parse(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1s, got {text!r}")
+    return float(int(seconds))
+
+
+def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("report", help="allocated vs actually used GPUs, idle cost, queue")
+    p.add_argument("--policy", help="policy YAML file (default: the built-in defaults)")
+    p.add_argument("--window", type=_duration, default=86400.0, metavar="DURATION",
+                   help="how far back to look, e.g. 6h, 24h, 7d (default 24h)")
+    p.add_argument("--step", type=_duration, metavar="DURATION",
+                   help="resolution of the utilization samples (default: the scrape interval, "
+                   f"or coarser to keep the window within {MAX_SLOTS} slots)")
+    p.add_argument("--by", choices=DIMENSIONS, default="team", help="group rows by (team)")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--html", type=Path, metavar="FILE",
+                   help="also write a self-contained HTML report with charts")
+    p.add_argument("--top", type=int, default=10, help="how many idle pods to list (10)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (else $KUBECONFIG, else in-cluster)")
+    p.add_argument("--prometheus-url",
+                   help="Prometheus base URL (else $PROMETHEUS_URL, else the policy's)")
+    return p
+
+
+def step_for(window: float, step: float | None, policy: Policy) -> float:
+    if step is not None:
+        return step
+    scrape = float(policy.telemetry.scrape_interval)
+    return float(max(int(scrape), -(-int(window) // MAX_SLOTS)))
+
+
+def run_report(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy) if args.policy else parse_policy({})
+    except PolicyError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
+    url = args.prometheus_url or os.environ.get("PROMETHEUS_URL") or \
+        policy.telemetry.prometheus_url
+    if not url:
+        print("gpusteward report: no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the "
+              "policy's telemetry.prometheusUrl)", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(_report(args, policy, url))
+
+
+async def _report(args: argparse.Namespace, policy: Policy, url: str) -> int:
+    from gpusteward.adapters.errors import AdapterError
+    from gpusteward.adapters.kube import connect
+    from gpusteward.adapters.prometheus import PrometheusSource
+    from gpusteward.adapters.snapshot import SnapshotReader
+    from gpusteward.adapters.usage import UsageReader
+    from gpusteward.core.report.aggregate import build_report
+    from gpusteward.report import render
+    from gpusteward.report.html import to_html
+
+    try:
+        api = await connect(args.kubeconfig)
+    except AdapterError as e:
+        print(f"gpusteward report: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    source = PrometheusSource(url, policy.telemetry, policy.health)
+    reader = UsageReader(SnapshotReader(api, source, policy), source, policy)
+    progress = ProgressLine(sys.stderr)
+    try:
+        async with progress:
+            inp = await reader.read(args.window, step_for(args.window, args.step, policy),
+                                    progress.update)
+    except AdapterError as e:
+        print(f"gpusteward report: {e}", file=sys.stderr)
+        return 1
+    finally:
+        await api.close()
+    report = build_report(inp, policy, by=args.by, top=args.top)
+    out = {"table": render.to_table, "json": render.to_json, "csv": render.to_csv}[args.format]
+    sys.stdout.write(out(report))
+    if args.html:
+        args.html.write_text(to_html(report))
+        print(f"gpusteward report: wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+class ProgressLine:
+    """A spinner with elapsed time on a terminal, one line per finished query otherwise."""
+
+    FRAMES = "|/-\\"
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.done, self.total = 0, 0
+        self.started = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+
+    def update(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+        if not self.tty and total and done:
+            self.stream.write(f"gpusteward report: Prometheus range query {done}/{total} done "
+                              f"({time.monotonic() - self.started:.1f}s)\n")
+
+    def _line(self, frame: int) -> str:
+        return (f"\r{self.FRAMES[frame % 4]} reading the cluster and Prometheus: range query "
+                f"{self.done}/{self.total or '?'} ({time.monotonic() - self.started:.1f}s)")
+
+    async def _spin(self) -> None:
+        frame = 0
+        while True:
+            self.stream.write(self._line(frame))
+            self.stream.flush()
+            frame += 1
+            await asyncio.sleep(0.2)
+
+    async def __aenter__(self) -> ProgressLine:
+        if self.tty:
+            self._task = asyncio.create_task(self._spin())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self.stream.write("\r\033[K")
+            self.stream.flush()

@@ -1,0 +1,169 @@
+"""The report as a stable JSON document, CSV rows and an aligned terminal table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from gpusteward.core.report.model import GroupRow, Report
+
+ROW_FIELDS = ("name", "allocatable", "allocated", "used", "idle", "unknown", "free",
+              "allocation_ratio", "active_ratio", "mean_util_percent", "allocated_gpu_hours",
+              "idle_gpu_hours", "unknown_gpu_hours", "idle_cost")
+DIGITS = {"allocation_ratio": 4, "active_ratio": 4, "mean_util_percent": 1,
+          "allocated_gpu_hours": 4, "idle_gpu_hours": 4, "unknown_gpu_hours": 4, "idle_cost": 2,
+          "idle_since": 0, "wait_seconds": 0, "longest_wait_seconds": 0}
+
+
+def iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _num(key: str, value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, DIGITS.get(key, 3))
+    return value
+
+
+def row_dict(row: GroupRow) -> dict[str, Any]:
+    return {f: _num(f, getattr(row, f)) for f in ROW_FIELDS}
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    out = {}
+    for key in obj.__struct_fields__:
+        value = getattr(obj, key)
+        if key == "idle_since":
+            out[key] = iso(value)
+        elif key == "reclaimer":
+            out[key] = _plain(value)
+        else:
+            out["class" if key == "cls" else key] = _num(key, value)
+    return out
+
+
+def document(r: Report) -> dict[str, Any]:
+    """The JSON document; keys and their order are a contract for scripts."""
+    return {
+        "window": {"start": iso(r.window.start), "end": iso(r.window.end),
+                   "seconds": round(r.window.end - r.window.start),
+                   "step_seconds": round(r.window.step)},
+        "by": r.by,
+        "telemetry": {"ok": r.telemetry_ok, "problem": r.telemetry_problem},
+        "groups": [row_dict(g) for g in r.groups],
+        "totals": row_dict(r.totals),
+        "top_idle_pods": [_plain(p) for p in r.top_idle],
+        "queue": {"pods": [_plain(q) for q in r.queue],
+                  "by_team_class": [_plain(g) for g in r.queue_groups]},
+        "quotas": [_plain(q) for q in r.quotas],
+        "timelines": {dim: {name: [[iso(p.at), _num("", p.allocated), _num("", p.used)]
+                                   for p in points] for name, points in groups.items()}
+                      for dim, groups in r.timelines.items()},
+    }
+
+
+def to_json(r: Report) -> str:
+    return json.dumps(document(r), indent=2) + "\n"
+
+
+def to_csv(r: Report) -> str:
+    """One row per group, then the totals row (name `total`); empty cells for unknown values."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([r.by, *ROW_FIELDS[1:]])
+    for g in (*r.groups, r.totals):
+        writer.writerow(["" if v is None else v for v in row_dict(g).values()])
+    return out.getvalue()
+
+
+# --- terminal table ---------------------------------------------------------------------
+
+HEADERS = ("ALLOCATABLE", "ALLOCATED", "USED", "IDLE", "UNKNOWN", "FREE", "ALLOC%", "ACTIVE%",
+           "UTIL%", "GPU-H", "IDLE GPU-H", "IDLE $")
+
+
+def _g(v: float | None, fmt: str = "{:g}") -> str:
+    return "-" if v is None else fmt.format(round(v, 2) if fmt == "{:g}" else v)
+
+
+def group_cells(g: GroupRow) -> list[str]:
+    pct = "{:.0%}"
+    return [g.name, _g(g.allocatable), _g(g.allocated), _g(g.used), _g(g.idle), _g(g.unknown),
+            _g(g.free), _g(g.allocation_ratio, pct), _g(g.active_ratio, pct),
+            _g(g.mean_util_percent, "{:.0f}"), _g(g.allocated_gpu_hours, "{:.2f}"),
+            _g(g.idle_gpu_hours, "{:.2f}"), _g(g.idle_cost, "{:.2f}")]
+
+
+def table(rows: list[list[str]], headers: list[str], totals: list[str] | None = None,
+          left: int = 1) -> str:
+    """Aligned columns: the first `left` columns left-aligned, numbers right-aligned."""
+    every = [headers, *rows, *([totals] if totals else [])]
+    widths = [max(len(r[i]) for r in every) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    out = [line(headers), *(line(r) for r in rows)]
+    if totals:
+        out += ["-" * len(line(headers)), line(totals)]
+    return "\n".join(out)
+
+
+def span(seconds: float) -> str:
+    """90061 -> 1d1h1m1s; zero units left out."""
+    s, out = int(seconds), ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            out += f"{s // size}{unit}"
+            s %= size
+    return out or "0s"
+
+
+def _ago(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def to_table(r: Report) -> str:
+    parts = [f"GPU fleet report: {span(r.window.end - r.window.start)} window to "
+             f"{iso(r.window.end)}, step {span(r.window.step)}, by {r.by}"]
+    if not r.telemetry_ok:
+        parts.append(f"telemetry: {r.telemetry_problem} (usage shown as unknown)")
+    parts.append(table([group_cells(g) for g in r.groups], [r.by.upper(), *HEADERS],
+                       group_cells(r.totals)))
+    parts.append(_idle_section(r))
+    parts.append(_queue_section(r))
+    parts.append(_quota_section(r))
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _idle_section(r: Report) -> str:
+    if not r.top_idle:
+        return "Top idle pods: none"
+    rows = [[f"{p.namespace}/{p.pod}", p.owner, p.team, f"{p.gpus:g}",
+             iso(p.idle_since) or "-", f"{p.idle_gpu_hours:.2f}",
+             "-" if p.idle_cost is None else f"{p.idle_cost:.2f}",
+             p.reclaimer.action, p.reclaimer.why] for p in r.top_idle]
+    return "Top idle pods\n" + table(rows, ["POD", "OWNER", "TEAM", "GPUS", "IDLE SINCE",
+                                            "IDLE GPU-H", "IDLE $", "RECLAIMER", "WHY"], left=3)
+
+
+def _queue_section(r: Report) -> str:
+    if not r.queue_groups:
+        return "Queue: no pending GPU pods"
+    rows = [[g.team, g.cls, str(g.pods), str(g.gpus), _ago(g.longest_wait_seconds)]
+            for g in r.queue_groups]
+    return "Queue\n" + table(rows, ["TEAM", "CLASS", "PODS", "GPUS", "LONGEST WAIT"], left=2)
+
+
+def _quota_section(r: Report) -> str:
+    if not r.quotas:
+        return ""
+    rows = [[q.team, "-" if q.quota is None else str(q.quota), f"{q.used:g}", f"{q.borrowed:g}",
+             f"{q.idle_within_quota:g}", f"{q.idle_borrowed:g}"] for q in r.quotas]
+    return "Teams and quotas\n" + table(rows, ["TEAM", "QUOTA", "USED", "BORROWED",
+                                               "IDLE IN QUOTA", "IDLE BORROWED"])
