@@ -1,0 +1,193 @@
+"""Least privilege, proven two ways: the rendered Roles grant exactly an explicit allow-list
+(widening one is a deliberate change here), and real API calls made *as* each ServiceAccount,
+with the rendered RBAC applied to the sandbox's kube-apiserver, are allowed for every verb the
+component uses and refused beyond that."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pytest
+
+from gpusteward.sandbox.cluster import Sandbox
+from gpusteward.sandbox.kubehttp import KubeHTTP
+from tests.deploy.manifests import Discovery, ServiceAccountClient
+
+RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+              "RoleBinding"}
+
+#: role name -> {(apiGroup, resource, verb, resourceName or "*")}; what each component uses.
+ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
+    "gpusteward-extender": {("", r, v, "*") for r in ("nodes", "pods")
+                            for v in ("get", "list", "watch")},
+    "gpusteward-reclaimer": {
+        ("", "nodes", "list", "*"), ("", "namespaces", "list", "*"),
+        ("", "pods", "list", "*"), ("", "pods", "patch", "*"),
+        ("", "pods/eviction", "create", "*"), ("", "events", "create", "*"),
+        ("apps", "replicasets", "list", "*"),
+        *{("apps", r, v, "*") for r in ("deployments", "statefulsets")
+          for v in ("get", "list", "patch")},
+        ("batch", "jobs", "list", "*"), ("batch", "jobs", "patch", "*")},
+    "gpusteward-reclaimer-lease": {
+        ("coordination.k8s.io", "leases", "create", "*"),
+        ("coordination.k8s.io", "leases", "get", "gpusteward-reclaimer"),
+        ("coordination.k8s.io", "leases", "update", "gpusteward-reclaimer")},
+    "gpusteward-scheduler-lease": {
+        ("coordination.k8s.io", "leases", "create", "*"),
+        ("coordination.k8s.io", "leases", "get", "gpusteward-scheduler"),
+        ("coordination.k8s.io", "leases", "update", "gpusteward-scheduler")},
+}
+#: The only roles bound that we do not ship: Kubernetes' own, for the second scheduler.
+BOUND_BUILTINS = {"system:kube-scheduler", "system:volume-scheduler",
+                  "extension-apiserver-authentication-reader"}
+
+
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str, str]]:
+    return {(group, resource, verb, name)
+            for rule in role.get("rules", [])
+            for group in rule.get("apiGroups", [])
+            for resource in rule.get("resources", [])
+            for verb in rule["verbs"]
+            for name in rule.get("resourceNames", ["*"])}
+
+
+@pytest.mark.parametrize("render", ["kustomize-second-scheduler", "helm-defaults"])
+def test_roles_grant_exactly_the_allow_list(
+        render: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    roles = {o["metadata"]["name"]: _grants(o) for o in rendered[render]
+             if o["kind"] in {"ClusterRole", "Role"}}
+    assert roles == ALLOWED
+    bound = {o["roleRef"]["name"] for o in rendered[render]
+             if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}}
+    assert bound <= ALLOWED.keys() | BOUND_BUILTINS
+
+
+@pytest.fixture(scope="module")
+def admin(sandbox: Sandbox, rendered: dict[str, list[dict[str, Any]]]) -> KubeHTTP:  # noqa: F811
+    """The second-scheduler overlay's ServiceAccounts and RBAC, applied for real."""
+    api = sandbox.api()
+    discovery = Discovery(api)
+    objects = [o for o in rendered["kustomize-second-scheduler"] if o["kind"] in RBAC_KINDS]
+    for obj in sorted(objects, key=lambda o: o["kind"] != "Namespace"):
+        path = discovery.path(obj)
+        assert path is not None
+        api.apply(path, obj, manager="gpusteward-deploy-test")
+    return api
+
+
+@pytest.fixture(scope="module")
+def workloads(admin: KubeHTTP) -> str:
+    """A namespace with one bare pod (never scheduled), a suspended Job and workloads at 0."""
+    ns = f"rbac-{secrets.token_hex(3)}"
+    admin.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    pod_spec = {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]}
+    template = {"metadata": {"labels": {"app": "w"}}, "spec": pod_spec}
+    admin.create(f"/api/v1/namespaces/{ns}/pods",
+                 {"metadata": {"name": "p"}, "spec": pod_spec})
+    admin.create(f"/apis/batch/v1/namespaces/{ns}/jobs", {"metadata": {"name": "j"}, "spec": {
+        "suspend": True, "template": {"spec": {**pod_spec, "restartPolicy": "Never"}}}})
+    for plural in ("deployments", "statefulsets"):
+        admin.create(f"/apis/apps/v1/namespaces/{ns}/{plural}", {
+            "metadata": {"name": "w"}, "spec": {
+                "replicas": 0, "selector": {"matchLabels": {"app": "w"}},
+                "template": template}})
+    return ns
+
+
+MERGE = "application/merge-patch+json"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpusteward/leases"
+
+
+def _check(client: ServiceAccountClient,
+           calls: list[tuple[str, str, Any, int]]) -> list[str]:
+    wrong = []
+    for method, path, body, expected in calls:
+        content_type = MERGE if method == "PATCH" else "application/json"
+        status, reply = client.call(method, path, body, content_type)
+        if status != expected:
+            message = reply.get("message") if isinstance(reply, dict) else reply
+            wrong.append(f"{method} {path}: {status} (want {expected}) {message}")
+    return wrong
+
+
+def test_the_extender_service_account_can_list_and_watch_and_nothing_more(
+        admin: KubeHTTP, workloads: str) -> None:
+    client = ServiceAccountClient(admin, "gpusteward-extender")
+    ns = workloads
+    assert _check(client, [
+        ("GET", "/api/v1/nodes?limit=1", None, 200),
+        ("GET", "/api/v1/pods?limit=1", None, 200),
+        ("GET", "/api/v1/nodes?watch=1&timeoutSeconds=1", None, 200),
+        ("GET", "/api/v1/pods?watch=1&timeoutSeconds=1", None, 200),
+        ("GET", f"/api/v1/namespaces/{ns}/pods/p", None, 200),
+        ("PATCH", f"/api/v1/namespaces/{ns}/pods/p", {"metadata": {"labels": {"x": "y"}}}, 403),
+        ("GET", "/api/v1/secrets", None, 403),
+        ("GET", "/api/v1/namespaces?limit=1", None, 403),
+        ("GET", "/apis/apps/v1/deployments", None, 403),
+    ]) == []
+
+
+def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_more(
+        admin: KubeHTTP, workloads: str) -> None:
+    client = ServiceAccountClient(admin, "gpusteward-reclaimer")
+    ns = workloads
+    annotate = {"metadata": {"annotations": {"gpusteward.io/idle-since": "now"}}}
+    event = {"metadata": {"generateName": "p.", "namespace": ns},
+             "involvedObject": {"kind": "Pod", "name": "p", "namespace": ns, "apiVersion": "v1"},
+             "reason": "GPUIdle", "message": "rbac test", "type": "Normal",
+             "source": {"component": "gpusteward-reclaimer"}}
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": "p", "namespace": ns},
+                "deleteOptions": {"gracePeriodSeconds": 1}}
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "gpusteward-reclaimer"},
+             "spec": {"holderIdentity": "test", "leaseDurationSeconds": 15}}
+    snapshot_lists = ["/api/v1/pods", "/api/v1/nodes", "/api/v1/namespaces",
+                      "/apis/apps/v1/replicasets", "/apis/apps/v1/deployments",
+                      "/apis/apps/v1/statefulsets", "/apis/batch/v1/jobs"]
+    assert _check(client, [
+        *[("GET", f"{path}?limit=500", None, 200) for path in snapshot_lists],
+        ("PATCH", f"/api/v1/namespaces/{ns}/pods/p", annotate, 200),
+        ("POST", f"/api/v1/namespaces/{ns}/events", event, 201),
+        ("PATCH", f"/apis/batch/v1/namespaces/{ns}/jobs/j", {"spec": {"suspend": True}}, 200),
+        ("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/w", None, 200),
+        ("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/w", annotate, 200),
+        ("GET", f"/apis/apps/v1/namespaces/{ns}/statefulsets/w", None, 200),
+        ("PATCH", f"/apis/apps/v1/namespaces/{ns}/statefulsets/w", annotate, 200),
+        ("POST", LEASES, lease, 201),
+        ("GET", f"{LEASES}/gpusteward-reclaimer", None, 200),
+        # refused: secrets, deleting pods, other Leases, writing nodes, creating pods
+        ("GET", "/api/v1/secrets", None, 403),
+        ("GET", f"/api/v1/namespaces/{ns}/secrets", None, 403),
+        ("DELETE", f"/api/v1/namespaces/{ns}/pods/p", None, 403),
+        ("GET", f"{LEASES}/gpusteward-scheduler", None, 403),
+        ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x", None, 403),
+        ("GET", "/api/v1/pods?watch=1&timeoutSeconds=1", None, 403),
+        ("PATCH", "/api/v1/nodes/any", {"metadata": {"labels": {"x": "y"}}}, 403),
+        ("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "q"}}, 403),
+        ("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/w/scale", annotate, 403),
+        # last: the eviction deletes the pod
+        ("POST", f"/api/v1/namespaces/{ns}/pods/p/eviction", eviction, 201),
+    ]) == []
+    status, current = client.call("GET", f"{LEASES}/gpusteward-reclaimer")
+    current["spec"]["holderIdentity"] = "renewed"
+    assert client.call("PUT", f"{LEASES}/gpusteward-reclaimer", current)[0] == 200
+
+
+def test_the_second_scheduler_service_account_has_the_scheduler_roles_and_its_lease(
+        admin: KubeHTTP) -> None:
+    client = ServiceAccountClient(admin, "gpusteward-scheduler")
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "gpusteward-scheduler"}, "spec": {"holderIdentity": "t"}}
+    assert _check(client, [
+        ("GET", "/api/v1/nodes?limit=1", None, 200),
+        ("GET", "/api/v1/pods?limit=1", None, 200),
+        ("GET", "/apis/storage.k8s.io/v1/csinodes?limit=1", None, 200),
+        ("GET", "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication",
+         None, 404),  # allowed; the token-only sandbox never writes it
+        ("POST", LEASES, lease, 201),
+        ("GET", f"{LEASES}/gpusteward-scheduler", None, 200),
+        ("GET", f"{LEASES}/gpusteward-reclaimer", None, 403),
+        ("GET", "/api/v1/secrets", None, 403),
+    ]) == []
