@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEBIAN_PACKAGES := prometheus
+DEBIAN_PACKAGES := prometheus chromium
 
 .PHONY: setup system-deps venv lint unit component e2e test demo bench-extender sandbox-build clean
 

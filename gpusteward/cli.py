@@ -71,8 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = pol_sub.add_parser("check", help="validate a policy file (exit 0 valid, 2 invalid)")
     check.add_argument("file")
 
+    from gpusteward.agent.cli import add_agent_parser
+    from gpusteward.report.cli import add_report_parser
     from gpusteward.sandbox.cli import add_sandbox_parser
 
+    add_report_parser(sub)
+    add_agent_parser(sub)
     add_sandbox_parser(sub)
     return parser
 
@@ -111,6 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(serve(policy, args, prometheus_url(args.prometheus_url, policy)))
     if args.command == "reclaimer":
         return _reclaimer(args)
+    if args.command == "report":
+        from gpusteward.report.cli import run_report
+
+        return run_report(args)
+    if args.command == "agent":
+        from gpusteward.agent.cli import run_agent
+
+        return run_agent(args)
     if args.command == "sandbox":
         from gpusteward.sandbox.cli import run_sandbox_command
 

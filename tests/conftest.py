@@ -1,3 +1,3 @@
-"""Shared fixtures: a real Prometheus and a live DCGM endpoint for any test that asks."""
+"""Shared fixtures: a real Prometheus, a live DCGM endpoint, and one sandbox per session."""
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.sandbox"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -174,6 +175,16 @@ def watch_reclaimer(box: Sandbox, rows: list[dict[str, Any]], timeout: float = 1
     return sum(gpus[p] for p in reclaimed)
 
 
+def print_report(box: Sandbox) -> bool:
+    """The fleet report over the demo's last minutes: allocated vs really used GPUs."""
+    print("\nFleet report (gpusteward report --window 3m --by card):\n", flush=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusteward", "report", f"--policy={box.cfg.policy}",
+         "--window=3m", "--by=card", f"--kubeconfig={box.kubeconfig}",
+         f"--prometheus-url={box.prometheus_url}"], text=True, timeout=120)
+    return out.returncode == 0
+
+
 def main() -> int:
     keep = os.environ.get("KEEP") == "1"
     state = default_state_dir() if keep else Path(tempfile.mkdtemp(prefix="gpusteward-demo-"))
@@ -181,7 +192,7 @@ def main() -> int:
         print(f"a sandbox already runs from {state}; run `gpusteward sandbox down` first",
               file=sys.stderr)
         return 1
-    print("Starting the sandbox (the first run builds Kubernetes from Go modules: 10-30 min)...")
+    print("Starting the sandbox (the first run builds Kubernetes from Go modules: ~6 min)...")
     try:
         box = Sandbox(SandboxConfig(state_dir=state, with_extender=True,
                                     log=lambda m: print(f"  {m}", flush=True))).start()
@@ -202,6 +213,7 @@ def main() -> int:
         print(f"\nReclaimer: {returned} of {allocated} allocated GPUs were held by idle pods and "
               f"given back; busy pods were left alone.")
         ok = all(r["node"] for r in rows) and returned > 0
+        ok = print_report(box) and ok
     finally:
         if keep:
             print(f"\nThe sandbox keeps running (state in {state}). Explore it with:\n"

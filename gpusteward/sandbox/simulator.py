@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 
 from gpusteward.adapters.kube import Watcher, connect
+from gpusteward.core.dcgm import PodRef, SimGpu, model_name_for_product, render_exposition
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.typedconfig import Duration
-from gpusteward.sandbox.dcgm import PodRef, SimGpu, model_name_for_product, render_exposition
 from gpusteward.sandbox.fleet import TEMP_LABEL, XID_LABEL
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"

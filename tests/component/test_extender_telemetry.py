@@ -13,11 +13,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender.app import Extender, create_app
 from gpusteward.extender.view import PlacementView
-from gpusteward.sandbox.dcgm import PodRef, SimGpu, render_openmetrics_history
 from tests.factories import A100, H100, L4, node, pod
 
 H100_NAME = "NVIDIA H100 80GB HBM3"

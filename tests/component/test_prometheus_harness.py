@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpusteward.sandbox.dcgm import PodRef, SimGpu, render_openmetrics_history
+from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history
 from tests.support.fixtures import (  # noqa: F401 - fixtures
     DcgmEndpoint,
     PrometheusFactory,

@@ -8,9 +8,9 @@ import pytest
 
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.rules import judge, rule_for
-from gpusteward.sandbox.dcgm import PodRef, SimGpu, render_openmetrics_history
 from tests.unit.test_reclaim_decide import gpu_pod
 
 STEP = 15.0

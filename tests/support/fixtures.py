@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusteward.sandbox.dcgm import SimGpu, render_exposition
+from gpusteward.core.dcgm import SimGpu, render_exposition
 from tests.support.prometheus import PrometheusServer
 
 __all__ = ["DcgmEndpoint", "dcgm_endpoint", "prometheus_factory"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusteward.sandbox.dcgm import (
+from gpusteward.core.dcgm import (
     PodRef,
     SimGpu,
     model_name_for_product,

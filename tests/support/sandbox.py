@@ -1,7 +1,8 @@
-"""e2e tier: one sandbox per session (real etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler built from Go modules; kwok nodes; DCGM simulator; real Prometheus).
+"""One sandbox per test session, shared by the e2e and deploy tiers: real etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler built from Go modules; kwok nodes; the DCGM
+simulator; a real Prometheus.
 
-The first run builds the control plane (10-30 minutes on 2 cores, cached afterwards). Nothing
+The first run builds the control plane (about 6 minutes on 2 cores, cached afterwards). Nothing
 here skips: a sandbox that cannot start fails the session loudly.
 """
 
