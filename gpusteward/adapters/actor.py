@@ -35,6 +35,7 @@ PERMISSION = {"evict": "create pods/eviction", "suspend": "patch batch/jobs",
               "scale": "patch apps/deployments and apps/statefulsets",
               "annotate": "patch pods", "event": "create events"}
 RETRIES_ON_CONFLICT = 3
+CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
 
 
 class Actor:
@@ -61,7 +62,8 @@ class Actor:
 
     async def _annotate(self, action: Action, annotations: dict[str, str | None]) -> None:
         await self.core.patch_namespaced_pod(action.pod.name, action.pod.namespace,
-                                             {"metadata": {"annotations": annotations}})
+                                             {"metadata": {"annotations": annotations}},
+                                             _request_timeout=CALL_TIMEOUT)
 
     async def _mark(self, action: Action) -> None:
         await self._annotate(action, {IDLE_SINCE: stamp(self.clock())})
@@ -82,7 +84,7 @@ class Actor:
         elif action.how == "suspend":
             await self.batch.patch_namespaced_job(owner.name, owner.namespace, {
                 "metadata": {"annotations": {RECLAIM_REASON: action.reason}},
-                "spec": {"suspend": True}})
+                "spec": {"suspend": True}}, _request_timeout=CALL_TIMEOUT)
         elif action.how == "scale":
             await self._scale_to_zero(owner.kind, owner.namespace, owner.name, action.reason)
         else:
@@ -93,20 +95,20 @@ class Actor:
             metadata=client.V1ObjectMeta(name=action.pod.name, namespace=action.pod.namespace),
             delete_options=client.V1DeleteOptions(grace_period_seconds=self.grace))
         await self.core.create_namespaced_pod_eviction(action.pod.name, action.pod.namespace,
-                                                       body)
+                                                       body, _request_timeout=CALL_TIMEOUT)
 
     async def _scale_to_zero(self, kind: str, namespace: str, name: str, reason: str) -> None:
         """Record the replicas and scale to zero in one patch, guarded by resourceVersion."""
         read, patch = self._workload_api(kind)
         for attempt in range(RETRIES_ON_CONFLICT):
-            obj = await read(name, namespace)
+            obj = await read(name, namespace, _request_timeout=CALL_TIMEOUT)
             before = obj.spec.replicas or 0
             body = {"metadata": {"resourceVersion": obj.metadata.resource_version,
                                  "annotations": {REPLICAS_BEFORE: str(before),
                                                  RECLAIM_REASON: reason}},
                     "spec": {"replicas": 0}}
             try:
-                await patch(name, namespace, body)
+                await patch(name, namespace, body, _request_timeout=CALL_TIMEOUT)
                 return
             except ApiException as e:
                 if e.status != 409 or attempt == RETRIES_ON_CONFLICT - 1:
@@ -116,17 +118,18 @@ class Actor:
         """Undo a scale-down or suspension; returns what was done."""
         if kind == "Job":
             await self.batch.patch_namespaced_job(name, namespace, {
-                "metadata": {"annotations": {RECLAIM_REASON: None}}, "spec": {"suspend": False}})
+                "metadata": {"annotations": {RECLAIM_REASON: None}}, "spec": {"suspend": False}},
+                _request_timeout=CALL_TIMEOUT)
             return f"Job {namespace}/{name} resumed"
         read, patch = self._workload_api(kind)
-        obj = await read(name, namespace)
+        obj = await read(name, namespace, _request_timeout=CALL_TIMEOUT)
         before = (obj.metadata.annotations or {}).get(REPLICAS_BEFORE)
         if before is None:
             raise LookupError(f"{kind} {namespace}/{name} has no {REPLICAS_BEFORE} annotation")
         await patch(name, namespace, {
             "metadata": {"resourceVersion": obj.metadata.resource_version,
                          "annotations": {REPLICAS_BEFORE: None, RECLAIM_REASON: None}},
-            "spec": {"replicas": int(before)}})
+            "spec": {"replicas": int(before)}}, _request_timeout=CALL_TIMEOUT)
         return f"{kind} {namespace}/{name} scaled back to {before}"
 
     def _workload_api(self, kind: str) -> tuple[Callable[..., Awaitable[Any]],
@@ -152,7 +155,8 @@ class Actor:
             reporting_component="gpusteward-reclaimer", reporting_instance=self.instance,
             first_timestamp=now, last_timestamp=now, count=1)
         try:
-            await self.core.create_namespaced_event(pod.namespace, body)
+            await self.core.create_namespaced_event(pod.namespace, body,
+                                                    _request_timeout=CALL_TIMEOUT)
         except ApiException as e:
             _log_refusal(action, e, "event")
 

@@ -70,15 +70,18 @@ class Reclaimer:
 
     async def run(self) -> None:
         """Cycle forever; an error in one cycle is logged and the next cycle starts afresh."""
+        interval = float(self.policy.reclaim.interval)
         while True:
             try:
-                await self.cycle()
+                # A cycle that hangs (a stuck connection) must not stop all later cycles.
+                async with asyncio.timeout(max(120.0, 5 * interval)):
+                    await self.cycle()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 self.metrics.cycles.labels("error").inc()
                 log.exception("reclaim cycle failed; nothing more is done until the next cycle")
-            await asyncio.sleep(float(self.policy.reclaim.interval))
+            await asyncio.sleep(interval)
 
 
 def audit(p: Plan) -> None:

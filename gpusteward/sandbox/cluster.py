@@ -40,6 +40,9 @@ class SandboxConfig:
     node_cache_capable: bool = True
     scrape_interval: str = "1s"
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
+    # True for `sandbox up`: the processes outlive the command. Otherwise they die with it,
+    # so a killed test run or demo leaves nothing behind.
+    detach: bool = False
     log: Any = print
 
 
@@ -132,7 +135,8 @@ class Sandbox:
 
     # --- components ---------------------------------------------------------------------
     def _run(self, name: str, argv: list[str], ready, timeout: float = 90.0) -> Proc:
-        proc = Proc(name, argv, self.dir / "logs" / f"{name}.log")
+        proc = Proc(name, argv, self.dir / "logs" / f"{name}.log",
+                    die_with_parent=not self.cfg.detach)
         self.procs[name] = proc.start()
         proc.wait_ready(ready, timeout)
         return proc

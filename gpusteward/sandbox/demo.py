@@ -194,7 +194,7 @@ def main() -> int:
         return 1
     print("Starting the sandbox (the first run builds Kubernetes from Go modules: ~6 min)...")
     try:
-        box = Sandbox(SandboxConfig(state_dir=state, with_extender=True,
+        box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, detach=keep,
                                     log=lambda m: print(f"  {m}", flush=True))).start()
     except (SandboxBuildError, SandboxError, TimeoutError) as e:
         print(f"demo failed to start the sandbox: {e}", file=sys.stderr)

@@ -4,6 +4,7 @@ for sure (SIGTERM, then SIGKILL), and found again by pid after `sandbox up` has 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -31,12 +32,22 @@ def log_tail(path: Path, lines: int = 20) -> str:
         return "(no log)"
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the process that started us dies, however it dies."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
+
+
 @dataclass
 class Proc:
     name: str
     argv: Sequence[str]
     log: Path
     env: dict[str, str] = field(default_factory=dict)
+    # False only for `sandbox up`, whose processes outlive the command that started them.
+    die_with_parent: bool = True
     pid: int = 0
     _popen: subprocess.Popen | None = None
 
@@ -45,7 +56,8 @@ class Proc:
         with open(self.log, "ab") as out:
             self._popen = subprocess.Popen(
                 list(self.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, start_new_session=True)
+                env={**os.environ, **self.env}, start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None)
         self.pid = self._popen.pid
         return self
 

@@ -61,7 +61,7 @@ async def reclaimer(sandbox):
 async def cycle_until(rec: Reclaimer, what: str, check, timeout: float = 75.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        await rec.cycle()
+        await asyncio.wait_for(rec.cycle(), 60)
         if check():
             return
         await asyncio.sleep(1.0)
@@ -71,7 +71,7 @@ async def cycle_until(rec: Reclaimer, what: str, check, timeout: float = 75.0) -
 async def cycle_for(rec: Reclaimer, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        await rec.cycle()
+        await asyncio.wait_for(rec.cycle(), 60)
         await asyncio.sleep(1.0)
 
 

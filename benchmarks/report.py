@@ -1,0 +1,169 @@
+"""Turn benchmarks/results/*.json into PNG plots and benchmarks/RESULTS.md.
+
+    python benchmarks/report.py
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def revision() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=HERE)
+    return out.stdout.strip() or "unknown"
+
+
+def plot_extender(ext: dict) -> str:
+    rows = [r for r in ext["results"] if r.get("mode") == "names" and "server" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, verb in zip(axes, ("filter", "prioritize"), strict=True):
+        data = sorted((r["nodes"], r) for r in rows if r["verb"] == verb)
+        nodes = [n for n, _ in data]
+        ax.plot(nodes, [r["server"]["p99_ms"] for _, r in data], "o-", label="server p99")
+        ax.plot(nodes, [r["round_trip"]["p50_ms"] for _, r in data], "s-",
+                label="round trip p50")
+        ax.plot(nodes, [r["floor_round_trip"]["p50_ms"] for _, r in data], "^--",
+                label="decode+encode floor, round trip p50")
+        ax.axhline(2.0, color="grey", linestyle=":", label="target: server p99 2 ms")
+        ax.set_xscale("log")
+        ax.set_title(f"{verb} (nodeCacheCapable: true)")
+        ax.set_xlabel("candidate nodes")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(HERE / "extender.png", dpi=110)
+    plt.close(fig)
+    return "extender.png"
+
+
+def plot_scheduler(sched: dict) -> str:
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    names = [r["setup"] for r in sched["rows"]]
+    values = [r["pods_per_second"] for r in sched["rows"]]
+    ax.barh(names, values, color=["#777", "#2a7", "#27a"])
+    for i, r in enumerate(sched["rows"]):
+        ax.text(values[i], i, f"  {values[i]:.0f} pods/s ({r['ratio_to_a']:.2f}x)", va="center")
+    ax.set_xlabel("pods bound per second")
+    ax.set_title(f"kube-scheduler throughput, {sched['nodes']} kwok GPU nodes")
+    ax.set_xlim(0, max(values) * 1.5)
+    fig.tight_layout()
+    fig.savefig(HERE / "scheduler.png", dpi=110)
+    plt.close(fig)
+    return "scheduler.png"
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def extender_section(ext: dict) -> list[str]:
+    lines = ["## Extender latency (`python benchmarks/bench_extender.py`)", "",
+             f"Machine: {ext['machine']}, Python {ext['python']}, {ext['date']}. "
+             "Server-side = decode + answer in-process; round trip = loopback HTTP to the real app "
+             "vs a bare aiohttp server that only `json.loads` the same body and `json.dumps` a "
+             "same-size reply. Medians and p99 of one run.", "",
+             "| nodes | mode | verb | server p50 ms | server p99 ms | round trip p50 ms | "
+             "floor p50 ms | ratio |", "|---|---|---|---|---|---|---|---|"]
+    for r in ext["results"]:
+        if "server" not in r:
+            continue
+        rt = _num(r.get("round_trip", {}).get("p50_ms"), 3)
+        fl = _num(r.get("floor_round_trip", {}).get("p50_ms"), 3)
+        lines.append(
+            f"| {r['nodes']} | {r['mode']} | {r['verb']} | {r['server']['p50_ms']:.3f} | "
+            f"{r['server']['p99_ms']:.3f} | {rt} | {fl} | {_num(r.get('ratio_p50'), 2)} |")
+    lines += ["", "| nodes | full-mode decode (ours) ms | json.loads ms | speedup |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['nodes']} | {r['decode']['typed_ms']:.1f} | {r['decode']['json_loads_ms']:.1f}"
+              f" | {r['decode']['speedup']:.1f}x |" for r in ext["results"] if "decode" in r]
+    lines += ["", "| nodes | prioritize requests/s, 16 concurrent clients, one server process |",
+              "|---|---|"]
+    lines += [f"| {r['nodes']} | {r['requests_per_second']:.0f} |"
+              for r in ext["results"] if "requests_per_second" in r]
+    return lines + ["", "![extender latency](extender.png)", ""]
+
+
+def scheduler_section(sched: dict) -> list[str]:
+    lines = ["## Scheduler throughput (`python benchmarks/bench_scheduler.py`)", "",
+             f"{sched['nodes']} kwok GPU nodes, real kube-scheduler v1.36.3, {sched['date']}; "
+             f"{sched['machine']}. The scheduler is stopped, the pods are created, the scheduler "
+             "is started; rate = pods bound after it is ready / time to bind the last. Attempt "
+             "latency: the scheduler's own `scheduler_scheduling_attempt_duration_seconds` "
+             "(bucket upper bounds).", "",
+             "| setup | pods | pods/s | ratio to (a) | attempt p50 ms | attempt p99 ms |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['setup']} | {r['pods']} | {r['pods_per_second']:.1f} | "
+              f"{r['ratio_to_a']:.2f} | {r['attempt_p50_ms']:.0f} | {r['attempt_p99_ms']:.0f} |"
+              for r in sched["rows"]]
+    return lines + ["", "![scheduler throughput](scheduler.png)", ""]
+
+
+def reclaimer_section(rec: dict) -> list[str]:
+    lines = ["## Reclaimer scale (`python benchmarks/bench_reclaimer.py`)", "",
+             f"{rec['date']}. Decision = `plan()` on a synthetic snapshot, median of 5, peak RSS "
+             "of a fresh process; cycle = one snapshot read against the sandbox API server and "
+             "Prometheus plus the decision.", "",
+             "| GPU pods | decision ms | peak RSS MB | actions |", "|---|---|---|---|"]
+    lines += [f"| {d['pods']} | {d['decision_ms']:.0f} | {d['peak_rss_mb']:.0f} | {d['actions']} |"
+              for d in rec["decision"]]
+    lines += ["", "| GPU pods in sandbox | read s | decide s | API calls | PromQL queries |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {c['pods']} | {c['read_s']:.2f} | {c['decide_s']:.3f} | {c['api_calls']} | "
+              f"{c['promql_queries']} |" for c in rec["cycle"]]
+    return lines + [""]
+
+
+def telemetry_section(tel: dict) -> list[str]:
+    return ["## Telemetry cost (`python benchmarks/bench_telemetry.py`)", "",
+            f"{tel['date']}: one extender refresh at {tel['nodes']} nodes x 8 = {tel['gpus']} "
+            f"GPUs: {tel['queries_per_refresh']} PromQL queries, p50 "
+            f"{tel['refresh_p50_ms']:.0f} ms (max {tel['refresh_max_ms']:.0f} ms), "
+            f"{tel['bytes_per_refresh'] / 1e6:.2f} MB returned "
+            f"({', '.join(f'{k} {v / 1e6:.2f} MB' for k, v in tel['bytes_by_query'].items())}).",
+            ""]
+
+
+def main() -> None:
+    ext, sched, rec, tel = (load(n) for n in ("extender", "scheduler", "reclaimer", "telemetry"))
+    out = ["# Benchmark results", "",
+           f"Written by `make bench` on {time.strftime('%Y-%m-%d')} at revision {revision()} "
+           f"({platform.machine()}, 2 cores, 24 GiB; everything — apiserver, etcd, scheduler, "
+           "kwok, Prometheus, the extender and the load generator — shares those 2 cores). "
+           "Targets are in DESIGN.md.", ""]
+    if ext:
+        plot_extender(ext)
+        out += extender_section(ext)
+    if sched:
+        plot_scheduler(sched)
+        out += scheduler_section(sched)
+    if rec:
+        out += reclaimer_section(rec)
+    if tel:
+        out += telemetry_section(tel)
+    notes = HERE / "NOTES.md"
+    if notes.exists():
+        out += [notes.read_text()]
+    (HERE / "RESULTS.md").write_text("\n".join(out))
+    print(f"wrote {HERE / 'RESULTS.md'}")
+
+
+if __name__ == "__main__":
+    main()
