@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := prometheus chromium
 
-.PHONY: setup system-deps venv lint unit component e2e test demo bench-extender sandbox-build clean
+.PHONY: setup system-deps venv lint unit component e2e test demo bench bench-quick bench-extender sandbox-build clean
 
 setup: system-deps venv
 
@@ -51,6 +51,18 @@ demo: setup
 
 bench-extender: venv
 	$(PY) benchmarks/bench_extender.py
+
+BENCHES := bench_extender bench_scheduler bench_reclaimer bench_telemetry
+
+# Every benchmark, then benchmarks/RESULTS.md and its plots (about 15 minutes on 2 cores).
+bench: setup
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,bench]'
+	for b in $(BENCHES); do $(PY) benchmarks/$$b.py || exit 1; done
+	$(PY) benchmarks/report.py
+
+# CI: each benchmark at a tiny size, to prove they still run (no figures written).
+bench-quick: setup
+	for b in $(BENCHES); do $(PY) benchmarks/$$b.py --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
