@@ -55,13 +55,19 @@ def make_view(n: int) -> PlacementView:
     return view
 
 
+def bodies_names(n: int) -> bytes:
+    names = [f"gpu-node-{i:05d}" for i in range(n)]
+    return json.dumps({"Pod": POD, "Nodes": None, "NodeNames": names}).encode()
+
+
 def bodies(n: int) -> dict[str, bytes]:
     names = [f"gpu-node-{i:05d}" for i in range(n)]
     full = [node_json(name, PRODUCTS[i % len(PRODUCTS)]) for i, name in enumerate(names)]
     return {
-        "names": json.dumps({"Pod": POD, "Nodes": None, "NodeNames": names}).encode(),
+        "names": bodies_names(n),
+        # Compact, as Go's encoding/json writes it.
         "full": json.dumps({"Pod": POD, "Nodes": {"metadata": {}, "items": full},
-                            "NodeNames": None}).encode(),
+                            "NodeNames": None}, separators=(",", ":")).encode(),
     }
 
 
@@ -92,11 +98,10 @@ def floor_side(body: bytes, reply: object, count: int) -> dict[str, float]:
 
 
 def floor_reply(verb: str, n: int) -> object:
-    names = [f"gpu-node-{i:05d}" for i in range(n)]
-    if verb == "prioritize":
-        return [{"Host": name, "Score": 5} for name in names]
-    return {"Nodes": None, "NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
-            "Error": ""}
+    """The reply gpusteward gives for the same request, as plain objects: same size, same keys."""
+    view = make_view(n)
+    answer = filter_reply if verb == "filter" else prioritize_reply
+    return json.loads(answer(view, wire.decode_args(bodies_names(n))).body)
 
 
 def decode_speed(body: bytes, count: int = 5) -> dict[str, float]:

@@ -57,7 +57,8 @@ class FleetStore:
         self.pods[pod.uid] = pod
         if pod.node:
             self._by_node.setdefault(pod.node, {})[pod.uid] = pod
-        self._changed({n for n in (pod.node, old.node if old else None) if n})
+        if old is None or _placement(old) != _placement(pod):
+            self._changed({n for n in (pod.node, old.node if old else None) if n})
 
     def delete_pod(self, uid: str) -> None:
         old = self.pods.pop(uid, None)
@@ -91,3 +92,8 @@ class FleetStore:
                 if not on_node:
                     del self._by_node[pod.node]
 
+
+def _placement(pod: Pod) -> tuple[object, ...]:
+    """What node-level views derive from a pod; a status or metadata update changes none of it,
+    and in a burst those updates outnumber bindings."""
+    return (pod.node, pod.gpus, pod.deleting, pod.phase in ("Succeeded", "Failed"), pod.bound_at)

@@ -53,14 +53,14 @@ def filter_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
     passed, failed, unresolvable = lists
     unknown = 0
     if args.NodeNames is not None:  # the hot path: lookups and appends
-        by_node = table.by_node
+        get = table.by_node.get
         for name in args.NodeNames:
-            f = by_node.get(name)
+            f = get(name)
             if f is None:
                 unknown += 1
                 failed.append(_not_cached(name))
             else:
-                lists[f.outcome].append(f.quoted if f.outcome == PASSED else f.failure)
+                lists[f.outcome].append(f.entry)
         body = wire.filter_result(node_names=passed, nodes=None, failed=failed,
                                   unresolvable=unresolvable)
         return Outcome(body, unknown)

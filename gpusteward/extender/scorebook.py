@@ -21,7 +21,7 @@ PASSED, FAILED, UNRESOLVABLE = 0, 1, 2
 class Fragments:
     """Everything one node contributes to a reply for one demand."""
 
-    __slots__ = ("name", "quoted", "outcome", "failure", "score", "priority")
+    __slots__ = ("name", "quoted", "outcome", "failure", "entry", "score", "priority")
 
     def __init__(self, state: NodeState, demand: Demand, rule: ClassRule):
         self.name = state.name
@@ -30,6 +30,8 @@ class Fragments:
         self.outcome = PASSED if verdict.ok else FAILED if verdict.resolvable else UNRESOLVABLE
         # `"name":"reason"`, ready to join into FailedNodes or FailedAndUnresolvableNodes.
         self.failure = b"" if verdict.ok else self.quoted + b":" + wire.encode_str(verdict.reason)
+        # What a node-names filter reply lists for this node, in the list of its outcome.
+        self.entry = self.quoted if verdict.ok else self.failure
         self.score = score_node(state, demand, rule)
         self.priority = wire.host_priority(state.name, self.score)
 

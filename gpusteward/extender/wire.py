@@ -8,6 +8,7 @@ unchanged.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import msgspec
@@ -59,8 +60,20 @@ def decode_args(body: bytes) -> ExtenderArgs:
     return args
 
 
+# Go marshals a Node as kind, apiVersion, metadata{name, ...}: the name sits in the first bytes.
+_LEADING_NAME = re.compile(
+    rb'\{(?:"kind":"Node",)?(?:"apiVersion":"v1",)?"metadata":\{"name":"([a-z0-9.-]+)"')
+
+
 def node_name(raw: msgspec.Raw) -> str:
-    """Just the name: enough for nodes the watch cache already knows (skips the rest fast)."""
+    """Just the name: enough for nodes the watch cache already knows.
+
+    Read from the object's first bytes when it is laid out as Go writes it; otherwise (other
+    key order, whitespace, escapes) by a typed decode that skips every other field.
+    """
+    match = _LEADING_NAME.match(raw)
+    if match is not None:
+        return match.group(1).decode()
     try:
         return _name_decoder.decode(raw).metadata.name
     except msgspec.DecodeError as e:
