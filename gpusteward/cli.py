@@ -12,16 +12,17 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.policy import Policy, PolicyError, load_policy
 
 EXIT_USAGE = 2
 
 
 def _hostport(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    try:
+        return parse_hostport(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def _positive_mb(text: str) -> int:

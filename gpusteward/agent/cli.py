@@ -18,6 +18,7 @@ from aiohttp import web
 from gpusteward.agent.app import AgentDeps, AgentSettings, create_app
 from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
 from gpusteward.agent.podresources import DEFAULT_SOCKET
+from gpusteward.core.addresses import parse_hostport
 
 log = logging.getLogger("gpusteward.agent")
 
@@ -29,10 +30,10 @@ __all__ = ["add_agent_parser", "main", "run_agent"]
 
 
 def _hostport(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    try:
+        return parse_hostport(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def _interval(text: str) -> float:
