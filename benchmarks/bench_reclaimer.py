@@ -95,7 +95,7 @@ async def e2e_cycle(pods: int) -> dict:
     from gpusteward.sandbox.kubehttp import wait_for
 
     fleet = Fleet(pools=[Pool(name="h100", product="NVIDIA-H100-80GB-HBM3",
-                              count=max(1, pods // 8), gpus=8)])
+                              count=max(1, -(-pods // 8)), gpus=8)])
     box = Sandbox(SandboxConfig(state_dir=Path(tempfile.mkdtemp(prefix="gpusteward-rb-")),
                                 fleet=fleet, log=lambda m: None)).start()
     api = box.api()
