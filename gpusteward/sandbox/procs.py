@@ -33,8 +33,10 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 
 def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the process that started us dies, however it dies."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    """In the child: get SIGKILL when the process that started us dies, however it dies.
+
+    SIGKILL, not SIGTERM: an apiserver whose etcd is gone hangs in graceful shutdown."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 PR_SET_PDEATHSIG = 1
