@@ -69,4 +69,4 @@ def fleet(n: int, seed: int = 7, now: float = 1_800_000_000.0):
                        pod=f"ml/p-{i}-{g}" if g < used else None)
             for g in range(8)
         )
-    return nodes, pods, Telemetry(nodes=readings, fetched_at=now, ok=True)
+    return nodes, pods, Telemetry(nodes=readings, fetched_at=now)

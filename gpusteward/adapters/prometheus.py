@@ -145,7 +145,7 @@ class PrometheusSource:
             if "sampled_at" in fields:
                 by_node.setdefault(fields["node"], []).append(GpuReading(**fields))
         return Telemetry(nodes={n: tuple(r) for n, r in by_node.items()},
-                         fetched_at=self.clock(), ok=True)
+                         fetched_at=self.clock())
 
     def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], name: str,
                labels: dict[str, str], value: float) -> None:

@@ -21,7 +21,6 @@ class FleetStore:
         self.pods: dict[str, Pod] = {}
         self._by_node: dict[str, dict[str, Pod]] = {}
         self._listeners: list[Listener] = []
-        self.generation = 0
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -30,7 +29,6 @@ class FleetStore:
         names.discard("")
         if not names:
             return
-        self.generation += 1
         for listener in self._listeners:
             listener(names)
 

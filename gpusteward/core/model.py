@@ -102,8 +102,6 @@ class Telemetry(msgspec.Struct, frozen=True):
 
     nodes: Mapping[str, tuple[GpuReading, ...]] = msgspec.field(default_factory=dict)
     fetched_at: float = 0.0
-    ok: bool = False  # False when the source was unreachable or returned garbage
-    error: str = ""
 
     def for_node(self, node: str) -> tuple[GpuReading, ...]:
         return self.nodes.get(node, ())

@@ -174,7 +174,7 @@ def coolness_only_view() -> tuple[PlacementView, FleetStore]:
     view = PlacementView(policy, fleet, clock=lambda: NOW)
     fleet.replace_all([node("x", H100), node("y", H100)], [])
     view.set_telemetry(Telemetry(nodes={"x": readings("x", [0.0] * 8),
-                                        "y": readings("y", [0.2] * 8)}, ok=True))
+                                        "y": readings("y", [0.2] * 8)}))
     return view, fleet
 
 
