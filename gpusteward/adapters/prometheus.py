@@ -140,12 +140,16 @@ class PrometheusSource:
                     self._merge(gpus, name, s["metric"], float(s["value"][1]))
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise TelemetryUnavailable(f"unexpected query result shape: {e}") from e
+        now = self.clock()
         by_node: dict[str, list[GpuReading]] = {}
         for fields in gpus.values():
+            if "sampled_at" not in fields and fields.get("xid"):
+                # A GPU that stopped reporting utilization (lost: NVML gives none, the agent
+                # exports its XID alone) but had an XID within the window is current now.
+                fields["sampled_at"] = now
             if "sampled_at" in fields:
                 by_node.setdefault(fields["node"], []).append(GpuReading(**fields))
-        return Telemetry(nodes={n: tuple(r) for n, r in by_node.items()},
-                         fetched_at=self.clock())
+        return Telemetry(nodes={n: tuple(r) for n, r in by_node.items()}, fetched_at=now)
 
     def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], name: str,
                labels: dict[str, str], value: float) -> None:

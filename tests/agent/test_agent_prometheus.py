@@ -68,3 +68,22 @@ async def test_prometheus_reads_the_agent_exactly_as_it_reads_dcgm_exporter(
     assert comparable("agent-node") == comparable("dcgm-node")
     assert comparable("agent-node")[0][-1] == "ml/train-0"
     assert {r.uuid for r in telemetry.nodes["agent-node"]} == {A, B}
+
+
+async def test_a_lost_gpu_reaches_the_readings_as_xid_79(
+    fake_nvml: FakeNvml, kubelet: FakeKubelet, prometheus_factory: PrometheusFactory
+) -> None:
+    # The agent leaves a lost GPU's utilization out (a 0 would read as idle); its only series
+    # is the XID. The reading must survive without a utilization sample, or health never sees it.
+    fake_nvml.write([FakeGpu(A, util_gpu=40), FakeGpu(B, errors={"*": "GPU_IS_LOST"})])
+    settings = AgentSettings(node="agent-node", interval=1.0,
+                             pod_resources_socket=str(kubelet.socket_path))
+    async with TestServer(create_app(settings), host="127.0.0.1") as agent:
+        prometheus = prometheus_factory(scrape_targets=[f"127.0.0.1:{agent.port}"])
+        policy = parse_policy({})
+        source = PrometheusSource(prometheus.url, policy.telemetry, policy.health, attempts=1)
+        telemetry = await fetch_both(source, {"agent-node"})
+    readings = {r.gpu: r for r in telemetry.nodes["agent-node"]}
+    assert (readings["0"].util, readings["0"].xid) == (0.4, 0)
+    assert (readings["1"].util, readings["1"].xid) == (None, 79)
+    assert time.time() - 30 < readings["1"].sampled_at <= time.time()
