@@ -4,13 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEBIAN_PACKAGES := prometheus chromium
+DEBIAN_PACKAGES := prometheus chromium gcc libc6-dev
 
 .PHONY: setup system-deps venv lint unit component e2e test demo bench bench-quick bench-extender sandbox-build clean
 
 setup: system-deps venv
 
-# Debian packages the tests and the sandbox use (real Prometheus and promtool).
+# Debian packages the tests and the sandbox use: real Prometheus and promtool, headless Chromium
+# for the report's HTML, and a C compiler for the NVML test library (sandbox/fakenvml).
 system-deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

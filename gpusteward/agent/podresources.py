@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 import grpc
 
+from gpusteward.adapters._podresources import api_pb2, api_pb2_grpc
 from gpusteward.adapters.errors import AdapterError
-from gpusteward.agent._podresources import api_pb2, api_pb2_grpc
 from gpusteward.agent.model import DeviceAssignment, PodRef
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"

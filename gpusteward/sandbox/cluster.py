@@ -1,6 +1,12 @@
 """The sandbox: real etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built from
 Go modules), kwok for fake GPU nodes, the DCGM simulator, a real Prometheus, and optionally the
-extender behind the scheduler — all on loopback, all stopped by `stop()` or `sandbox down`."""
+extender behind the scheduler — all on loopback, all stopped by `stop()` or `sandbox down`.
+
+GPU telemetry comes from one of two sources (``SandboxConfig.telemetry``): ``simulator``, the
+DCGM simulator's own dcgm-exporter endpoint, or ``agent``, one real ``gpusteward agent`` per GPU
+node reading the NVML test library and a kubelet PodResources socket that the simulator keeps
+true to the same GPUs (``gpusteward.sandbox.gpuhosts``). Prometheus scrapes whichever is chosen.
+"""
 
 from __future__ import annotations
 
@@ -12,22 +18,36 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpusteward.sandbox.build import ensure_binaries
+from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, node_objects
+from gpusteward.sandbox.gpuhosts import config_path, socket_path
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
+from gpusteward.sandbox.podresources import check_socket_path
 from gpusteward.sandbox.procs import Proc, free_port, stop_pid
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
-STOP_ORDER = ("reclaimer", "scheduler", "extender", "prometheus", "simulator", "kwok",
+STOP_ORDER = ("reclaimer", "scheduler", "extender", "prometheus", "agent", "simulator", "kwok",
               "controller-manager", "apiserver", "etcd")
+TELEMETRY = ("simulator", "agent")
+AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
+AGENT_PREFIX = "agent/"  # process names "agent/<node>", stopped in the "agent" slot
+
+
+def stop_order(names: list[str]) -> list[str]:
+    """Process names in STOP_ORDER, each agent in the "agent" slot."""
+    slot = {name: i for i, name in enumerate(STOP_ORDER)}
+    known = [n for n in names if n.split("/")[0] in slot]
+    return sorted(known, key=lambda n: slot[n.split("/")[0]])
 
 
 @dataclass
@@ -40,6 +60,7 @@ class SandboxConfig:
     node_cache_capable: bool = True
     scrape_interval: str = "1s"
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
+    telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
     # True for `sandbox up`: the processes outlive the command. Otherwise they die with it,
     # so a killed test run or demo leaves nothing behind.
     detach: bool = False
@@ -78,6 +99,21 @@ class Sandbox:
     def simulator_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['simulator']}"
 
+    @property
+    def hosts_dir(self) -> Path:
+        return self.dir / "gpuhosts"
+
+    def agent_urls(self) -> dict[str, str]:
+        """Each GPU node's agent (agent telemetry only)."""
+        return {name.removeprefix(AGENT_PREFIX): f"http://127.0.0.1:{port}"
+                for name, port in self.ports.items() if name.startswith(AGENT_PREFIX)}
+
+    def telemetry_targets(self) -> list[str]:
+        """What Prometheus scrapes as job dcgm-exporter."""
+        if self.cfg.telemetry == "agent":
+            return [url.removeprefix("http://") for url in self.agent_urls().values()]
+        return [f"127.0.0.1:{self.ports['simulator']}"]
+
     def api(self) -> KubeHTTP:
         return KubeHTTP(self.api_url, self.token)
 
@@ -109,6 +145,8 @@ class Sandbox:
         self._start_kwok()
         self.create_fleet(self.cfg.fleet)
         self._start_simulator()
+        if self.cfg.telemetry == "agent":
+            self._start_agents()
         self.start_prometheus()
         if self.cfg.with_extender:
             self.start_extender()
@@ -119,10 +157,8 @@ class Sandbox:
         self.cfg.log(f"sandbox up in {time.monotonic() - started:.1f}s (state: {self.dir})")
 
     def stop(self) -> None:
-        for name in STOP_ORDER:
-            proc = self.procs.pop(name, None)
-            if proc is not None:
-                proc.stop()
+        for name in stop_order(list(self.procs)):
+            self.procs.pop(name).stop()
         state = self.dir / "state.json"
         if state.exists():
             state.unlink()
@@ -239,9 +275,38 @@ class Sandbox:
 
     def _start_simulator(self) -> None:
         port = self.ports["simulator"]
-        self._run("simulator", [sys.executable, "-m", "gpusteward.sandbox.simulator",
-                                f"--kubeconfig={self.kubeconfig}", f"--listen=127.0.0.1:{port}"],
-                  lambda: _http_ok(f"{self.simulator_url}/health"))
+        argv = [sys.executable, "-m", "gpusteward.sandbox.simulator",
+                f"--kubeconfig={self.kubeconfig}", f"--listen=127.0.0.1:{port}"]
+        if self.cfg.telemetry == "agent":
+            longest = max((n for pool in self.cfg.fleet.pools for n in pool.node_names()),
+                          key=len, default="")
+            check_socket_path(socket_path(self.hosts_dir, longest))
+            argv.append(f"--hosts-dir={self.hosts_dir}")
+        self._run("simulator", argv, lambda: _http_ok(f"{self.simulator_url}/health"))
+
+    def _start_agents(self) -> None:
+        """One `gpusteward agent` per GPU node, all started before any is waited for."""
+        nodes = [name for pool in self.cfg.fleet.pools if pool.gpus > 0
+                 for name in pool.node_names()]
+        self.procs["simulator"].wait_ready(
+            lambda: all(config_path(self.hosts_dir, n).exists()
+                        and socket_path(self.hosts_dir, n).exists() for n in nodes), timeout=30)
+        library = build_fakenvml(self.hosts_dir / "lib")
+        started = []
+        for node in nodes:
+            name = AGENT_PREFIX + node
+            port = self.ports[name] = free_port()
+            proc = Proc(name, [
+                sys.executable, "-m", "gpusteward", "agent", f"--node-name={node}",
+                f"--listen=127.0.0.1:{port}", f"--interval={AGENT_INTERVAL_S}",
+                f"--pod-resources-socket={socket_path(self.hosts_dir, node)}",
+            ], self.dir / "logs" / f"agent-{node}.log", die_with_parent=not self.cfg.detach,
+                env={"LD_LIBRARY_PATH": str(library.parent),
+                     CONFIG_ENV: str(config_path(self.hosts_dir, node))})
+            self.procs[name] = proc.start()
+            started.append((proc, f"http://127.0.0.1:{port}/healthz"))
+        for proc, health in started:
+            proc.wait_ready(partial(_http_ok, health))
 
     def start_prometheus(self) -> None:
         config = self.dir / "prometheus.yml"
@@ -249,7 +314,7 @@ class Sandbox:
             "global": {"scrape_interval": self.cfg.scrape_interval,
                        "evaluation_interval": self.cfg.scrape_interval},
             "scrape_configs": [{"job_name": "dcgm-exporter", "static_configs": [
-                {"targets": [f"127.0.0.1:{self.ports['simulator']}"]}]}],
+                {"targets": self.telemetry_targets()}]}],
         }))
         self._run("prometheus", [
             "prometheus", f"--config.file={config}",
@@ -334,9 +399,8 @@ def stop_from_state(state_dir: Path) -> bool:
     if not state_file.exists():
         return False
     pids = json.loads(state_file.read_text()).get("pids", {})
-    for name in STOP_ORDER:
-        if name in pids:
-            stop_pid(int(pids[name]))
+    for name in stop_order(list(pids)):
+        stop_pid(int(pids[name]))
     state_file.unlink()
     return True
 

@@ -38,7 +38,8 @@ def up(args: argparse.Namespace) -> int:
         _err(str(e))
         return 2
     cfg = SandboxConfig(state_dir=state_dir, fleet=fleet, with_extender=args.with_extender,
-                        with_reclaimer=args.with_reclaimer, detach=True,
+                        with_reclaimer=args.with_reclaimer, telemetry=args.telemetry,
+                        detach=True,
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.policy:
         cfg.policy = Path(args.policy).resolve()

@@ -10,6 +10,9 @@ from its annotation `sandbox.gpusteward.io/gpu-util`:
 Free GPUs read 0 %. Node labels `sandbox.gpusteward.io/xid` and `sandbox.gpusteward.io/gpu-temp`
 make every GPU of that node report that XID / temperature (health tests).
 
+With ``--hosts-dir`` it also keeps, for every GPU node, what the NVML agent reads on a real
+node (``gpusteward.sandbox.gpuhosts``), from the same GPUs and the same pod assignments.
+
     python -m gpusteward.sandbox.simulator --kubeconfig FILE --listen 127.0.0.1:9400
 """
 
@@ -20,6 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from aiohttp import web
 
@@ -29,6 +33,7 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.fleet import TEMP_LABEL, XID_LABEL
+from gpusteward.sandbox.gpuhosts import GpuHosts
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
 IDLE_TEMP_C, BUSY_TEMP_C = 34, 71
@@ -118,8 +123,9 @@ def _gpu(node: Node, index: int, pod: Pod | None, now: float) -> SimGpu:
     )
 
 
-def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time) -> web.Application:
-    assigner = GpuAssigner()
+def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
+               assigner: GpuAssigner | None = None) -> web.Application:
+    assigner = assigner or GpuAssigner()
 
     async def metrics(request: web.Request) -> web.Response:
         text = render_exposition(simulate(fleet, assigner, clock()))
@@ -138,8 +144,16 @@ async def _main(args: argparse.Namespace) -> None:
     fleet = FleetStore()
     watchers = [Watcher(api, fleet, kind, ["nvidia.com/gpu"]) for kind in ("nodes", "pods")]
     tasks = [asyncio.create_task(w.run()) for w in watchers]
+    assigner = GpuAssigner()  # one for /metrics and the GPU hosts: the same GPUs per pod
+    if args.hosts_dir:
+        hosts = GpuHosts(Path(args.hosts_dir))
+
+        def model() -> list[SimGpu]:
+            return simulate(fleet, assigner, time.time())
+
+        tasks.append(asyncio.create_task(hosts.run(model, args.hosts_tick)))
     host, _, port = args.listen.rpartition(":")
-    runner = web.AppRunner(create_app(fleet), access_log=None)
+    runner = web.AppRunner(create_app(fleet, assigner=assigner), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, int(port)).start()
     await asyncio.gather(*tasks)
@@ -149,6 +163,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--listen", default="127.0.0.1:9400")
+    parser.add_argument("--hosts-dir", help="also keep each GPU node's NVML library file and "
+                        "kubelet PodResources socket here, for NVML agents (see gpuhosts)")
+    parser.add_argument("--hosts-tick", type=float, default=0.5,
+                        help="seconds between updates of --hosts-dir")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(_main(parser.parse_args()))
 

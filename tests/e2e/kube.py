@@ -1,11 +1,14 @@
-"""Helpers for e2e tests: GPU pod manifests and waiting on the real API server."""
+"""Helpers for e2e tests: GPU pod manifests, waiting on the real API server, stepping a
+reclaimer."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
-from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
+from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.sandbox.kubehttp import KubeHTTP, KubeHTTPError, wait_for
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 
 
@@ -93,3 +96,42 @@ def wait_for_gpu_samples(prometheus_url: str, namespace: str, pods: list[str],
 
     wait_for(f"GPU samples for {pods}", present, timeout=60)
     time.sleep(settle)
+
+
+async def cycle_until(rec: Reclaimer, what: str, check, timeout: float = 75.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await asyncio.wait_for(rec.cycle(), 60)
+        if check():
+            return
+        await asyncio.sleep(1.0)
+    raise TimeoutError(f"reclaimer never reached: {what}")
+
+
+async def cycle_for(rec: Reclaimer, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await asyncio.wait_for(rec.cycle(), 60)
+        await asyncio.sleep(1.0)
+
+
+def annotations(ns, name: str) -> dict:
+    return ns.pod(name)["metadata"].get("annotations") or {}
+
+
+def gone(ns, name: str) -> bool:
+    try:
+        return "deletionTimestamp" in ns.pod(name)["metadata"]
+    except KubeHTTPError as e:
+        return e.status == 404
+
+
+def events(ns, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of every Event about ``name``."""
+    items = ns.api.get(f"/api/v1/namespaces/{ns.name}/events")["items"]
+    return [(e["reason"], e.get("message", "")) for e in items
+            if e["involvedObject"]["name"] == name]
+
+
+def reasons(ns, name: str) -> list[str]:
+    return [reason for reason, _ in events(ns, name)]

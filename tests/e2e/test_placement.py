@@ -1,6 +1,7 @@
 """The real kube-scheduler, configured from deploy/scheduler/, calling the extender.
 
-Default sandbox fleet: h100-0/1 (8 GPUs each), a100-0/1 (8), l4-0/1/2 (4).
+Default sandbox fleet: h100-0/1 (8 GPUs each), a100-0/1 (8), l4-0/1/2 (4). The scenarios shared
+with the NVML agent's tests live in ``scenarios``.
 """
 
 from __future__ import annotations
@@ -9,11 +10,9 @@ from collections import Counter
 
 import pytest
 
-from gpusteward.sandbox.fleet import XID_LABEL
-from gpusteward.sandbox.kubehttp import wait_for
+from tests.e2e import scenarios
 from tests.e2e.kube import gpu_pod, wait_for_gpu_samples
-
-H100S, A100S, L4S = {"h100-0", "h100-1"}, {"a100-0", "a100-1"}, {"l4-0", "l4-1", "l4-2"}
+from tests.e2e.scenarios import A100S, H100S, L4S
 
 
 @pytest.fixture(params=[True, False], ids=["nodeCacheCapable", "full-node-objects"])
@@ -37,14 +36,7 @@ def test_pods_land_only_on_cards_they_accept_in_preference_order(sandbox, ns, sc
 
 
 def test_spread_class_prefers_the_cooler_node(sandbox, ns, scheduler_mode):
-    for node, util in (("l4-0", "95"), ("l4-1", "5"), ("l4-2", "60")):
-        ns.create_pod(gpu_pod(f"load-{node}", 2, node=node, util=util))
-    for node in ("l4-0", "l4-1", "l4-2"):
-        ns.running(f"load-{node}")
-    wait_for_gpu_samples(sandbox.prometheus_url, ns.name, [f"load-{n}" for n in ("l4-0", "l4-1",
-                                                                                 "l4-2")])
-    ns.create_pod(gpu_pod("serve", 1, cards="NVIDIA-L4", cls="inference"))
-    assert ns.node_of("serve") == "l4-1"
+    scenarios.spread_class_prefers_the_cooler_node(sandbox, ns)
 
 
 def test_a_burst_does_not_all_land_on_the_node_that_looked_idlest(sandbox, ns):
@@ -74,30 +66,5 @@ def test_pods_still_schedule_while_the_extender_is_down_and_scoring_resumes(sand
         assert ns.node_of(f"after-{i}") in L4S
 
 
-@pytest.fixture
-def broken_h100_1(sandbox, api):
-    """Every GPU of h100-1 reports XID 79 (fell off the bus) until the test ends."""
-    path = "/api/v1/nodes/h100-1"
-    api.merge_patch(path, {"metadata": {"labels": {XID_LABEL: "79"}}})
-    yield "h100-1"
-    api.merge_patch(path, {"metadata": {"labels": {XID_LABEL: None}}})
-    # The XID stays "recent" for the policy's xidWindow; wait until the extender forgets it.
-    wait_for("h100-1 healthy again", lambda: _filter_passes(sandbox, "h100-1"), timeout=90)
-
-
-def _filter_passes(sandbox, node: str) -> bool:
-    import json
-    import urllib.request
-
-    body = json.dumps({"Pod": gpu_pod("probe", 8), "NodeNames": [node]}).encode()
-    req = urllib.request.Request(f"{sandbox.extender_url}/filter", data=body, method="POST")
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return json.load(resp)["NodeNames"] == [node]
-
-
-def test_an_unhealthy_node_receives_no_new_gpu_pods(sandbox, ns, broken_h100_1):
-    wait_for("the extender to see the XID", lambda: not _filter_passes(sandbox, broken_h100_1),
-             timeout=30)
-    for i in range(4):
-        ns.create_pod(gpu_pod(f"p{i}", 2, cards="NVIDIA-H100*"))
-    assert {ns.node_of(f"p{i}") for i in range(4)} == {"h100-0"}
+def test_an_unhealthy_node_receives_no_new_gpu_pods(sandbox, ns):
+    scenarios.an_unhealthy_node_receives_no_new_gpu_pods(sandbox, ns)

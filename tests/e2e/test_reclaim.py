@@ -7,25 +7,19 @@ sandbox policy (sandbox/policy.yaml) uses a 15 s window and a 4 s grace.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
 import urllib.request
 
 import pytest
-from kubernetes_asyncio import config as kconfig
 
-from gpusteward.adapters.actor import Actor
-from gpusteward.adapters.prometheus import PrometheusSource
-from gpusteward.adapters.snapshot import SnapshotReader
-from gpusteward.core.policy import load_policy
-from gpusteward.core.reclaim.decide import stamp
-from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, REPLICAS_BEFORE
-from gpusteward.reclaimer.loop import Reclaimer
-from gpusteward.sandbox.kubehttp import KubeHTTPError, wait_for
+from gpusteward.core.reclaim.model import RECLAIM_AT, REPLICAS_BEFORE
+from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.procs import Proc, free_port
-from tests.e2e.kube import gpu_pod
+from tests.e2e import scenarios
+from tests.e2e.kube import annotations, cycle_for, cycle_until, gone, gpu_pod, reasons
+from tests.e2e.scenarios import due_pod
 
 PRIORITIES = {"gpu-low": 100, "gpu-mid": 5000, "gpu-high": 10000, "gpu-critical": 2_000_000}
 
@@ -39,83 +33,12 @@ def priority_classes(sandbox):
             "metadata": {"name": name}, "value": value})
 
 
-@pytest.fixture
-async def reclaimer(sandbox):
-    """reclaimer(mode) -> a Reclaimer wired to the sandbox through the real adapters."""
-    clients = []
-    policy = load_policy(sandbox.cfg.policy)
-
-    async def make(mode: str = "enforce") -> Reclaimer:
-        api = await kconfig.new_client_from_config(config_file=str(sandbox.kubeconfig))
-        clients.append(api)
-        source = PrometheusSource(sandbox.prometheus_url, policy.telemetry, policy.health,
-                                  attempts=1)
-        return Reclaimer(policy, mode, SnapshotReader(api, source, policy),
-                         Actor(api, float(policy.reclaim.eviction_grace)))
-
-    yield make
-    for api in clients:
-        await api.close()
-
-
-async def cycle_until(rec: Reclaimer, what: str, check, timeout: float = 75.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        await asyncio.wait_for(rec.cycle(), 60)
-        if check():
-            return
-        await asyncio.sleep(1.0)
-    raise TimeoutError(f"reclaimer never reached: {what}")
-
-
-async def cycle_for(rec: Reclaimer, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        await asyncio.wait_for(rec.cycle(), 60)
-        await asyncio.sleep(1.0)
-
-
-def annotations(ns, name: str) -> dict:
-    return ns.pod(name)["metadata"].get("annotations") or {}
-
-
-def gone(ns, name: str) -> bool:
-    try:
-        return "deletionTimestamp" in ns.pod(name)["metadata"]
-    except KubeHTTPError as e:
-        return e.status == 404
-
-
-def reasons(ns, name: str) -> list[str]:
-    events = ns.api.get(f"/api/v1/namespaces/{ns.name}/events")["items"]
-    return [e["reason"] for e in events if e["involvedObject"]["name"] == name]
-
-
-def due_pod(name: str, **kw) -> dict:
-    """An idle pod already marked and warned, its deadline passed: the next idle cycle acts."""
-    marks = {IDLE_SINCE: stamp(time.time() - 60), RECLAIM_AT: stamp(time.time() - 1)}
-    return gpu_pod(name, 1, util="0", annotations=marks, **kw)
-
-
 async def test_an_idle_bare_pod_is_warned_then_evicted(ns, reclaimer):
-    ns.create_pod(gpu_pod("idle", 1, node="h100-0", util="0"))
-    ns.running("idle")
-    rec = await reclaimer("enforce")
-    await cycle_until(rec, "idle mark", lambda: IDLE_SINCE in annotations(ns, "idle"))
-    await cycle_until(rec, "warning", lambda: RECLAIM_AT in annotations(ns, "idle"))
-    assert not gone(ns, "idle")
-    await cycle_until(rec, "eviction", lambda: gone(ns, "idle"))
-    assert {"GPUIdle", "GPUIdleWarning", "GPUReclaimed"} <= set(reasons(ns, "idle"))
+    await scenarios.an_idle_pod_is_warned_then_evicted(ns, await reclaimer("enforce"))
 
 
 async def test_a_busy_pod_is_left_alone_and_its_marks_cleared(ns, reclaimer):
-    ns.create_pod(due_pod("busy", node="h100-0"))
-    ns.api.merge_patch(ns.path("pods", "busy"), {"metadata": {"annotations": {
-        "sandbox.gpusteward.io/gpu-util": "80"}}})
-    ns.running("busy")
-    rec = await reclaimer("enforce")
-    await cycle_until(rec, "marks cleared", lambda: IDLE_SINCE not in annotations(ns, "busy"))
-    assert not gone(ns, "busy") and "GPUActive" in reasons(ns, "busy")
+    await scenarios.a_busy_pod_is_left_alone_and_its_marks_cleared(ns, await reclaimer("enforce"))
 
 
 async def test_a_pdb_blocks_eviction_until_it_is_relaxed(ns, reclaimer):

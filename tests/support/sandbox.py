@@ -1,6 +1,6 @@
 """One sandbox per test session, shared by the e2e and deploy tiers: real etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler built from Go modules; kwok nodes; the DCGM
-simulator; a real Prometheus.
+simulator; a real Prometheus. Plus ``reclaimer``: in-process reclaimers wired to a sandbox.
 
 The first run builds the control plane (about 6 minutes on 2 cores, cached afterwards). Nothing
 here skips: a sandbox that cannot start fails the session loudly.
@@ -9,11 +9,17 @@ here skips: a sandbox that cannot start fails the session loudly.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes_asyncio import config as kconfig
 
+from gpusteward.adapters.actor import Actor
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.policy import load_policy
+from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import KubeHTTP
 from tests.e2e.kube import Namespace
@@ -41,3 +47,26 @@ def ns(api: KubeHTTP) -> Iterator[Namespace]:
     namespace.create()
     yield namespace
     namespace.delete()
+
+
+MakeReclaimer = Callable[..., Awaitable[Reclaimer]]
+
+
+@pytest.fixture
+async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
+    """reclaimer(mode, box=sandbox) -> a Reclaimer wired to a sandbox through the real adapters;
+    each test steps its cycles itself."""
+    clients = []
+
+    async def make(mode: str = "enforce", box: Sandbox = sandbox) -> Reclaimer:
+        policy = load_policy(box.cfg.policy)
+        api = await kconfig.new_client_from_config(config_file=str(box.kubeconfig))
+        clients.append(api)
+        source = PrometheusSource(box.prometheus_url, policy.telemetry, policy.health,
+                                  attempts=1)
+        return Reclaimer(policy, mode, SnapshotReader(api, source, policy),
+                         Actor(api, float(policy.reclaim.eviction_grace)))
+
+    yield make
+    for api in clients:
+        await api.close()

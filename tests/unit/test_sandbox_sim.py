@@ -1,12 +1,16 @@
-"""The sandbox's pure parts: utilization profiles, stable GPU indices, fleet files."""
+"""The sandbox's pure parts: utilization profiles, stable GPU indices, fleet files, and what the
+GPU hosts tell the NVML agents."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpusteward.core.dcgm import PodRef, SimGpu
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, FleetError, load_fleet, node_objects
+from gpusteward.sandbox.gpuhosts import holders, nvml_gpu
+from gpusteward.sandbox.podresources import Holder
 from gpusteward.sandbox.simulator import (
     GpuAssigner,
     ProfileError,
@@ -77,3 +81,22 @@ def test_fleet_files_are_validated_with_paths(tmp_path):
     bad.write_text("pools:\n- {name: H100, product: x, count: -1}\n")
     with pytest.raises(FleetError, match=r"pools\[0\]\.name.*\n.*pools\[0\]\.count"):
         load_fleet(bad)
+
+
+def test_gpu_hosts_describe_the_simulators_gpus_to_nvml_and_the_kubelet():
+    pod = PodRef("ml", "train", "main")
+    gpus = [SimGpu("h100-0", i, "NVIDIA H100 80GB HBM3", util_percent=62.0, memory_mib=81559,
+                   fb_used_mib=48935, temp_c=71, power_w=442.0, pod=pod if i < 2 else None)
+            for i in range(3)]
+    nvml = nvml_gpu(gpus[1])
+    assert (nvml.uuid, nvml.name, nvml.pci_bus_id) == (gpus[1].uuid, gpus[1].model_name,
+                                                       gpus[1].pci_bus_id)
+    assert (nvml.util_gpu, nvml.temperature, nvml.power_mw) == (62, 71, 442_000)
+    assert (nvml.memory_total, nvml.memory_used) == (81559 << 20, 48935 << 20)
+    assert nvml.errors == {}
+    assert holders(gpus) == [Holder("ml", "train", "main", (gpus[0].uuid, gpus[1].uuid))]
+
+
+@pytest.mark.parametrize(("xid", "errors"), [(79, {"*": "GPU_IS_LOST"}), (48, {}), (0, {})])
+def test_only_a_gpu_that_fell_off_the_bus_is_lost_to_nvml(xid, errors):
+    assert nvml_gpu(SimGpu("n", 0, "NVIDIA L4", xid=xid)).errors == errors

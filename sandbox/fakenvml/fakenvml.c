@@ -1,4 +1,4 @@
-/* A stand-in libnvidia-ml.so.1 for tests, driven by a JSON file named by $FAKENVML_CONFIG.
+/* A stand-in libnvidia-ml.so.1 for the agent tests and the sandbox, driven by a JSON file named by $FAKENVML_CONFIG.
  *
  * It implements the NVML entry points gpusteward's agent reaches through nvidia-ml-py, with the
  * C signatures and struct layouts of nvml.h, so the real pynvml binding (ctypes signatures, struct

@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from gpusteward.agent._podresources import api_pb2 as gpusteward_dot_agent_dot___podresources_dot_api__pb2
+from gpusteward.adapters._podresources import api_pb2 as gpusteward_dot_adapters_dot___podresources_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in gpusteward/agent/_podresources/api_pb2_grpc.py depends on'
+        + ' but the generated code in gpusteward/adapters/_podresources/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -39,18 +39,18 @@ class PodResourcesListerStub:
         """
         self.List = channel.unary_unary(
                 '/v1.PodResourcesLister/List',
-                request_serializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.ListPodResourcesResponse.FromString,
+                request_serializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.ListPodResourcesResponse.FromString,
                 _registered_method=True)
         self.GetAllocatableResources = channel.unary_unary(
                 '/v1.PodResourcesLister/GetAllocatableResources',
-                request_serializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.AllocatableResourcesRequest.SerializeToString,
-                response_deserializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.AllocatableResourcesResponse.FromString,
+                request_serializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.AllocatableResourcesRequest.SerializeToString,
+                response_deserializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.AllocatableResourcesResponse.FromString,
                 _registered_method=True)
         self.Get = channel.unary_unary(
                 '/v1.PodResourcesLister/Get',
-                request_serializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.GetPodResourcesRequest.SerializeToString,
-                response_deserializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.GetPodResourcesResponse.FromString,
+                request_serializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.GetPodResourcesRequest.SerializeToString,
+                response_deserializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.GetPodResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -82,18 +82,18 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.ListPodResourcesRequest.FromString,
-                    response_serializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.ListPodResourcesResponse.SerializeToString,
+                    request_deserializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.ListPodResourcesRequest.FromString,
+                    response_serializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.ListPodResourcesResponse.SerializeToString,
             ),
             'GetAllocatableResources': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAllocatableResources,
-                    request_deserializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.AllocatableResourcesRequest.FromString,
-                    response_serializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.AllocatableResourcesResponse.SerializeToString,
+                    request_deserializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.AllocatableResourcesRequest.FromString,
+                    response_serializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.AllocatableResourcesResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.GetPodResourcesRequest.FromString,
-                    response_serializer=gpusteward_dot_agent_dot___podresources_dot_api__pb2.GetPodResourcesResponse.SerializeToString,
+                    request_deserializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.GetPodResourcesRequest.FromString,
+                    response_serializer=gpusteward_dot_adapters_dot___podresources_dot_api__pb2.GetPodResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -123,8 +123,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/List',
-            gpusteward_dot_agent_dot___podresources_dot_api__pb2.ListPodResourcesRequest.SerializeToString,
-            gpusteward_dot_agent_dot___podresources_dot_api__pb2.ListPodResourcesResponse.FromString,
+            gpusteward_dot_adapters_dot___podresources_dot_api__pb2.ListPodResourcesRequest.SerializeToString,
+            gpusteward_dot_adapters_dot___podresources_dot_api__pb2.ListPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -150,8 +150,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/GetAllocatableResources',
-            gpusteward_dot_agent_dot___podresources_dot_api__pb2.AllocatableResourcesRequest.SerializeToString,
-            gpusteward_dot_agent_dot___podresources_dot_api__pb2.AllocatableResourcesResponse.FromString,
+            gpusteward_dot_adapters_dot___podresources_dot_api__pb2.AllocatableResourcesRequest.SerializeToString,
+            gpusteward_dot_adapters_dot___podresources_dot_api__pb2.AllocatableResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -177,8 +177,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/Get',
-            gpusteward_dot_agent_dot___podresources_dot_api__pb2.GetPodResourcesRequest.SerializeToString,
-            gpusteward_dot_agent_dot___podresources_dot_api__pb2.GetPodResourcesResponse.FromString,
+            gpusteward_dot_adapters_dot___podresources_dot_api__pb2.GetPodResourcesRequest.SerializeToString,
+            gpusteward_dot_adapters_dot___podresources_dot_api__pb2.GetPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
