@@ -36,7 +36,7 @@ def _hostport(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
-def _interval(text: str) -> float:
+def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -54,8 +54,11 @@ def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="/metrics and /healthz (default 0.0.0.0:9400, dcgm-exporter's port)")
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="value of the Hostname label (default $NODE_NAME; required)")
-    p.add_argument("--interval", type=_interval, default=15.0, metavar="SECONDS",
+    p.add_argument("--interval", type=_seconds, default=15.0, metavar="SECONDS",
                    help="seconds between NVML reads (default 15)")
+    p.add_argument("--xid-hold", type=_seconds, default=300.0, metavar="SECONDS",
+                   help="how long DCGM_FI_DEV_XID_ERRORS shows an XID after its last event "
+                        "(default 300, dcgm-exporter's XID count window)")
     p.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, metavar="PATH",
                    help=f"kubelet PodResources socket (default {DEFAULT_SOCKET})")
     p.add_argument("--on-missing-driver", choices=ON_MISSING_DRIVER, default="exit",
@@ -72,7 +75,7 @@ def run_agent(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    reader = NvmlReader()
+    reader = NvmlReader(xid_hold=args.xid_hold)
     try:
         asyncio.run(reader.start())
     except NvmlUnavailable as e:

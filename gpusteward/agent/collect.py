@@ -10,6 +10,7 @@ it. Rules:
   (0 for a pod holding a replica with no process running).
 * A GPU NVML could not read carries ``error``; a lost GPU (``gpu_is_lost``) reports XID 79, the
   XID the driver logs when a GPU falls off the bus, so the extender's health rules see it as is.
+  A readable GPU reports the XID of its last XID event while the agent holds it (``xidevents``).
 * A reading NVML does not support (say power on some boards) is left out, never printed as 0:
   ``missing`` names the families to skip, the way dcgm-exporter skips blank values.
 """
@@ -111,6 +112,7 @@ def _gpu(
         fb_used_mib=(sample.memory_used_bytes or 0) // MIB,
         temp_c=sample.temp_c or 0,
         power_w=(sample.power_mw or 0) / 1000.0,
+        xid=sample.xid,
         pod=pods[0] if len(pods) == 1 else None,
         missing=_missing(sample),
         pod_utils=pod_utils(sample, pods, owners) if shared else (),

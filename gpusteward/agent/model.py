@@ -39,6 +39,7 @@ class GpuSample:
     temp_c: int | None = None
     power_mw: int | None = None
     processes: tuple[ProcessUtil, ...] = ()
+    xid: int = 0  # the last XID event, within the agent's hold time
     error: str | None = None
 
 

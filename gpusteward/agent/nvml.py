@@ -1,121 +1,55 @@
-"""NVML through nvidia-ml-py: the agent's only importer of ``pynvml``.
+"""NVML through nvidia-ml-py: every GPU of the node, read in a worker thread.
 
-NVML calls block (a lost GPU can hold one for seconds), so every read runs in a worker thread.
-pynvml's errors become our own small tree here (``raise ... from e``):
-
-* ``NvmlUnavailable`` -- no library (``NVMLError_LibraryNotFound``), no kernel driver, or a
-  library/kernel-module mismatch: nothing on the node can be read;
-* ``GpuLost`` -- ``NVMLError_GpuIsLost`` from one GPU: that GPU is reported with an error and the
-  others go on;
-* ``NvmlLibraryMismatch`` -- ``NVMLLibraryMismatchError``, which pynvml raises (as a plain
-  ``Exception``, not an ``NVMLError``) when an unversioned wrapper finds no such symbol in an older
-  driver's library: the function's data is left out and the snapshot names the problem.
-
-``nvmlDeviceGetProcessUtilization`` raises ``NVMLError_NotFound`` when no process ran since the
-timestamp asked for; that is an idle GPU, not an error.
+NVML calls block (a lost GPU can hold one for seconds), so every read runs in a worker thread;
+``nvmlcall`` translates pynvml's errors, ``xidevents`` listens for XIDs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pynvml
 
-from gpusteward.adapters.errors import AdapterError
 from gpusteward.agent.model import GpuSample, NvmlSnapshot, ProcessUtil
+from gpusteward.agent.nvmlcall import (
+    GpuLost,
+    Idle,
+    NotSupported,
+    NvmlError,
+    NvmlLibraryMismatch,
+    NvmlUnavailable,
+    call,
+    optional,
+)
+from gpusteward.agent.xidevents import XidEvents
 
 log = logging.getLogger("gpusteward.agent.nvml")
-T = TypeVar("T")
 
 __all__ = ["GpuLost", "NvmlError", "NvmlLibraryMismatch", "NvmlReader", "NvmlUnavailable"]
-
-
-class NvmlError(AdapterError):
-    """An NVML call failed; ``reason`` is the snake_case name of the NVML error."""
-
-    def __init__(self, message: str, reason: str = "unknown"):
-        super().__init__(message)
-        self.reason = reason
-
-
-class NvmlUnavailable(NvmlError):
-    """NVML cannot be used on this node at all (no library, no driver)."""
-
-
-class GpuLost(NvmlError):
-    """One GPU fell off the bus or stopped answering (``NVML_ERROR_GPU_IS_LOST``)."""
-
-
-class NvmlLibraryMismatch(NvmlError):
-    """The installed libnvidia-ml lacks a function this nvidia-ml-py calls."""
-
-
-class _Idle(NvmlError):
-    """NVML_ERROR_NOT_FOUND from a per-process query: no samples since the timestamp."""
-
-
-class _NotSupported(NvmlError):
-    """NVML_ERROR_NOT_SUPPORTED: the GPU (or its mode, e.g. MIG) does not offer this reading."""
-
-
-_UNAVAILABLE = (
-    pynvml.NVMLError_LibraryNotFound,
-    pynvml.NVMLError_DriverNotLoaded,
-    pynvml.NVMLError_LibRmVersionMismatch,
-    pynvml.NVMLError_Uninitialized,
-)
-
-
-def _reason(e: pynvml.NVMLError) -> str:
-    name = type(e).__name__.removeprefix("NVMLError_")
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_") or "unknown"
-
-
-def call(fn: Callable[..., T], *args: Any) -> T:
-    """Call one pynvml function, translating its errors into ours."""
-    try:
-        return fn(*args)
-    except pynvml.NVMLLibraryMismatchError as e:
-        raise NvmlLibraryMismatch(f"{fn.__name__}: {e}", "library_mismatch") from e
-    except pynvml.NVMLError as e:
-        message, reason = f"{fn.__name__}: {e}", _reason(e)
-        if isinstance(e, _UNAVAILABLE):
-            raise NvmlUnavailable(message, reason) from e
-        if isinstance(e, pynvml.NVMLError_GpuIsLost):
-            raise GpuLost(message, reason) from e
-        if isinstance(e, pynvml.NVMLError_NotFound):
-            raise _Idle(message, reason) from e
-        if isinstance(e, pynvml.NVMLError_NotSupported):
-            raise _NotSupported(message, reason) from e
-        raise NvmlError(message, reason) from e
-
-
-def _optional(fn: Callable[..., T], *args: Any) -> T | None:
-    try:
-        return call(fn, *args)
-    except _NotSupported:
-        return None
 
 
 class NvmlReader:
     """Reads every GPU on the node; one instance per process (NVML init is process-wide)."""
 
-    def __init__(self) -> None:
+    def __init__(self, xid_hold: float = 300.0) -> None:
         self.started = False
+        self.xids = XidEvents(xid_hold)
         self._uuids: dict[int, str] = {}  # last UUID seen per index, to name a GPU once lost
         self._last_seen_us: dict[int, int] = {}
+        self._errors: dict[int, str] = {}  # the last error per index, to log each change once
 
     async def start(self) -> None:
         """nvmlInit; raises NvmlUnavailable when there is no usable library or driver."""
         await asyncio.to_thread(call, pynvml.nvmlInit)
+        await asyncio.to_thread(self.xids.start)
         self.started = True
 
     async def close(self) -> None:
         if self.started:
             self.started = False
+            await asyncio.to_thread(self.xids.stop)
             await asyncio.to_thread(call, pynvml.nvmlShutdown)
 
     async def read(self) -> NvmlSnapshot:
@@ -133,25 +67,36 @@ class NvmlReader:
         except NvmlUnavailable:
             raise
         except NvmlError as e:
-            log.warning("gpu %d unreadable: %s", index, e, extra={"gpu": index})
+            # Once per GPU and error, not every interval: a lost GPU stays lost for a while.
+            level = logging.DEBUG if self._errors.get(index) == e.reason else logging.WARNING
+            self._errors[index] = e.reason
+            log.log(level, "gpu %d unreadable: %s", index, e, extra={"gpu": index})
             return GpuSample(index=index, uuid=self._uuids.get(index, ""), error=e.reason)
 
     def _sample(self, index: int, problems: set[str]) -> GpuSample:
+        sample = self._read(index, problems)
+        if self._errors.pop(index, None) is not None:
+            log.warning("gpu %d readable again", index, extra={"gpu": index})
+        return sample
+
+    def _read(self, index: int, problems: set[str]) -> GpuSample:
         handle = call(pynvml.nvmlDeviceGetHandleByIndex, index)
         uuid = self._uuids[index] = call(pynvml.nvmlDeviceGetUUID, handle)
-        util = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
+        self.xids.register(handle, uuid, problems)
+        util = optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
         memory = call(pynvml.nvmlDeviceGetMemoryInfo, handle)
         return GpuSample(
             index=index,
             uuid=uuid,
             name=call(pynvml.nvmlDeviceGetName, handle),
-            pci_bus_id=_optional(_pci_bus_id, handle) or "",
+            pci_bus_id=optional(_pci_bus_id, handle) or "",
             util_percent=None if util is None else float(util.gpu),
             memory_total_bytes=int(memory.total),
             memory_used_bytes=int(memory.used),
-            temp_c=_optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
-            power_mw=_optional(pynvml.nvmlDeviceGetPowerUsage, handle),
+            temp_c=optional(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
+            power_mw=optional(pynvml.nvmlDeviceGetPowerUsage, handle),
             processes=self._processes(index, handle, problems),
+            xid=self.xids.xid(uuid),
         )
 
     def _processes(self, index: int, handle: Any, problems: set[str]) -> tuple[ProcessUtil, ...]:
@@ -162,7 +107,7 @@ class NvmlReader:
         except NvmlLibraryMismatch as e:
             log.warning("gpu %d: running processes unavailable: %s", index, e)
             problems.add("library_mismatch")
-        except _NotSupported:
+        except NotSupported:
             pass
         sm = self._process_utilization(index, handle)
         return tuple(
@@ -175,7 +120,7 @@ class NvmlReader:
         since = self._last_seen_us.get(index, 0)
         try:
             samples = call(pynvml.nvmlDeviceGetProcessUtilization, handle, since)
-        except (_Idle, _NotSupported):
+        except (Idle, NotSupported):
             return {}
         if samples:
             self._last_seen_us[index] = max(int(s.timeStamp) for s in samples)

@@ -40,6 +40,9 @@ STOP_ORDER = ("reclaimer", "scheduler", "extender", "prometheus", "agent", "simu
               "controller-manager", "apiserver", "etcd")
 TELEMETRY = ("simulator", "agent")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
+# The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
+# 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).
+AGENT_XID_HOLD_S = 2
 AGENT_PREFIX = "agent/"  # process names "agent/<node>", stopped in the "agent" slot
 
 
@@ -299,6 +302,7 @@ class Sandbox:
             proc = Proc(name, [
                 sys.executable, "-m", "gpusteward", "agent", f"--node-name={node}",
                 f"--listen=127.0.0.1:{port}", f"--interval={AGENT_INTERVAL_S}",
+                f"--xid-hold={AGENT_XID_HOLD_S}",
                 f"--pod-resources-socket={socket_path(self.hosts_dir, node)}",
             ], self.dir / "logs" / f"agent-{node}.log", die_with_parent=not self.cfg.detach,
                 env={"LD_LIBRARY_PATH": str(library.parent),

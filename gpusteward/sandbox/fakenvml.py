@@ -48,7 +48,8 @@ def build_fakenvml(out_dir: Path, *defines: str) -> Path:
 @dataclass
 class FakeGpu:
     """One GPU as the library reports it; ``errors`` maps an NVML function (or ``*``) to the
-    NVML error it returns, e.g. ``{"*": "GPU_IS_LOST"}``."""
+    NVML error it returns, e.g. ``{"*": "GPU_IS_LOST"}``. Each new ``xid_seq`` is one XID event
+    with the value ``xid`` for event sets the GPU is registered with."""
 
     uuid: str
     name: str = "NVIDIA H100 80GB HBM3"
@@ -61,6 +62,8 @@ class FakeGpu:
     power_mw: int = 70_000
     processes: list[dict[str, int]] = field(default_factory=list)
     process_utilization: list[dict[str, int]] = field(default_factory=list)
+    xid: int = 0
+    xid_seq: int = 0
     errors: dict[str, str] = field(default_factory=dict)
 
 

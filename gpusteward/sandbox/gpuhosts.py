@@ -11,22 +11,20 @@ GPU node there is:
 
 Agents reading these export what the simulator would, so a test can compare them series by
 series. XIDs: NVML reports a GPU that fell off the bus (XID 79) as ``NVML_ERROR_GPU_IS_LOST``,
-so a node labelled with XID 79 loses its GPUs here. Other XIDs reach NVML only as events, which
-the agent does not collect; they are logged and left out.
+so a node labelled with XID 79 loses its GPUs here. Any other XID is an NVML event; while a node
+carries the label, each update is a new event on each of its GPUs, so an agent whose XID hold
+outlasts an update shows the XID as long as the simulator does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from gpusteward.core.dcgm import PodRef, SimGpu
 from gpusteward.sandbox.fakenvml import FakeGpu, config_text, replace_file
 from gpusteward.sandbox.podresources import Holder, PodResourcesServer
-
-log = logging.getLogger("gpusteward.sandbox.gpuhosts")
 
 MIB = 1 << 20
 XID_GPU_LOST = 79
@@ -42,14 +40,18 @@ def socket_path(directory: Path, node: str) -> Path:
     return directory / f"{node}.sock"
 
 
-def nvml_gpu(gpu: SimGpu) -> FakeGpu:
-    """The simulator's GPU as NVML would report it (integer percent, mW, bytes)."""
+def nvml_gpu(gpu: SimGpu, xid_seq: int = 0) -> FakeGpu:
+    """The simulator's GPU as NVML would report it (integer percent, mW, bytes); ``xid_seq``
+    numbers the XID events so far."""
+    lost = gpu.xid == XID_GPU_LOST
+    event = gpu.xid != 0 and not lost
     return FakeGpu(
         uuid=gpu.uuid, name=gpu.model_name, pci_bus_id=gpu.pci_bus_id,
         util_gpu=round(gpu.util_percent), memory_total=gpu.memory_mib * MIB,
         memory_used=gpu.fb_used_mib * MIB, temperature=gpu.temp_c,
         power_mw=round(gpu.power_w * 1000),
-        errors={"*": "GPU_IS_LOST"} if gpu.xid == XID_GPU_LOST else {},
+        xid=gpu.xid if event else 0, xid_seq=xid_seq if event else 0,
+        errors={"*": "GPU_IS_LOST"} if lost else {},
     )
 
 
@@ -70,32 +72,24 @@ class GpuHosts:
         self.dir = directory
         self.servers: dict[str, PodResourcesServer] = {}
         self._written: dict[str, str] = {}
-        self._unsupported_xid: set[str] = set()
+        self._xid_events = 0  # one more per update that carries an XID event
 
     async def update(self, gpus: list[SimGpu]) -> None:
         by_node: dict[str, list[SimGpu]] = {}
         for gpu in gpus:
             by_node.setdefault(gpu.node, []).append(gpu)
+        if any(g.xid not in (0, XID_GPU_LOST) for g in gpus):
+            self._xid_events += 1
         for node, node_gpus in by_node.items():
-            self._warn_unsupported_xid(node, node_gpus)
             server = self.servers.get(node)
             if server is None:
                 server = self.servers[node] = PodResourcesServer(socket_path(self.dir, node))
                 await server.start()
             server.holders = holders(node_gpus)
-            text = config_text([nvml_gpu(g) for g in node_gpus])
+            text = config_text([nvml_gpu(g, self._xid_events) for g in node_gpus])
             if self._written.get(node) != text:
                 replace_file(config_path(self.dir, node), text)
                 self._written[node] = text
-
-    def _warn_unsupported_xid(self, node: str, gpus: list[SimGpu]) -> None:
-        xids = {g.xid for g in gpus} - {0, XID_GPU_LOST}
-        if not xids:
-            self._unsupported_xid.discard(node)
-        elif node not in self._unsupported_xid:
-            self._unsupported_xid.add(node)
-            log.warning("%s: XID %s reaches the NVML agent only as an event, which it does not "
-                        "collect; only XID 79 (GPU lost) is simulated", node, sorted(xids))
 
     async def run(self, model: Callable[[], list[SimGpu]], tick: float) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

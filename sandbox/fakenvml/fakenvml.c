@@ -11,19 +11,29 @@
  *     "temperature": 41, "power_mw": 250000,
  *     "processes": [{"pid": 4242, "used_memory": bytes}],
  *     "process_utilization": [{"pid": 4242, "sm": 37, "mem": 11, "timestamp": us}],
+ *     "xid": 48, "xid_seq": 3,
  *     "errors": {"nvmlDeviceGetUtilizationRates": "NOT_SUPPORTED", "*": "GPU_IS_LOST"}}]}
+ * XID events: each new "xid_seq" on a GPU (higher than the last one delivered) is one critical
+ * XID event with the value "xid", delivered once by nvmlEventSetWait_v2 to an event set the GPU
+ * is registered with. Every entry point holds one lock, as NVML is thread-safe: the agent waits
+ * for events in one thread while it reads the GPUs in another.
  * Build with -DFAKENVML_NO_PROCESSES_V3 to leave nvmlDeviceGetComputeRunningProcesses_v3 out, as
  * an older driver's library would.
  */
 #include <ctype.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
-enum { OK = 0, UNINIT = 1, INVALID = 2, NOT_FOUND = 6, INSUFFICIENT = 7, UNKNOWN = 999 };
+enum { OK = 0, UNINIT = 1, INVALID = 2, NOT_FOUND = 6, INSUFFICIENT = 7, TIMEOUT = 10,
+       UNKNOWN = 999 };
+#define XID_CRITICAL_ERROR 0x8ULL /* nvmlEventTypeXidCriticalError */
 
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
@@ -40,26 +50,39 @@ typedef struct {
     char busId[32];
 } nvmlPciInfo_t;
 
+typedef struct gpu gpu_t;
+typedef struct {
+    gpu_t *device; unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
 /* The layouts nvml.h has on x86-64 and aarch64 Linux. */
 _Static_assert(sizeof(nvmlProcessInfo_v2_t) == 24, "nvmlProcessInfo_v2_t");
 _Static_assert(offsetof(nvmlProcessUtilizationSample_t, timeStamp) == 8, "sample.timeStamp");
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t");
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
 
 #define MAXN 16
 typedef struct { unsigned pid; unsigned long long mem; } proc_t;
 typedef struct { unsigned pid, sm, mem; unsigned long long ts; } putil_t;
-typedef struct {
+struct gpu {
     char uuid[96], name[96], pci[32];
     unsigned util_gpu, util_mem, temp, power_mw;
-    unsigned long long mem_total, mem_used;
+    unsigned long long mem_total, mem_used, xid, xid_seq;
     int nproc, nputil, nerr;
     proc_t procs[MAXN]; putil_t putil[MAXN];
     char err_fn[MAXN][64]; int err_code[MAXN];
-} gpu_t;
+};
+typedef struct { unsigned long long mask[MAXN]; } event_set_t; /* event types by GPU index */
 
 static gpu_t gpus[MAXN];
 static int ngpu, initialized, init_error;
+static unsigned long long delivered_seq[MAXN]; /* by GPU index: the last XID event handed out */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static void unlock(int *unused) { (void)unused; pthread_mutex_unlock(&lock); }
+/* Holds the lock until the function returns. */
+#define LOCKED int locked_ __attribute__((cleanup(unlock))) = (pthread_mutex_lock(&lock), 0)
 static char driver_version[80] = "550.90.07";
 
 static const struct { const char *name; int code; const char *text; } ERRORS[] = {
@@ -143,6 +166,8 @@ static void parse_gpu(gpu_t *g) {
         else if (!strcmp(k, "memory_used")) g->mem_used = num();
         else if (!strcmp(k, "temperature")) g->temp = num();
         else if (!strcmp(k, "power_mw")) g->power_mw = num();
+        else if (!strcmp(k, "xid")) g->xid = num();
+        else if (!strcmp(k, "xid_seq")) g->xid_seq = num();
         else if (!strcmp(k, "processes"))
             while (next_item()) { if (g->nproc < MAXN) parse_proc(&g->procs[g->nproc++]); else skip(); }
         else if (!strcmp(k, "process_utilization"))
@@ -158,9 +183,12 @@ static void parse_gpu(gpu_t *g) {
         else skip();
     }
 }
+static struct stat loaded; /* the file load() read last */
 static void load(void) {
     const char *path = getenv("FAKENVML_CONFIG");
     FILE *f = path ? fopen(path, "rb") : NULL;
+    memset(&loaded, 0, sizeof loaded);
+    if (f) fstat(fileno(f), &loaded);
     char k[64], v[80], *text;
     long size;
     ngpu = 0; init_error = 0;
@@ -181,6 +209,15 @@ static void load(void) {
     free(text);
 }
 
+static void load_if_changed(void) { /* the event wait polls: re-read only a replaced file */
+    const char *path = getenv("FAKENVML_CONFIG");
+    struct stat now;
+    if (!path || stat(path, &now)) return;
+    if (now.st_ino != loaded.st_ino || now.st_mtim.tv_sec != loaded.st_mtim.tv_sec
+        || now.st_mtim.tv_nsec != loaded.st_mtim.tv_nsec || now.st_size != loaded.st_size)
+        load();
+}
+
 /* ---- NVML entry points ---- */
 static int fail(const gpu_t *g, const char *fn) {
     if (!initialized) return UNINIT;
@@ -196,6 +233,7 @@ static nvmlReturn_t copy_out(char *out, unsigned len, const char *s) {
 }
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    LOCKED;
     (void)flags;
     load();
     if (init_error) return init_error;
@@ -204,6 +242,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 }
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 nvmlReturn_t nvmlShutdown(void) {
+    LOCKED;
     if (!initialized) return UNINIT;
     initialized--;
     return OK;
@@ -214,21 +253,24 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     return r == OK ? "Success" : "Unknown Error";
 }
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    LOCKED;
     return initialized ? copy_out(version, length, driver_version) : UNINIT;
 }
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    LOCKED;
     if (!initialized) return UNINIT;
     load();
     *count = ngpu;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, gpu_t **device) {
+    LOCKED;
     if (!initialized) return UNINIT;
     if (index >= (unsigned)ngpu) return INVALID;
     *device = &gpus[index];
     return OK;
 }
-#define GUARD(fn) int rc_ = fail(g, fn); if (rc_) return rc_
+#define GUARD(fn) LOCKED; int rc_ = fail(g, fn); if (rc_) return rc_
 nvmlReturn_t nvmlDeviceGetUUID(gpu_t *g, char *uuid, unsigned int length) {
     GUARD("nvmlDeviceGetUUID");
     return copy_out(uuid, length, g->uuid);
@@ -299,3 +341,55 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(gpu_t *g, unsigned int *cou
     return OK;
 }
 #endif
+
+/* ---- XID events ---- */
+nvmlReturn_t nvmlEventSetCreate(event_set_t **set) {
+    LOCKED;
+    if (!initialized) return UNINIT;
+    *set = calloc(1, sizeof **set);
+    return *set ? OK : UNKNOWN;
+}
+nvmlReturn_t nvmlEventSetFree(event_set_t *set) {
+    LOCKED;
+    if (!initialized) return UNINIT;
+    free(set);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(gpu_t *g, unsigned long long *types) {
+    GUARD("nvmlDeviceGetSupportedEventTypes");
+    *types = 0x1 | 0x2 | 0x4 | XID_CRITICAL_ERROR | 0x10; /* ECC, P-state, XID, clock */
+    return OK;
+}
+nvmlReturn_t nvmlDeviceRegisterEvents(gpu_t *g, unsigned long long types, event_set_t *set) {
+    GUARD("nvmlDeviceRegisterEvents");
+    if (!set) return INVALID;
+    int i = g - gpus;
+    if (!(set->mask[i] & XID_CRITICAL_ERROR) && (types & XID_CRITICAL_ERROR))
+        delivered_seq[i] = g->xid_seq; /* only XIDs after registration are events */
+    set->mask[i] |= types;
+    return OK;
+}
+static int next_event(event_set_t *set, nvmlEventData_t *data) {
+    for (int i = 0; i < ngpu; i++) {
+        if (!(set->mask[i] & XID_CRITICAL_ERROR) || gpus[i].xid_seq <= delivered_seq[i]) continue;
+        delivered_seq[i] = gpus[i].xid_seq;
+        *data = (nvmlEventData_t){&gpus[i], XID_CRITICAL_ERROR, gpus[i].xid, 0xFFFFFFFF,
+                                  0xFFFFFFFF};
+        return 1;
+    }
+    return 0;
+}
+nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, nvmlEventData_t *data, unsigned int timeoutms) {
+    unsigned long long deadline = now_us() + 1000ULL * timeoutms;
+    for (;;) {
+        int rc = OK, found = 0;
+        pthread_mutex_lock(&lock);
+        if (!initialized) rc = UNINIT;
+        else if (!set || !data) rc = INVALID;
+        else { load_if_changed(); found = next_event(set, data); }
+        pthread_mutex_unlock(&lock);
+        if (rc != OK || found) return rc;
+        if (now_us() >= deadline) return TIMEOUT;
+        nanosleep(&(struct timespec){0, 50 * 1000000L}, NULL);
+    }
+}

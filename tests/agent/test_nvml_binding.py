@@ -6,6 +6,8 @@ nvml.h layouts the C library is compiled with; injected NVML error codes check t
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gpusteward.agent.model import ProcessUtil
@@ -127,3 +129,37 @@ async def test_an_unsupported_reading_is_none(fake_nvml: FakeNvml) -> None:
     (gpu,) = (await read_once(NvmlReader())).gpus
 
     assert (gpu.power_mw, gpu.util_percent, gpu.error) == (None, None, None)
+
+
+async def wait_for_xid(reader: NvmlReader, index: int, want: int, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (xid := (await reader.read()).gpus[index].xid) != want:
+        assert asyncio.get_running_loop().time() < deadline, f"XID {xid}, expected {want}"
+        await asyncio.sleep(0.1)
+
+
+async def test_an_xid_event_reads_for_the_hold_time_then_clears(fake_nvml: FakeNvml) -> None:
+    # XID 31 happened before the agent started: not an event to it, as with real NVML.
+    fake_nvml.write([FakeGpu(A, xid=31, xid_seq=1), FakeGpu(B)])
+    reader = NvmlReader(xid_hold=1.0)
+    await reader.start()
+    try:
+        assert [g.xid for g in (await reader.read()).gpus] == [0, 0]
+        fake_nvml.write([FakeGpu(A, xid=31, xid_seq=1), FakeGpu(B, xid=48, xid_seq=1)])
+        await wait_for_xid(reader, 1, 48)  # the event thread saw it through nvmlEventSetWait_v2
+        assert (await reader.read()).gpus[0].xid == 0
+        await wait_for_xid(reader, 1, 0)  # one second later it has cleared
+        fake_nvml.write([FakeGpu(A, xid=31, xid_seq=1), FakeGpu(B, xid=94, xid_seq=2)])
+        await wait_for_xid(reader, 1, 94)
+    finally:
+        await reader.close()
+
+
+async def test_a_gpu_without_xid_events_says_so_and_still_reads(fake_nvml: FakeNvml) -> None:
+    fake_nvml.write([FakeGpu(A, util_gpu=12,
+                             errors={"nvmlDeviceRegisterEvents": "NOT_SUPPORTED"})])
+
+    snap = await read_once(NvmlReader())
+
+    assert snap.gpus[0].util_percent == 12.0 and snap.gpus[0].error is None
+    assert "xid_events_unsupported" in snap.problems

@@ -53,10 +53,10 @@ def filter_passes(box: Sandbox, node: str) -> bool:
 
 
 @contextmanager
-def broken(box: Sandbox, node: str) -> Iterator[str]:
-    """Every GPU of ``node`` reports XID 79 (fell off the bus) until the block ends."""
+def broken(box: Sandbox, node: str, xid: int = 79) -> Iterator[str]:
+    """Every GPU of ``node`` reports ``xid`` (79: fell off the bus) until the block ends."""
     api, path = box.api(), f"/api/v1/nodes/{node}"
-    api.merge_patch(path, {"metadata": {"labels": {XID_LABEL: "79"}}})
+    api.merge_patch(path, {"metadata": {"labels": {XID_LABEL: str(xid)}}})
     try:
         yield node
     finally:
@@ -65,8 +65,9 @@ def broken(box: Sandbox, node: str) -> Iterator[str]:
         wait_for(f"{node} healthy again", lambda: filter_passes(box, node), timeout=90)
 
 
-def an_unhealthy_node_receives_no_new_gpu_pods(box: Sandbox, ns: Namespace) -> None:
-    with broken(box, "h100-1") as node:
+def an_unhealthy_node_receives_no_new_gpu_pods(box: Sandbox, ns: Namespace,
+                                                xid: int = 79) -> None:
+    with broken(box, "h100-1", xid) as node:
         wait_for("the extender to see the XID", lambda: not filter_passes(box, node),
                  timeout=30)
         for i in range(4):

@@ -8,7 +8,8 @@ and Prometheus scrapes the agents instead of the simulator. Then:
 * the agents export the simulator's DCGM series, series for series and value for value;
 * for the same workload the extender gives the same filter and prioritize replies, byte for
   byte, whether the simulator (the session sandbox) or the agents feed it;
-* the placement and reclaim scenarios the simulator's tests run hold with the agents too.
+* the placement and reclaim scenarios the simulator's tests run hold with the agents too,
+  unhealthy GPUs both lost (XID 79) and reported by an NVML XID event (XID 48).
 """
 
 from __future__ import annotations
@@ -171,8 +172,11 @@ def test_spread_class_prefers_the_cooler_node(agent_sandbox, agent_ns):
     scenarios.spread_class_prefers_the_cooler_node(agent_sandbox, agent_ns)
 
 
-def test_an_unhealthy_node_receives_no_new_gpu_pods(agent_sandbox, agent_ns):
-    scenarios.an_unhealthy_node_receives_no_new_gpu_pods(agent_sandbox, agent_ns)
+@pytest.mark.parametrize("xid", [pytest.param(79, id="gpus-lost"),
+                                 pytest.param(48, id="xid-event-double-bit-ecc")])
+def test_an_unhealthy_node_receives_no_new_gpu_pods(agent_sandbox, agent_ns, xid):
+    # 79: NVML calls the GPUs lost; 48: NVML's XID event, through the agent's event thread.
+    scenarios.an_unhealthy_node_receives_no_new_gpu_pods(agent_sandbox, agent_ns, xid)
 
 
 async def test_an_idle_pod_is_warned_then_evicted(agent_sandbox, agent_ns, reclaimer):

@@ -97,6 +97,11 @@ def test_gpu_hosts_describe_the_simulators_gpus_to_nvml_and_the_kubelet():
     assert holders(gpus) == [Holder("ml", "train", "main", (gpus[0].uuid, gpus[1].uuid))]
 
 
-@pytest.mark.parametrize(("xid", "errors"), [(79, {"*": "GPU_IS_LOST"}), (48, {}), (0, {})])
-def test_only_a_gpu_that_fell_off_the_bus_is_lost_to_nvml(xid, errors):
-    assert nvml_gpu(SimGpu("n", 0, "NVIDIA L4", xid=xid)).errors == errors
+@pytest.mark.parametrize(("xid", "errors", "event"), [
+    pytest.param(79, {"*": "GPU_IS_LOST"}, (0, 0), id="fell-off-the-bus-is-lost"),
+    pytest.param(48, {}, (48, 7), id="other-xids-are-events"),
+    pytest.param(0, {}, (0, 0), id="none"),
+])
+def test_xids_reach_nvml_as_a_lost_gpu_or_as_events(xid, errors, event):
+    nvml = nvml_gpu(SimGpu("n", 0, "NVIDIA L4", xid=xid), xid_seq=7)
+    assert nvml.errors == errors and (nvml.xid, nvml.xid_seq) == event
