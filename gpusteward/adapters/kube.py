@@ -187,13 +187,15 @@ async def raw_get(api: client.ApiClient, path: str, params: list[tuple[str, Any]
     )
 
 
-async def list_raw(api: client.ApiClient, path: str,
-                   page_size: int = 500) -> tuple[list[msgspec.Raw], str]:
-    """Every object of a (paginated) LIST as raw JSON, and the list's resourceVersion."""
+async def list_raw(api: client.ApiClient, path: str, page_size: int = 500,
+                   selectors: Sequence[tuple[str, str]] = ()) -> tuple[list[msgspec.Raw], str]:
+    """Every object of a (paginated) LIST as raw JSON, and the list's resourceVersion.
+
+    ``selectors``: query parameters such as ``("fieldSelector", "spec.nodeName=gpu-1")``."""
     items: list[msgspec.Raw] = []
     token: str | None = None
     while True:
-        params: list[tuple[str, Any]] = [("limit", page_size)]
+        params: list[tuple[str, Any]] = [("limit", page_size), *selectors]
         if token:
             params.append(("continue", token))
         resp = await raw_get(api, path, params, timeout=60)

@@ -1,6 +1,7 @@
 """The agent's aiohttp app: a background collector and two thin handlers.
 
-The collector reads NVML, asks the kubelet which pod holds which GPU, maps GPU processes to pods
+The collector reads NVML, asks the kubelet which pod holds which GPU, maps the processes of
+shared GPUs to pods (their UIDs from /proc, names from the API server when the agent may ask)
 and renders the exposition once per interval; ``/metrics`` only returns the last text, so a slow
 or lost GPU never delays a scrape.
 """
@@ -12,16 +13,20 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from gpusteward.agent.collect import AgentView, collect, unavailable_view
+from gpusteward.adapters.errors import KubeConfigError
+from gpusteward.adapters.kube import connect
+from gpusteward.agent.collect import AgentView, collect, shared, unavailable_view
 from gpusteward.agent.exposition import render
-from gpusteward.agent.model import DeviceAssignment
+from gpusteward.agent.model import DeviceAssignment, NvmlSnapshot, PidOwner
 from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
 from gpusteward.agent.pidmap import read_owners
+from gpusteward.agent.poddirectory import PodDirectory, api_lister
 from gpusteward.agent.podresources import (
     DEFAULT_SOCKET,
     PodResourcesClient,
@@ -41,12 +46,15 @@ class AgentSettings:
     pod_resources_socket: str = DEFAULT_SOCKET
     proc_root: Path = Path("/proc")  # the host's /proc (hostPID) to map GPU PIDs to pods
     node_label: str = "Hostname"  # dcgm-exporter's released name for the node label
+    kube_api: bool = False  # name shared GPUs' pods through the API server (else HOSTNAME)
+    kubeconfig: str | None = None  # None: $KUBECONFIG, else the in-cluster service account
 
 
 @dataclass
 class AgentDeps:
     nvml: NvmlReader = field(default_factory=NvmlReader)
     pod_resources: PodResourcesClient | None = None
+    pods: PodDirectory | None = None
 
 
 @dataclass
@@ -92,9 +100,25 @@ async def collect_once(settings: AgentSettings, deps: AgentDeps, exported: Expor
         _publish(exported, unavailable_view(settings.node, e.reason), settings)
         return
     held, problems = await _assignments(deps, exported, settings.pod_resources_socket)
-    pids = {p.pid for gpu in snapshot.gpus for p in gpu.processes}
-    owners = await asyncio.to_thread(read_owners, pids, settings.proc_root) if pids else {}
+    owners = await _owners(snapshot, held, settings, deps, problems)
     _publish(exported, collect(snapshot, settings.node, held, owners, problems), settings)
+
+
+async def _owners(snapshot: NvmlSnapshot, held: tuple[DeviceAssignment, ...],
+                  settings: AgentSettings, deps: AgentDeps,
+                  problems: list[str]) -> dict[int, PidOwner]:
+    """The pods of the processes on shared GPUs (the only ones split per pod)."""
+    sharing = shared(held)
+    pids = {p.pid for gpu in snapshot.gpus if gpu.uuid in sharing for p in gpu.processes}
+    owners = await asyncio.to_thread(read_owners, pids, settings.proc_root) if pids else {}
+    if not owners:
+        return owners
+    if deps.pods is None or deps.pods.ok is False:
+        problems.append("pod_names_from_hostname")
+    if deps.pods is None:
+        return owners
+    names = await deps.pods.resolve(o.pod_uid for o in owners.values())
+    return {pid: replace(o, pod=names.get(o.pod_uid)) for pid, o in owners.items()}
 
 
 def _publish(exported: Exported, view: AgentView, settings: AgentSettings) -> None:
@@ -103,8 +127,23 @@ def _publish(exported: Exported, view: AgentView, settings: AgentSettings) -> No
     exported.collected_at = time.time()
 
 
+async def _pod_directory(settings: AgentSettings) -> tuple[PodDirectory | None, Any]:
+    """A directory over the API server, or None (with a warning) when there is no access."""
+    if not settings.kube_api:
+        return None, None
+    try:
+        api = await connect(settings.kubeconfig)
+    except KubeConfigError as e:
+        log.warning("no API server access, so pods sharing a GPU are named from HOSTNAME: %s", e)
+        return None, None
+    return PodDirectory(api_lister(api, settings.node)), api
+
+
 async def _collector(app: web.Application) -> AsyncIterator[None]:
     settings, deps, exported = app[SETTINGS], app[DEPS], app[EXPORTED]
+    api = None
+    if deps.pods is None:
+        deps.pods, api = await _pod_directory(settings)
 
     async def loop() -> None:
         while True:
@@ -122,6 +161,8 @@ async def _collector(app: web.Application) -> AsyncIterator[None]:
         await task
     with contextlib.suppress(NvmlUnavailable):
         await deps.nvml.close()
+    if api is not None:
+        await api.close()
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -61,6 +61,10 @@ def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         "(default 300, dcgm-exporter's XID count window)")
     p.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, metavar="PATH",
                    help=f"kubelet PodResources socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--kube-api", choices=("auto", "off"), default="auto",
+                   help="name the pods sharing a GPU through the API server (list pods on this "
+                        "node; default auto: when credentials exist) or only from HOSTNAME")
+    p.add_argument("--kubeconfig", help="default $KUBECONFIG, else the in-cluster account")
     p.add_argument("--on-missing-driver", choices=ON_MISSING_DRIVER, default="exit",
                    help="no NVML library or driver: exit non-zero (default) or keep serving "
                         "gpusteward_agent_nvml_up 0 and retry every interval")
@@ -85,7 +89,8 @@ def run_agent(args: argparse.Namespace) -> int:
         log.error("NVML unavailable on %s (%s): %s; serving the error and retrying every %gs",
                   args.node_name, e.reason, e, args.interval)
     settings = AgentSettings(node=args.node_name, interval=args.interval,
-                             pod_resources_socket=args.pod_resources_socket)
+                             pod_resources_socket=args.pod_resources_socket,
+                             kube_api=args.kube_api == "auto", kubeconfig=args.kubeconfig)
     host, port = args.listen
     web.run_app(create_app(settings, AgentDeps(nvml=reader)), host=host, port=port,
                 print=None, access_log=None)

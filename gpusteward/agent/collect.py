@@ -7,7 +7,8 @@ it. Rules:
   dcgm-exporter does. A GPU shared by several pods (time-slicing or MPS replicas, ``uuid::N``)
   carries none on its device series, because one label cannot name several pods; instead each
   pod gets a per-pod utilization record: the summed SM utilization of its processes on that GPU
-  (0 for a pod holding a replica with no process running).
+  (0 for a pod holding a replica with no process running). A process's pod is the one the API
+  server names for its UID, else the one its HOSTNAME names.
 * A GPU NVML could not read carries ``error``; a lost GPU (``gpu_is_lost``) reports XID 79, the
   XID the driver logs when a GPU falls off the bus, so the extender's health rules see it as is.
   A readable GPU reports the XID of its last XID event while the agent holds it (``xidevents``).
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from gpusteward.agent.model import DeviceAssignment, GpuSample, NvmlSnapshot, PidOwner, PodRef
 
-__all__ = ["AgentGpu", "AgentView", "PodUtil", "collect", "unavailable_view"]
+__all__ = ["AgentGpu", "AgentView", "PodUtil", "collect", "shared", "unavailable_view"]
 
 MIB = 1024 * 1024
 XID_GPU_LOST = 79
@@ -104,7 +105,7 @@ def _gpu(
         xid = XID_GPU_LOST if sample.error == GPU_IS_LOST else 0
         return replace(identity, error=sample.error, xid=xid)
     pods = _distinct_pods(held)
-    shared = len(pods) > 1 or any(a.replica is not None for a in held)
+    is_shared = bool(shared(held))
     return replace(
         identity,
         util_percent=sample.util_percent or 0.0,
@@ -115,7 +116,7 @@ def _gpu(
         xid=sample.xid,
         pod=pods[0] if len(pods) == 1 else None,
         missing=_missing(sample),
-        pod_utils=pod_utils(sample, pods, owners) if shared else (),
+        pod_utils=pod_utils(sample, pods, owners) if is_shared else (),
     )
 
 
@@ -137,21 +138,38 @@ def _missing(sample: GpuSample) -> frozenset[str]:
     return frozenset(missing)
 
 
+def shared(held: Iterable[DeviceAssignment]) -> set[str]:
+    """UUIDs of the GPUs several pods (or time-sliced / MPS replicas) share."""
+    pods: dict[str, set[tuple[str, str]]] = {}
+    replicas: set[str] = set()
+    for a in held:
+        pods.setdefault(a.uuid, set()).add((a.pod.namespace, a.pod.name))
+        if a.replica is not None:
+            replicas.add(a.uuid)
+    return replicas | {uuid for uuid, names in pods.items() if len(names) > 1}
+
+
+def _pod_of(owner: PidOwner, pods: list[PodRef]) -> PodRef | None:
+    """The GPU's pod this process belongs to: by the API server's name, else by hostname."""
+    if owner.pod is not None:
+        return next((p for p in pods if (p.namespace, p.name) == owner.pod), None)
+    return next((p for p in pods if p.name == owner.hostname), None)
+
+
 def pod_utils(
     sample: GpuSample, pods: list[PodRef], owners: Mapping[int, PidOwner]
 ) -> tuple[PodUtil, ...]:
     """Per-pod utilization on a shared GPU; processes outside any pod are not attributed."""
     by_uid: dict[str, float] = {}
-    hostnames: dict[str, str | None] = {}
+    owner_of: dict[str, PidOwner] = {}
     for process in sample.processes:
         owner = owners.get(process.pid)
         if owner is None:
             continue
         by_uid[owner.pod_uid] = by_uid.get(owner.pod_uid, 0.0) + (process.sm_percent or 0.0)
-        hostnames.setdefault(owner.pod_uid, owner.hostname)
-    by_name = {pod.name: pod for pod in pods}
+        owner_of.setdefault(owner.pod_uid, owner)
     running = [
-        PodUtil(pod=by_name.get(hostnames[uid] or ""), pod_uid=uid, util_percent=min(util, 100.0))
+        PodUtil(pod=_pod_of(owner_of[uid], pods), pod_uid=uid, util_percent=min(util, 100.0))
         for uid, util in sorted(by_uid.items())
     ]
     named = {u.pod for u in running}

@@ -63,7 +63,9 @@ class DeviceAssignment:
 
 @dataclass(frozen=True)
 class PidOwner:
-    """The pod a host process belongs to, from its cgroup (uid) and environment (hostname)."""
+    """The pod a host process belongs to: its cgroup names the UID, the API server (when the
+    agent may ask) the pod's (namespace, name), its environment the hostname (a fallback)."""
 
     pod_uid: str
     hostname: str | None = None
+    pod: tuple[str, str] | None = None

@@ -4,8 +4,9 @@ NVML reports host PIDs (the driver knows no PID namespaces), so the agent needs 
 namespace (``hostPID: true``). A container's cgroup path names its pod UID: cgroup v1
 ``/kubepods/burstable/pod<uid>/<container>``, cgroup v2 with the systemd driver
 ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid_with_underscores>.slice/...``.
-PodResources names pods but not their UIDs, so the process's ``HOSTNAME`` (the pod name unless
-the pod sets ``spec.hostname``) joins the two. ``proc_root`` is configurable for tests.
+The API server joins a UID to its pod's name (``poddirectory``); the process's ``HOSTNAME``
+(the pod name unless the pod sets ``spec.hostname``) is the fallback when the agent may not
+ask. ``proc_root`` is configurable for tests.
 """
 
 from __future__ import annotations

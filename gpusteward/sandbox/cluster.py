@@ -303,6 +303,7 @@ class Sandbox:
                 sys.executable, "-m", "gpusteward", "agent", f"--node-name={node}",
                 f"--listen=127.0.0.1:{port}", f"--interval={AGENT_INTERVAL_S}",
                 f"--xid-hold={AGENT_XID_HOLD_S}",
+                f"--kubeconfig={self.kubeconfig}",
                 f"--pod-resources-socket={socket_path(self.hosts_dir, node)}",
             ], self.dir / "logs" / f"agent-{node}.log", die_with_parent=not self.cfg.detach,
                 env={"LD_LIBRARY_PATH": str(library.parent),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpusteward.agent.collect import collect, unavailable_view
+from gpusteward.agent.collect import collect, shared, unavailable_view
 from gpusteward.agent.exposition import render
 from gpusteward.agent.model import (
     DeviceAssignment,
@@ -125,3 +125,24 @@ def test_nvml_unavailable_is_an_error_metric() -> None:
 
     assert 'gpusteward_agent_nvml_up{Hostname="gpu-node-1",error="library_not_found"} 0' in text
     assert series(text, "DCGM_FI_DEV_GPU_UTIL") == []
+
+
+def test_the_api_servers_name_wins_over_a_hostname_that_is_not_the_pod_name() -> None:
+    # The trainer sets spec.hostname; the API server's answer names it, HOSTNAME cannot.
+    gpu = sample(processes=(ProcessUtil(10, 30.0), ProcessUtil(20, 40.0)))
+    held = [DeviceAssignment("GPU-0", TRAINER, "0"), DeviceAssignment("GPU-0", NOTEBOOK, "1")]
+    owners = {10: PidOwner(UID_TRAINER, "trainer-host", pod=("ml", "train-0")),
+              20: PidOwner(UID_NOTEBOOK, "nb-1")}  # not resolved: HOSTNAME still joins
+
+    utils = {u.pod_uid: u.pod for u in collect(snapshot(gpu), NODE, held, owners).gpus[0].pod_utils}
+
+    assert utils == {UID_TRAINER: TRAINER, UID_NOTEBOOK: NOTEBOOK}
+    unresolved = {10: PidOwner(UID_TRAINER, "trainer-host")}
+    alone = collect(snapshot(gpu), NODE, held, unresolved).gpus[0].pod_utils[0]
+    assert (alone.pod_uid, alone.pod) == (UID_TRAINER, None)  # a series by UID, no name
+
+
+def test_only_gpus_several_pods_or_replicas_share_are_split() -> None:
+    held = [DeviceAssignment("GPU-0", TRAINER), DeviceAssignment("GPU-1", TRAINER, "0"),
+            DeviceAssignment("GPU-2", TRAINER), DeviceAssignment("GPU-2", NOTEBOOK)]
+    assert shared(held) == {"GPU-1", "GPU-2"}

@@ -33,6 +33,7 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-reclaimer"),
         ("coordination.k8s.io", "leases", "update", "gpusteward-reclaimer")},
+    "gpusteward-agent": {("", "pods", "list", "*")},
     "gpusteward-scheduler-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-scheduler"),
@@ -173,6 +174,18 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
     status, current = client.call("GET", f"{LEASES}/gpusteward-reclaimer")
     current["spec"]["holderIdentity"] = "renewed"
     assert client.call("PUT", f"{LEASES}/gpusteward-reclaimer", current)[0] == 200
+
+
+def test_the_agent_service_account_can_list_pods_and_nothing_more(
+        admin: KubeHTTP, workloads: str) -> None:
+    client = ServiceAccountClient(admin, "gpusteward-agent")
+    assert _check(client, [
+        ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-1&limit=500", None, 200),
+        ("GET", f"/api/v1/namespaces/{workloads}/pods/p", None, 403),
+        ("GET", "/api/v1/pods?watch=1&timeoutSeconds=1", None, 403),
+        ("GET", "/api/v1/nodes?limit=1", None, 403),
+        ("GET", "/api/v1/secrets", None, 403),
+    ]) == []
 
 
 def test_the_second_scheduler_service_account_has_the_scheduler_roles_and_its_lease(
