@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 lint: venv
 	$(VENV)/bin/ruff check gpusteward tests benchmarks
+	$(VENV)/bin/mypy gpusteward
 	$(VENV)/bin/lint-imports
 
 unit: venv

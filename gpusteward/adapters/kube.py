@@ -92,7 +92,8 @@ class Watcher:
             retry=retry_if_exception_type((KubeError, aiohttp.ClientError, asyncio.TimeoutError)),
             wait=wait_exponential_jitter(multiplier=0.5, max=30),
             before_sleep=lambda rs: log.warning(
-                "%s watch failed, retrying: %s", self.kind, rs.outcome.exception()),
+                "%s watch failed, retrying: %s", self.kind,
+                rs.outcome.exception() if rs.outcome else None),
         )
         async for attempt in retrying:
             with attempt:

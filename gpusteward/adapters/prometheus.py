@@ -93,8 +93,9 @@ class PrometheusSource:
             stop=stop_after_attempt(self.attempts),
             wait=wait_exponential_jitter(multiplier=0.2, max=2, jitter=0.2),
             reraise=True,
-            before_sleep=lambda rs: log.warning("prometheus query failed, retrying: %s",
-                                                rs.outcome.exception()),
+            before_sleep=lambda rs: log.warning(
+                "prometheus query failed, retrying: %s",
+                rs.outcome.exception() if rs.outcome else None),
         )
         try:
             async for attempt in retrying:

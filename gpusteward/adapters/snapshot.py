@@ -45,7 +45,7 @@ WORKLOAD_PATHS = {
 
 
 def _decode(raws: Iterable[msgspec.Raw], typ: type) -> list[Any]:
-    decoder = msgspec.json.Decoder(typ)
+    decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(typ)
     return [decoder.decode(r) for r in raws]
 
 

@@ -25,14 +25,16 @@ Name = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class Config(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
-    """Base for policy sections: YAML keys are camelCase, like Kubernetes objects."""
+    """Base for policy sections: YAML keys are camelCase, like Kubernetes objects.
+
+    Sections repeat ``frozen=True``: msgspec inherits it, type checkers do not."""
 
 
 def _factory(cls: type) -> Any:
     return msgspec.field(default_factory=cls)
 
 
-class Telemetry(Config):
+class Telemetry(Config, frozen=True):
     source: Literal["prometheus"] = "prometheus"
     # Overridden by --prometheus-url or PROMETHEUS_URL.
     prometheus_url: str | None = None
@@ -50,7 +52,7 @@ class Telemetry(Config):
     query_timeout: Duration = Duration(10)
 
 
-class Health(Config):
+class Health(Config, frozen=True):
     # Datacenter GPUs throttle from about 85-90 °C; a GPU this hot should not take new work.
     max_temperature_c: Annotated[float, msgspec.Meta(ge=0, le=150)] = 90.0
     # An XID seen within this window marks the GPU unhealthy.
@@ -59,7 +61,7 @@ class Health(Config):
     ignored_xids: list[Count] = msgspec.field(default_factory=lambda: [13, 31, 43, 45])
 
 
-class CardTier(Config):
+class CardTier(Config, frozen=True):
     name: Name
     # Glob patterns matched against the whole GFD `nvidia.com/gpu.product` label.
     products: list[Name]
@@ -67,14 +69,14 @@ class CardTier(Config):
     cost_per_gpu_hour: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
 
-class Weights(Config):
+class Weights(Config, frozen=True):
     card: Weight = 3.0
     coolness: Weight = 2.0
     packing: Weight = 1.0
     health: Weight = 2.0
 
 
-class IdleRule(Config):
+class IdleRule(Config, frozen=True):
     """When a pod's GPUs count as idle. Unset fields inherit from the level above."""
 
     threshold_percent: Percent | None = None
@@ -83,7 +85,7 @@ class IdleRule(Config):
     grace: Duration | None = None
 
 
-class WorkloadClass(Config):
+class WorkloadClass(Config, frozen=True):
     # Tiers in order of preference, used when a pod names no card types of its own.
     preferred_tiers: list[Name] = msgspec.field(default_factory=list)
     placement: Literal["binpack", "spread"] = "binpack"
@@ -111,7 +113,7 @@ def _default_tiers() -> list[CardTier]:
 Action = Literal["evict", "suspend", "scale", "annotate"]
 
 
-class OwnerActions(Config):
+class OwnerActions(Config, frozen=True):
     pod: Literal["evict", "annotate"] = "evict"
     job: Literal["suspend", "evict", "annotate"] = "suspend"
     deployment: Literal["scale", "annotate"] = "scale"
@@ -120,18 +122,18 @@ class OwnerActions(Config):
     unknown: Literal["evict", "annotate"] = "evict"
 
 
-class PriorityOverride(Config):
+class PriorityOverride(Config, frozen=True):
     idle: IdleRule = _factory(IdleRule)
     protected: bool = False
 
 
-class Limits(Config):
+class Limits(Config, frozen=True):
     max_per_cycle: Count = 5
     max_per_hour: Count = 30
     max_per_team_per_hour: Count = 10
 
 
-class Reclaim(Config):
+class Reclaim(Config, frozen=True):
     # observe: decide and log only. warn: also annotate and send Events. enforce: also act.
     mode: Literal["observe", "warn", "enforce"] = "observe"
     interval: Duration = Duration(60)
@@ -155,18 +157,18 @@ class Reclaim(Config):
     eviction_grace: Duration = Duration(30)
 
 
-class Team(Config):
+class Team(Config, frozen=True):
     quota_gpus: Count | None = None
     quota_by_tier: dict[str, Count] = msgspec.field(default_factory=dict)
 
 
-class Queue(Config):
+class Queue(Config, frozen=True):
     enabled: bool = True
     # A pending pod must wait this long before it may trigger early reclaim.
     min_wait: Duration = Duration(120)
 
 
-class Policy(Config):
+class Policy(Config, frozen=True):
     api_version: Literal["gpusteward.io/v1alpha1"] = "gpusteward.io/v1alpha1"
     kind: Literal["Policy"] = "Policy"
     resources: list[Name] = msgspec.field(default_factory=lambda: ["nvidia.com/gpu"])
@@ -237,9 +239,9 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
     for name, cls in p.classes.items():
         yield from _class_errors(("classes", name), cls, tiers)
     for name, team in p.teams.items():
-        for tier in team.quota_by_tier:
-            if tier not in tiers:
-                yield FieldError(("teams", name, "quotaByTier", tier), "unknown card tier")
+        for tier_name in team.quota_by_tier:
+            if tier_name not in tiers:
+                yield FieldError(("teams", name, "quotaByTier", tier_name), "unknown card tier")
     if p.reclaim.eviction_grace <= 0:
         yield FieldError(("reclaim", "evictionGrace"), "must be above zero: pods get time to exit")
     if p.telemetry.stale_after < p.telemetry.refresh:

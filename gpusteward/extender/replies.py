@@ -68,8 +68,11 @@ def filter_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
         if frags is None:
             unknown += 1
             failed.append(_not_cached(name))
+        elif frags.outcome == PASSED:
+            assert raw is not None  # full-node mode: every node arrives whole
+            lists[PASSED].append(bytes(raw))
         else:
-            lists[frags.outcome].append(bytes(raw) if frags.outcome == PASSED else frags.failure)
+            lists[frags.outcome].append(frags.failure)
     body = wire.filter_result(node_names=None, nodes=passed, failed=failed,
                               unresolvable=unresolvable)
     return Outcome(body, unknown)

@@ -33,7 +33,7 @@ def row_dict(row: GroupRow) -> dict[str, Any]:
 
 
 def _plain(obj: Any) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for key in obj.__struct_fields__:
         value = getattr(obj, key)
         if key == "idle_since":

@@ -17,13 +17,14 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from gpusteward.sandbox.build import SandboxBuildError
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.commands import default_state_dir
-from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.procs import SandboxError
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 
@@ -92,6 +93,10 @@ def explain(box: Sandbox, job: Job, nodes: list[str]) -> tuple[dict[str, int], d
     return {e["Host"]: e["Score"] for e in scores}, rejected
 
 
+def _node_of(api: KubeHTTP, pod: str) -> str | None:
+    return api.get(f"/api/v1/namespaces/{NS}/pods/{pod}")["spec"].get("nodeName")
+
+
 def run_workload(box: Sandbox) -> list[dict[str, Any]]:
     api = box.api()
     api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
@@ -104,8 +109,8 @@ def run_workload(box: Sandbox) -> list[dict[str, Any]]:
         util = node_utilization(box.prometheus_url)
         scores, rejected = explain(box, job, nodes)
         api.create(f"/api/v1/namespaces/{NS}/pods", manifest(job))
-        node = wait_for(f"{job.name} to be scheduled", lambda j=job: api.get(
-            f"/api/v1/namespaces/{NS}/pods/{j.name}")["spec"].get("nodeName"), timeout=60)
+        node = wait_for(f"{job.name} to be scheduled",
+                        partial(_node_of, api, job.name), timeout=60)
         rows.append({"pod": job.name, "class": job.cls, "gpus": job.gpus,
                      "wants": job.cards or "(class tiers)", "node": node,
                      "card": products[node], "node_util": util.get(node, 0.0),

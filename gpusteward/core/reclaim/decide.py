@@ -202,8 +202,8 @@ def _limit(reclaims: list[Action], snap: Snapshot,
     lim = policy.reclaim.limits
     hour = [a for a in snap.recent_actions if snap.now - a.at < 3600]
     per_team: dict[str, int] = {}
-    for a in hour:
-        per_team[a.team] = per_team.get(a.team, 0) + 1
+    for past in hour:
+        per_team[past.team] = per_team.get(past.team, 0) + 1
     allowed: list[Action] = []
     held: list[tuple[Action, str]] = []
     owners: set[str] = set()
