@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import attrgetter
 
 import msgspec
 
@@ -85,22 +86,33 @@ def _not_cached(name: str) -> bytes:
 def prioritize_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
     table = view.book.table(demand_or_400(view, args))
     ranked: list[Fragments | None]
-    if args.NodeNames is not None:  # the hot path: lookups and one join
-        ranked = [table.by_node.get(n) for n in args.NodeNames]
+    if args.NodeNames is not None:  # the hot path: C-level lookups and one join
         names = args.NodeNames
+        ranked = list(map(table.by_node.get, names))
     else:
         names, ranked = [], []
         for name, frags, _ in _by_name(view, table, args):
             names.append(name)
             ranked.append(frags)
-    pairs = zip(names, ranked, strict=True)
-    body = wire.priority_list([f.priority if f else wire.host_priority(n, 0) for n, f in pairs])
+    unknown = ranked.count(None)
+    if unknown:
+        pairs = zip(names, ranked, strict=True)
+        body = wire.priority_list([f.priority if f else wire.host_priority(n, 0)
+                                   for n, f in pairs])
+    else:
+        body = wire.priority_list(map(_PRIORITY, ranked))
     _expect_on_best(view, args, table.demand, ranked)
-    return Outcome(body, sum(1 for f in ranked if f is None))
+    return Outcome(body, unknown)
+
+
+_PRIORITY = attrgetter("priority")
+_SCORE = attrgetter("score")
 
 
 def _expect_on_best(view: PlacementView, args: wire.ExtenderArgs, demand: Demand,
                     ranked: list[Fragments | None]) -> None:
-    best = max((f for f in ranked if f is not None), key=lambda f: f.score, default=None)
-    if best is not None and args.Pod is not None:
+    if args.Pod is None or not args.Pod.metadata.uid:
+        return  # nothing to expect: a probe, or a pod the scheduler never binds under that uid
+    best = max(filter(None, ranked), key=_SCORE, default=None)
+    if best is not None:
         view.expect(args.Pod.metadata.uid, best.name, demand.gpus)
