@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,17 +40,25 @@ class _Transient(Exception):
     pass
 
 
-def queries(health: Health) -> dict[str, str]:
-    """The PromQL of one refresh. GR_ENGINE_ACTIVE stands in where GPU_UTIL is absent (MIG)."""
+def queries(health: Health, node_labels: Sequence[str] = ("Hostname",)) -> dict[str, str]:
+    """The PromQL of one refresh. GR_ENGINE_ACTIVE stands in where GPU_UTIL is absent (MIG).
+
+    Each query keeps only the labels ``assemble`` reads (``max by``): dcgm-exporter's series carry
+    a dozen long labels (UUID, bus id, model, driver), and at 8,000 GPUs they were most of the
+    bytes Prometheus encoded and the extender decoded. ``timestamp`` goes inside the aggregation
+    so that it is still each sample's time."""
     ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
     window = f"{int(health.xid_window)}s"
     step = f"{max(1, int(health.xid_window) // 40)}s"  # ~40 points per series and window
+    kept = [*dict.fromkeys([*node_labels, *_GPU_KEY, *(x for pair in POD_LABELS for x in pair)])]
+    by = f"max by ({', '.join(kept)}) "
     return {
-        "util": "(DCGM_FI_DEV_GPU_UTIL / 100) or DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        "util_at": "timestamp(DCGM_FI_DEV_GPU_UTIL) or timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE)",
-        "temp": "DCGM_FI_DEV_GPU_TEMP",
-        "fb_used": "DCGM_FI_DEV_FB_USED",
-        "xid": f"max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:{step}])",
+        "util": by + "((DCGM_FI_DEV_GPU_UTIL / 100) or DCGM_FI_PROF_GR_ENGINE_ACTIVE)",
+        "util_at": by + "(timestamp(DCGM_FI_DEV_GPU_UTIL) or "
+                        "timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE))",
+        "temp": by + "(DCGM_FI_DEV_GPU_TEMP)",
+        "fb_used": by + "(DCGM_FI_DEV_FB_USED)",
+        "xid": by + f"(max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:{step}]))",
     }
 
 
@@ -60,7 +68,7 @@ class PrometheusSource:
         self.url = url
         self.node_labels = tuple(policy.node_labels)
         self.timeout = float(policy.query_timeout)
-        self.queries = queries(health)
+        self.queries = queries(health, self.node_labels)
         self.clock = clock
         self.attempts = attempts
         self._prom = PrometheusConnect(url, disable_ssl=True, retry=Retry(total=0),
@@ -159,7 +167,6 @@ class PrometheusSource:
             return
         key = (node, *(labels.get(k, "") for k in _GPU_KEY))
         gpu = gpus.setdefault(key, {"node": node, "gpu": _gpu_name(labels)})
-        gpu.setdefault("uuid", labels.get("UUID") or labels.get("uuid") or "")
         pod = _pod_of(labels)
         if pod:
             gpu["pod"] = pod

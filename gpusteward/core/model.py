@@ -88,7 +88,6 @@ class GpuReading(msgspec.Struct, frozen=True):
 
     node: str
     gpu: str  # index as dcgm-exporter labels it
-    uuid: str = ""
     util: float | None = None  # 0..1
     temp_c: float | None = None
     xid: int = 0  # last XID within the health window, 0 when none

@@ -67,7 +67,6 @@ async def test_prometheus_reads_the_agent_exactly_as_it_reads_dcgm_exporter(
 
     assert comparable("agent-node") == comparable("dcgm-node")
     assert comparable("agent-node")[0][-1] == "ml/train-0"
-    assert {r.uuid for r in telemetry.nodes["agent-node"]} == {A, B}
 
 
 async def test_a_lost_gpu_reaches_the_readings_as_xid_79(
