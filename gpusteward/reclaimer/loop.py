@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpusteward.adapters.errors import AdapterError
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot
@@ -29,6 +30,17 @@ class Writer(Protocol):
     async def apply(self, action: Action) -> str: ...
 
 
+class Ledger(Protocol):
+    """Where the last hour's reclaims outlive this process (``adapters.ledger``)."""
+
+    async def load(self) -> list[PastAction]: ...
+
+    async def save(self, actions: list[PastAction]) -> None: ...
+
+
+HOUR = 3600.0
+
+
 @dataclass
 class Reclaimer:
     policy: Policy
@@ -37,15 +49,28 @@ class Reclaimer:
     writer: Writer
     metrics: ReclaimerMetrics = field(default_factory=ReclaimerMetrics)
     clock: Callable[[], float] = time.time
-    # Reclaims of the last hour, for the per-hour limits (kept by the leader, in memory).
+    # Reclaims of the last hour, for the per-hour limits; read from the ledger when this
+    # replica starts leading and written back after every cycle that reclaimed.
     recent: list[PastAction] = field(default_factory=list)
+    ledger: Ledger | None = None
+    _ledger_read: bool = False
+    _ledger_behind: bool = False
+
+    def reread_ledger(self) -> None:
+        """On taking the Lease: another replica may have reclaimed since this one last led."""
+        self._ledger_read = False
 
     async def cycle(self) -> Plan:
         started = time.perf_counter()
+        if self.ledger is not None and not self._ledger_read:
+            # Unreadable ledger: the cycle fails here, before anything is decided or done.
+            self.recent = self._last_hour(await self.ledger.load())
+            self._ledger_read = True
         snap = await self.reader.read(self.recent)
         decided = plan(snap, self.policy)
         audit(decided)
         results = [await self._act(a) for a in decided.actions]
+        await self._write_ledger()
         self.metrics.observe(snap, decided, float(self.policy.reclaim.interval))
         elapsed = time.perf_counter() - started
         self.metrics.cycle.observe(elapsed)
@@ -59,14 +84,29 @@ class Reclaimer:
         else:
             result = await self.writer.apply(action)
             if action.kind == "reclaim" and result == "done":
-                now = self.clock()
-                self.recent = [a for a in self.recent if now - a.at < 3600]
-                self.recent.append(PastAction(now, action.team))
+                self.recent = [*self._last_hour(self.recent), PastAction(self.clock(), action.team)]
+                self._ledger_behind = self.ledger is not None
         self.metrics.actions.labels(action.kind, action.reason, action.team, result).inc()
         log.info("action=%s pod=%s team=%s reason=%s how=%s mode=%s result=%s msg=%r",
                  action.kind, action.pod.key, action.team, action.reason, action.how or "-",
                  self.mode, result, action.message)
         return result
+
+    def _last_hour(self, actions: list[PastAction]) -> list[PastAction]:
+        now = self.clock()
+        return [a for a in actions if now - a.at < HOUR]
+
+    async def _write_ledger(self) -> None:
+        """A failed write is retried after the next cycle; this replica's count stays right."""
+        if self.ledger is None or not self._ledger_behind:
+            return
+        try:
+            await self.ledger.save(self.recent)
+        except AdapterError as e:
+            self.metrics.ledger_errors.inc()
+            log.error("per-hour reclaim count not saved (a restart would forget it): %s", e)
+            return
+        self._ledger_behind = False
 
     async def run(self) -> None:
         """Cycle forever; an error in one cycle is logged and the next cycle starts afresh."""

@@ -42,6 +42,9 @@ class ReclaimerMetrics:
         self.held_back = Counter("gpusteward_reclaimer_held_back_total",
                                  "Reclaims a limit or an in-progress action held back.",
                                  registry=r)
+        self.ledger_errors = Counter("gpusteward_reclaimer_ledger_errors_total",
+                                     "Failed writes of the per-hour reclaim count to its "
+                                     "ConfigMap (retried after the next cycle).", registry=r)
 
     def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gpusteward.adapters.actor import Actor
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import connect
+from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy
@@ -54,7 +55,9 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
     source = PrometheusSource(prometheus_url, policy.telemetry, policy.health)
     reclaimer = Reclaimer(policy, args.mode or policy.reclaim.mode,
                           SnapshotReader(api, source, policy),
-                          Actor(api, float(policy.reclaim.eviction_grace)))
+                          Actor(api, float(policy.reclaim.eviction_grace)),
+                          ledger=ConfigMapLedger(api, args.lease_namespace,
+                                                 ledger_name(args.lease_name)))
     log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
              float(policy.reclaim.interval), prometheus_url)
     try:
@@ -92,6 +95,7 @@ async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  #
 
     async def started() -> None:
         reclaimer.metrics.leader.set(1)
+        reclaimer.reread_ledger()
         log.info("leading as %s (Lease %s/%s)", identity, args.lease_namespace, args.lease_name)
         await reclaimer.run()
 
@@ -110,6 +114,11 @@ async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  #
         log.info("waiting for the Lease %s/%s as %s", args.lease_namespace, args.lease_name,
                  identity)
         await leaderelection.LeaderElection(config).run()
+
+
+def ledger_name(lease_name: str) -> str:
+    """The ConfigMap beside the Lease that keeps the last hour's reclaims."""
+    return f"{lease_name}-reclaims"
 
 
 async def restore(args: argparse.Namespace) -> int:

@@ -32,7 +32,10 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
     "gpusteward-reclaimer-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-reclaimer"),
-        ("coordination.k8s.io", "leases", "update", "gpusteward-reclaimer")},
+        ("coordination.k8s.io", "leases", "update", "gpusteward-reclaimer"),
+        ("", "configmaps", "create", "*"),
+        ("", "configmaps", "get", "gpusteward-reclaimer-reclaims"),
+        ("", "configmaps", "patch", "gpusteward-reclaimer-reclaims")},
     "gpusteward-agent": {("", "pods", "list", "*")},
     "gpusteward-scheduler-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
@@ -98,6 +101,7 @@ def workloads(admin: KubeHTTP) -> str:
 
 MERGE = "application/merge-patch+json"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpusteward/leases"
+CONFIGMAPS = "/api/v1/namespaces/gpusteward/configmaps"
 
 
 def _check(client: ServiceAccountClient,
@@ -144,6 +148,8 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
     lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
              "metadata": {"name": "gpusteward-reclaimer"},
              "spec": {"holderIdentity": "test", "leaseDurationSeconds": 15}}
+    ledger = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": {"name": "gpusteward-reclaimer-reclaims"}, "data": {"reclaims": "[]"}}
     snapshot_lists = ["/api/v1/pods", "/api/v1/nodes", "/api/v1/namespaces",
                       "/apis/apps/v1/replicasets", "/apis/apps/v1/deployments",
                       "/apis/apps/v1/statefulsets", "/apis/batch/v1/jobs"]
@@ -158,12 +164,19 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
         ("PATCH", f"/apis/apps/v1/namespaces/{ns}/statefulsets/w", annotate, 200),
         ("POST", LEASES, lease, 201),
         ("GET", f"{LEASES}/gpusteward-reclaimer", None, 200),
-        # refused: secrets, deleting pods, other Leases, writing nodes, creating pods
+        ("POST", CONFIGMAPS, ledger, 201),
+        ("GET", f"{CONFIGMAPS}/gpusteward-reclaimer-reclaims", None, 200),
+        ("PATCH", f"{CONFIGMAPS}/gpusteward-reclaimer-reclaims", {"data": {"reclaims": "[]"}},
+         200),
+        # refused: other ConfigMaps, secrets, deleting pods, other Leases, writing nodes,
+        # creating pods
         ("GET", "/api/v1/secrets", None, 403),
         ("GET", f"/api/v1/namespaces/{ns}/secrets", None, 403),
         ("DELETE", f"/api/v1/namespaces/{ns}/pods/p", None, 403),
         ("GET", f"{LEASES}/gpusteward-scheduler", None, 403),
         ("GET", "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x", None, 403),
+        ("GET", f"{CONFIGMAPS}/gpusteward-policy", None, 403),
+        ("GET", "/api/v1/namespaces/kube-system/configmaps/x", None, 403),
         ("GET", "/api/v1/pods?watch=1&timeoutSeconds=1", None, 403),
         ("PATCH", "/api/v1/nodes/any", {"metadata": {"labels": {"x": "y"}}}, 403),
         ("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "q"}}, 403),

@@ -7,13 +7,17 @@ sandbox policy (sandbox/policy.yaml) uses a 15 s window and a 4 s grace.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 import urllib.request
 
+import msgspec
 import pytest
 
+from gpusteward.adapters.ledger import LedgerError
+from gpusteward.core.policy import load_policy
 from gpusteward.core.reclaim.model import RECLAIM_AT, REPLICAS_BEFORE
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.procs import Proc, free_port
@@ -39,6 +43,40 @@ async def test_an_idle_bare_pod_is_warned_then_evicted(ns, reclaimer):
 
 async def test_a_busy_pod_is_left_alone_and_its_marks_cleared(ns, reclaimer):
     await scenarios.a_busy_pod_is_left_alone_and_its_marks_cleared(ns, await reclaimer("enforce"))
+
+
+async def test_the_per_hour_limit_outlives_the_reclaimer_that_counted(sandbox, ns, reclaimer):
+    # maxPerHour 1 and two due pods: the first reclaimer takes one; a second one (a restart, or
+    # another replica taking the Lease) reads the ledger and takes no more this hour.
+    base = load_policy(sandbox.cfg.policy)
+    limits = msgspec.structs.replace(base.reclaim.limits, max_per_hour=1)
+    policy = msgspec.structs.replace(
+        base, reclaim=msgspec.structs.replace(base.reclaim, limits=limits))
+    ledger = f"e2e-{ns.name}-reclaims"
+    pods = ("due-a", "due-b")
+    for name in pods:
+        ns.create_pod(due_pod(name, node="h100-0"))
+    for name in pods:
+        ns.running(name)
+    first = await reclaimer("enforce", policy=policy, ledger=ledger)
+    await cycle_until(first, "one reclaim", lambda: any(gone(ns, n) for n in pods))
+    restarted = await reclaimer("enforce", policy=policy, ledger=ledger)
+    await cycle_for(restarted, 8)
+    assert sum(gone(ns, n) for n in pods) == 1
+    record = ns.api.get(f"/api/v1/namespaces/kube-system/configmaps/{ledger}")
+    assert len(json.loads(record["data"]["reclaims"])) == 1
+
+
+async def test_a_damaged_ledger_stops_the_cycle_before_anything_is_done(ns, reclaimer):
+    ledger = f"e2e-{ns.name}-reclaims"
+    ns.api.create("/api/v1/namespaces/kube-system/configmaps", {
+        "metadata": {"name": ledger}, "data": {"reclaims": "not a list"}})
+    ns.create_pod(due_pod("due", node="h100-0"))
+    ns.running("due")
+    rec = await reclaimer("enforce", ledger=ledger)
+    with pytest.raises(LedgerError, match="not a list of reclaims"):
+        await rec.cycle()
+    assert not gone(ns, "due")
 
 
 async def test_a_pdb_blocks_eviction_until_it_is_relaxed(ns, reclaimer):

@@ -16,9 +16,10 @@ import pytest
 from kubernetes_asyncio import config as kconfig
 
 from gpusteward.adapters.actor import Actor
+from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
-from gpusteward.core.policy import load_policy
+from gpusteward.core.policy import Policy, load_policy
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import KubeHTTP
@@ -54,18 +55,21 @@ MakeReclaimer = Callable[..., Awaitable[Reclaimer]]
 
 @pytest.fixture
 async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
-    """reclaimer(mode, box=sandbox) -> a Reclaimer wired to a sandbox through the real adapters;
-    each test steps its cycles itself."""
+    """reclaimer(mode, box=sandbox, policy=None, ledger=None) -> a Reclaimer wired to a sandbox
+    through the real adapters (``ledger``: a ConfigMap in kube-system); each test steps its
+    cycles itself."""
     clients = []
 
-    async def make(mode: str = "enforce", box: Sandbox = sandbox) -> Reclaimer:
-        policy = load_policy(box.cfg.policy)
+    async def make(mode: str = "enforce", box: Sandbox = sandbox, policy: Policy | None = None,
+                   ledger: str | None = None) -> Reclaimer:
+        policy = policy or load_policy(box.cfg.policy)
         api = await kconfig.new_client_from_config(config_file=str(box.kubeconfig))
         clients.append(api)
         source = PrometheusSource(box.prometheus_url, policy.telemetry, policy.health,
                                   attempts=1)
         return Reclaimer(policy, mode, SnapshotReader(api, source, policy),
-                         Actor(api, float(policy.reclaim.eviction_grace)))
+                         Actor(api, float(policy.reclaim.eviction_grace)),
+                         ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None)
 
     yield make
     for api in clients:
