@@ -15,6 +15,7 @@ import argparse
 import json
 import platform
 import re
+import secrets
 import sys
 import tempfile
 import time
@@ -86,7 +87,7 @@ def quantile(metrics: dict[str, float], q: float) -> float:
 
 def run_setup(box: Sandbox, name: str, extender: bool, names_only: bool, pods: int) -> dict:
     api = box.api()
-    ns = f"bench-{int(time.time())}"
+    ns = f"bench-{secrets.token_hex(4)}"  # quick setups can start within the same second
     api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                       "metadata": {"name": ns}})
     box.stop_component("scheduler")
