@@ -104,15 +104,28 @@ class SnapshotReader:
         return now - float(result[0]["value"][1])
 
     async def _window(self, window: float) -> dict[str, Evidence]:
-        w = f"{int(window)}s"
-        peak_q = (f"max_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
-                  f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]) * 100)")
-        count_q = (f"count_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
-                   f"count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}])")
+        peak_q, count_q = evidence_queries(window)
         peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
                                              self.prometheus.query(count_q))
         expected = window / float(self.policy.telemetry.scrape_interval)
         return per_pod(window, peaks, counts, expected)
+
+
+# The labels per_pod reads: a GPU's identity and its pod. Aggregating to them (max by) leaves out
+# dcgm-exporter's long model, bus id, driver and scrape labels, most of the bytes at scale.
+EVIDENCE_LABELS = ("UUID", "gpu", "GPU_I_ID", "Hostname", "hostname",
+                   *(label for pair in POD_LABELS for label in pair))
+
+
+def evidence_queries(window: float) -> tuple[str, str]:
+    """(peak utilization %, samples) per GPU series over the window."""
+    w = f"{int(window)}s"
+    by = f"max by ({', '.join(EVIDENCE_LABELS)}) "
+    peak = by + (f"(max_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
+                 f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]) * 100))")
+    count = by + (f"(count_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
+                  f"count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]))")
+    return peak, count
 
 
 def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, Any]],
@@ -142,8 +155,7 @@ def _pod_key(labels: Mapping[str, str]) -> str | None:
 
 
 def _gpu_key(labels: Mapping[str, str]) -> tuple[str, ...]:
-    return tuple(labels.get(k, "") for k in ("UUID", "gpu", "GPU_I_ID", "Hostname", "hostname",
-                                              "pod", "exported_pod"))
+    return tuple(labels.get(k, "") for k in EVIDENCE_LABELS)
 
 
 def _pod(w: WirePod, resources: Sequence[str]) -> Pod | None:
