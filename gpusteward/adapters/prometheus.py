@@ -40,18 +40,27 @@ class _Transient(Exception):
     pass
 
 
-def queries(health: Health, node_labels: Sequence[str] = ("Hostname",)) -> dict[str, str]:
+def gpu_labels(node_labels: Sequence[str]) -> list[str]:
+    """The labels that name one GPU (or MIG instance) and the pod holding it."""
+    return [*dict.fromkeys([*node_labels, *_GPU_KEY, *(x for pair in POD_LABELS for x in pair)])]
+
+
+def keeping(labels: Sequence[str]) -> str:
+    """``max by (labels) `` for a query: dcgm-exporter's series carry a dozen long labels (UUID,
+    bus id, model, driver) that, at 8,000 GPUs, were most of the bytes Prometheus encoded and
+    we decoded; the caller keeps only those it reads."""
+    return f"max by ({', '.join(labels)}) "
+
+
+def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
     """The PromQL of one refresh. GR_ENGINE_ACTIVE stands in where GPU_UTIL is absent (MIG).
 
-    Each query keeps only the labels ``assemble`` reads (``max by``): dcgm-exporter's series carry
-    a dozen long labels (UUID, bus id, model, driver), and at 8,000 GPUs they were most of the
-    bytes Prometheus encoded and the extender decoded. ``timestamp`` goes inside the aggregation
-    so that it is still each sample's time."""
+    Each query keeps the labels ``assemble`` reads; ``timestamp`` goes inside the aggregation so
+    that it is still each sample's time."""
     ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
     window = f"{int(health.xid_window)}s"
     step = f"{max(1, int(health.xid_window) // 40)}s"  # ~40 points per series and window
-    kept = [*dict.fromkeys([*node_labels, *_GPU_KEY, *(x for pair in POD_LABELS for x in pair)])]
-    by = f"max by ({', '.join(kept)}) "
+    by = keeping(gpu_labels(node_labels))
     return {
         "util": by + "((DCGM_FI_DEV_GPU_UTIL / 100) or DCGM_FI_PROF_GR_ENGINE_ACTIVE)",
         "util_at": by + "(timestamp(DCGM_FI_DEV_GPU_UTIL) or "

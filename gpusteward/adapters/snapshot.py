@@ -13,7 +13,7 @@ from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
-from gpusteward.adapters.prometheus import POD_LABELS, PrometheusSource
+from gpusteward.adapters.prometheus import POD_LABELS, PrometheusSource, gpu_labels, keeping
 from gpusteward.core.cards import TierTable
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Pod
@@ -104,23 +104,18 @@ class SnapshotReader:
         return now - float(result[0]["value"][1])
 
     async def _window(self, window: float) -> dict[str, Evidence]:
-        peak_q, count_q = evidence_queries(window)
+        peak_q, count_q = evidence_queries(window, self.policy.telemetry.node_labels)
         peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
                                              self.prometheus.query(count_q))
         expected = window / float(self.policy.telemetry.scrape_interval)
         return per_pod(window, peaks, counts, expected)
 
 
-# The labels per_pod reads: a GPU's identity and its pod. Aggregating to them (max by) leaves out
-# dcgm-exporter's long model, bus id, driver and scrape labels, most of the bytes at scale.
-EVIDENCE_LABELS = ("UUID", "gpu", "GPU_I_ID", "Hostname", "hostname",
-                   *(label for pair in POD_LABELS for label in pair))
-
-
-def evidence_queries(window: float) -> tuple[str, str]:
-    """(peak utilization %, samples) per GPU series over the window."""
+def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, str]:
+    """(peak utilization %, samples) per GPU over the window, keeping its UUID, node, index and
+    pod: the same series in both, so per_pod can pair them by their whole label set."""
     w = f"{int(window)}s"
-    by = f"max by ({', '.join(EVIDENCE_LABELS)}) "
+    by = keeping(["UUID", *gpu_labels(node_labels)])
     peak = by + (f"(max_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
                  f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]) * 100))")
     count = by + (f"(count_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
@@ -128,11 +123,14 @@ def evidence_queries(window: float) -> tuple[str, str]:
     return peak, count
 
 
+GpuKey = tuple[tuple[str, str], ...]  # every label of an aggregated evidence series
+
+
 def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, Any]],
             expected: float) -> dict[str, Evidence]:
     """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage."""
-    gpu_peak: dict[str, dict[tuple[str, ...], float]] = {}
-    gpu_count: dict[tuple[str, ...], float] = {}
+    gpu_peak: dict[str, dict[GpuKey, float]] = {}
+    gpu_count: dict[GpuKey, float] = {}
     for s in counts:
         gpu_count[_gpu_key(s["metric"])] = float(s["value"][1])
     for s in peaks:
@@ -154,8 +152,8 @@ def _pod_key(labels: Mapping[str, str]) -> str | None:
     return None
 
 
-def _gpu_key(labels: Mapping[str, str]) -> tuple[str, ...]:
-    return tuple(labels.get(k, "") for k in EVIDENCE_LABELS)
+def _gpu_key(labels: Mapping[str, str]) -> GpuKey:
+    return tuple(sorted(labels.items()))
 
 
 def _pod(w: WirePod, resources: Sequence[str]) -> Pod | None:

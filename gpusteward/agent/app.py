@@ -113,12 +113,12 @@ async def _owners(snapshot: NvmlSnapshot, held: tuple[DeviceAssignment, ...],
     owners = await asyncio.to_thread(read_owners, pids, settings.proc_root) if pids else {}
     if not owners:
         return owners
+    if deps.pods is not None:
+        names = await deps.pods.resolve(o.pod_uid for o in owners.values())
+        owners = {pid: replace(o, pod=names.get(o.pod_uid)) for pid, o in owners.items()}
     if deps.pods is None or deps.pods.ok is False:
         problems.append("pod_names_from_hostname")
-    if deps.pods is None:
-        return owners
-    names = await deps.pods.resolve(o.pod_uid for o in owners.values())
-    return {pid: replace(o, pod=names.get(o.pod_uid)) for pid, o in owners.items()}
+    return owners
 
 
 def _publish(exported: Exported, view: AgentView, settings: AgentSettings) -> None:

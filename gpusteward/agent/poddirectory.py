@@ -72,7 +72,6 @@ class PodDirectory:
         self.lister = lister
         self.min_interval = min_interval
         self.clock = clock
-        self.lists = 0
         self.ok: bool | None = None  # None until the first LIST
         self._known: dict[str, PodName] = {}
         self._listed_at: float | None = None
@@ -89,7 +88,6 @@ class PodDirectory:
 
     async def _list(self) -> None:
         self._listed_at = self.clock()
-        self.lists += 1
         try:
             self._known = await self.lister()
         except (AdapterError, aiohttp.ClientError, OSError, TimeoutError,

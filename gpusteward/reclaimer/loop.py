@@ -12,7 +12,7 @@ from typing import Protocol
 from gpusteward.adapters.errors import AdapterError
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
-from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot
+from gpusteward.core.reclaim.model import HOUR, Action, PastAction, Plan, Snapshot
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
 
 log = logging.getLogger("gpusteward.reclaimer")
@@ -36,9 +36,6 @@ class Ledger(Protocol):
     async def load(self) -> list[PastAction]: ...
 
     async def save(self, actions: list[PastAction]) -> None: ...
-
-
-HOUR = 3600.0
 
 
 @dataclass

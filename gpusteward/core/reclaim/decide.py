@@ -18,6 +18,7 @@ from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import queue
 from gpusteward.core.reclaim.model import (
+    HOUR,
     IDLE_SINCE,
     RECLAIM_AT,
     Action,
@@ -200,7 +201,7 @@ _ORDER = {"queue": 0, "over-quota": 1, "idle": 2}
 def _limit(reclaims: list[Action], snap: Snapshot,
            policy: Policy) -> tuple[list[Action], list[tuple[Action, str]]]:
     lim = policy.reclaim.limits
-    hour = [a for a in snap.recent_actions if snap.now - a.at < 3600]
+    hour = [a for a in snap.recent_actions if snap.now - a.at < HOUR]
     per_team: dict[str, int] = {}
     for past in hour:
         per_team[past.team] = per_team.get(past.team, 0) + 1

@@ -55,6 +55,9 @@ class Owner(msgspec.Struct, frozen=True):
         return f"{self.namespace}/{self.kind}/{self.name}"
 
 
+HOUR = 3600.0  # the span of the per-hour limits
+
+
 class PastAction(msgspec.Struct, frozen=True):
     at: float
     team: str
