@@ -37,8 +37,9 @@ def readings(node_name: str = "n1", utils: list[float] | None = None, *, at: flo
 
 def state(n: Node | None = None, *, tier: str | None = "premium", pods: list[Pod] = (),
           gpu_readings: tuple[GpuReading, ...] | None = (), health: Health | None = None,
-          now: float = NOW, stale_after: float = 120.0) -> NodeState:
+          now: float = NOW, stale_after: float = 120.0, warmup: float = 0.0) -> NodeState:
     n = n or node()
     if gpu_readings == ():
         gpu_readings = readings(n.name, [0.0] * n.gpus)
-    return build_node_state(n, tier, pods, gpu_readings or (), health or Health(), now, stale_after)
+    return build_node_state(n, tier, pods, gpu_readings or (), health or Health(), now, stale_after,
+                            warmup=warmup)

@@ -54,31 +54,42 @@ def build_node_state(
     now: float,
     stale_after: float,
     inflight: int = 0,
+    warmup: float = 0.0,
 ) -> NodeState:
-    """inflight: GPUs of pods just placed here whose binding the watch has not delivered."""
+    """inflight: GPUs of pods just placed here whose binding the watch has not delivered.
+
+    warmup: a pod bound this recently counts as fully busy even where a sample covers it.
+    """
     bound = [p for p in pods if not p.deleting and p.phase not in ("Succeeded", "Failed")]
     allocated = sum(p.gpus for p in bound)
     fresh = tuple(r for r in readings if now - r.sampled_at <= stale_after)
     if not fresh:
         return NodeState(node, tier, allocated, None, None, inflight=inflight)
-    sampled_at = min(r.sampled_at for r in fresh)
-    burst = sum(p.gpus for p in bound if p.bound_at is not None and p.bound_at > sampled_at)
+    young_after = min(min(r.sampled_at for r in fresh), now - warmup)
+    young = [p for p in bound if p.bound_at is not None and p.bound_at > young_after]
     faulty, unhealthy_free, reason = _faults(fresh, health)
-    util = _burst_util(fresh, node.gpus, burst + inflight)
+    util = _burst_util(fresh, node.gpus, young, inflight)
     return NodeState(node, tier, allocated, util, unhealthy_free, faulty, reason, inflight)
 
 
-def _burst_util(readings: tuple[GpuReading, ...], gpus: int, burst_gpus: int) -> float | None:
-    """Mean utilization, counting GPUs of pods bound since the sample as fully busy.
+def _burst_util(readings: tuple[GpuReading, ...], gpus: int, young: list[Pod],
+                inflight: int) -> float | None:
+    """Mean utilization, counting the GPUs of young and in-flight pods as fully busy.
+
+    Young pods were bound after the sample, or so recently that their GPUs still read idle while
+    they pull images and load: every pod of a burst would otherwise see the same idle node. Their
+    own readings are left out so that no GPU counts twice.
 
     A GPU without a utilization reading (e.g. MIG without GR_ENGINE_ACTIVE) adds nothing; if no
     GPU has one the load is unknown.
     """
-    utils = [r.util for r in readings if r.util is not None]
+    utils = [r for r in readings if r.util is not None]
     if not utils:
         return None
+    young_keys = {p.key for p in young}
+    measured = sum(r.util or 0.0 for r in utils if r.pod not in young_keys)
     total = max(gpus, len(readings), 1)
-    return min(1.0, (sum(utils) + burst_gpus) / total)
+    return min(1.0, (measured + sum(p.gpus for p in young) + inflight) / total)
 
 
 def _faults(readings: tuple[GpuReading, ...], health: Health) -> tuple[int, int, str]:

@@ -50,6 +50,9 @@ class Telemetry(Config, frozen=True):
     # dcgm-exporter collects every 30 s; set this to your scrape interval if it is longer.
     scrape_interval: Duration = Duration(30)
     query_timeout: Duration = Duration(10)
+    # A pod bound this recently counts as busy on its GPUs whatever they read: a starting pod
+    # reads idle while it pulls its image and loads, and a burst would pile onto its node.
+    pod_warmup: Duration = Duration(60)
 
 
 class Health(Config, frozen=True):

@@ -47,6 +47,7 @@ class PlacementView:
             self.clock(),
             float(self.policy.telemetry.stale_after),
             sum(gpus for n, gpus, _ in self.inflight.values() if n == node.name),
+            float(self.policy.telemetry.pod_warmup),
         )
 
     def set_telemetry(self, telemetry: Telemetry) -> None:

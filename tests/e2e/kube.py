@@ -81,8 +81,11 @@ class Namespace:
 
 
 def wait_for_gpu_samples(prometheus_url: str, namespace: str, pods: list[str],
-                         settle: float = 3.0) -> None:
-    """Until Prometheus holds utilization samples for these pods; then let the extender refresh."""
+                         settle: float = 4.0) -> None:
+    """Until Prometheus holds utilization samples for these pods; then let the extender refresh.
+
+    The default settle outlasts the sandbox policy's podWarmup (3 s), so the extender judges the
+    pods by what they read rather than as just-started."""
     import json
     import urllib.parse
     import urllib.request

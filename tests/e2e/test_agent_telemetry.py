@@ -155,8 +155,7 @@ def test_the_extender_answers_alike_from_either_source(sandbox, agent_sandbox):
         for box, ns in zip((sandbox, agent_sandbox), namespaces, strict=True):
             for node, *_ in LOAD:
                 ns.running(f"load-{node}")
-            wait_for_gpu_samples(box.prometheus_url, name, [f"load-{n}" for n, *_ in LOAD],
-                                 settle=0)
+            wait_for_gpu_samples(box.prometheus_url, name, [f"load-{n}" for n, *_ in LOAD])
         replies = _eventually_equal("extender replies from simulator == from agents",
                                     lambda: _replies(sandbox), lambda: _replies(agent_sandbox))
     finally:

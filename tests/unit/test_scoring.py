@@ -163,8 +163,18 @@ def test_pods_bound_after_the_sample_count_as_busy():
 
 def test_pods_bound_before_the_sample_are_measured_not_guessed():
     old = pod("old", gpus=4, bound_at=NOW - 60)
-    s = state(pods=[old], gpu_readings=readings(at=NOW - 5))
+    s = state(pods=[old], gpu_readings=readings(at=NOW - 5), warmup=30)
     assert coolness_term(s) == pytest.approx(1.0)
+
+
+def test_a_pod_in_its_warmup_counts_as_busy_though_a_sample_covers_it():
+    """Its 4 GPUs read 50 % while it loads: counted as 100 %, and not on top of the 50 %."""
+    young = pod("young", gpus=4, bound_at=NOW - 10)
+    sample = readings(utils=[0.5] * 4 + [0.0] * 4, at=NOW - 5,
+                      pods={i: young.key for i in range(4)})
+    assert coolness_term(state(pods=[young], gpu_readings=sample, warmup=30)) == pytest.approx(0.5)
+    # Without the warm-up, the sample that covers it is believed.
+    assert coolness_term(state(pods=[young], gpu_readings=sample)) == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize(
