@@ -32,6 +32,7 @@ from gpusteward.core.policy import Telemetry as TelemetryPolicy
 log = logging.getLogger("gpusteward.telemetry")
 
 POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 # Series that identify one GPU (or one MIG instance) on a node.
 _GPU_KEY = ("gpu", "GPU_I_ID")
 
@@ -56,11 +57,20 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
     """The PromQL of one refresh. GR_ENGINE_ACTIVE stands in where GPU_UTIL is absent (MIG).
 
     Each query keeps the labels ``assemble`` reads; ``timestamp`` goes inside the aggregation so
-    that it is still each sample's time."""
+    that it is still each sample's time.
+
+    XIDs: dcgm-exporter's gauge keeps a GPU's last XID until the exporter restarts
+    (NVIDIA/dcgm-exporter#500), so a single old XID would sideline the GPU for good. Where the
+    exporter also has its windowed DCGM_EXP_XID_ERRORS_COUNT enabled (``xid_nodes``: one series
+    per node), that count is believed instead (``xid_counted``: only GPUs with a non-ignored
+    XID in the window)."""
     ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
     window = f"{int(health.xid_window)}s"
     step = f"{max(1, int(health.xid_window) // 40)}s"  # ~40 points per series and window
-    by = keeping(gpu_labels(node_labels))
+    labels = gpu_labels(node_labels)
+    by = keeping(labels)
+    counted = ['xid!=""'] + ([f'xid!~"{"|".join(str(x) for x in sorted(health.ignored_xids))}"']
+                             if health.ignored_xids else [])
     return {
         "util": by + "((DCGM_FI_DEV_GPU_UTIL / 100) or DCGM_FI_PROF_GR_ENGINE_ACTIVE)",
         "util_at": by + "(timestamp(DCGM_FI_DEV_GPU_UTIL) or "
@@ -68,6 +78,9 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
         "temp": by + "(DCGM_FI_DEV_GPU_TEMP)",
         "fb_used": by + "(DCGM_FI_DEV_FB_USED)",
         "xid": by + f"(max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:{step}]))",
+        "xid_nodes": f"count by ({', '.join(node_labels)}) ({XID_COUNT})",
+        "xid_counted": keeping([*labels, "xid"])
+                       + f"(max_over_time({XID_COUNT}{{{', '.join(counted)}}}[{window}]) > 0)",
     }
 
 
@@ -153,14 +166,19 @@ class PrometheusSource:
     def assemble(self, results: dict[str, list[dict[str, Any]]]) -> Telemetry:
         gpus: dict[tuple[str, ...], dict[str, Any]] = {}
         try:
+            counting = {self._node_of(s["metric"]) for s in results.get("xid_nodes", ())}
             for name, series in results.items():
-                for s in series:
-                    self._merge(gpus, name, s["metric"], float(s["value"][1]))
+                if name != "xid_nodes":
+                    for s in series:
+                        self._merge(gpus, name, s["metric"], float(s["value"][1]))
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise TelemetryUnavailable(f"unexpected query result shape: {e}") from e
         now = self.clock()
         by_node: dict[str, list[GpuReading]] = {}
         for fields in gpus.values():
+            counted = fields.pop("counted_xid", 0)
+            if fields["node"] in counting:  # the windowed count, not the sticky gauge
+                fields["xid"] = counted
             if "sampled_at" not in fields and fields.get("xid"):
                 # A GPU that stopped reporting utilization (lost: NVML gives none, the agent
                 # exports its XID alone) but had an XID within the window is current now.
@@ -169,9 +187,12 @@ class PrometheusSource:
                 by_node.setdefault(fields["node"], []).append(GpuReading(**fields))
         return Telemetry(nodes={n: tuple(r) for n, r in by_node.items()}, fetched_at=now)
 
+    def _node_of(self, labels: dict[str, str]) -> str | None:
+        return next((labels[k] for k in self.node_labels if labels.get(k)), None)
+
     def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], name: str,
                labels: dict[str, str], value: float) -> None:
-        node = next((labels[k] for k in self.node_labels if labels.get(k)), None)
+        node = self._node_of(labels)
         if node is None:
             return
         key = (node, *(labels.get(k, "") for k in _GPU_KEY))
@@ -189,6 +210,8 @@ class PrometheusSource:
             gpu["fb_used_mib"] = value
         elif name == "xid":
             gpu["xid"] = max(gpu.get("xid", 0), int(value))
+        elif name == "xid_counted":
+            gpu["counted_xid"] = max(gpu.get("counted_xid", 0), int(labels["xid"]))
 
 
 def _gpu_name(labels: dict[str, str]) -> str:

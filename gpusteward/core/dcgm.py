@@ -14,6 +14,11 @@ and value formats, not against a friendlier shape of our own:
   bound to a pod, ``err_code``/``err_msg`` only on ``DCGM_FI_DEV_XID_ERRORS``;
 * integer fields printed like Go's ``%d``, double fields like ``%f``.
 
+Optionally (``xid_count_window_ms``) also the exporter's own ``DCGM_EXP_XID_ERRORS_COUNT``,
+commented out of its default CSV: per GPU one series per XID seen within the window, labelled
+``window_size_in_ms`` and ``xid`` (sorted in with the label fields), or a single 0 without
+``xid`` when there was none.
+
 Simplifications: ``DCGM_FI_DEV_FB_FREE`` is ``memory_mib - fb_used_mib`` (the
 real one also subtracts ``FB_RESERVED``); ``err_msg`` comes from a subset of the
 exporter's XID table and other codes print ``Unknown Error``.
@@ -59,7 +64,8 @@ class SimGpu:
     fb_used_mib: int = 0
     temp_c: int = 35
     power_w: float = 70.0
-    xid: int = 0
+    xid: int = 0  # the gauge: dcgm-exporter keeps the last XID, however old
+    xid_count: int = 0  # XIDs within the exporter's count window (all of code ``xid``)
     pod: PodRef | None = None
 
     @property
@@ -140,6 +146,17 @@ _FAMILIES = (
     ),
 )
 
+XID_COUNT = _Family(
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
+    lambda g: _go_int(g.xid_count),
+)
+
+
+def _families(xid_count_window_ms: int | None) -> tuple[_Family, ...]:
+    return _FAMILIES + ((XID_COUNT,) if xid_count_window_ms else ())
+
+
 # Texts from dcgm-exporter's xidErrCodeToText for the XIDs a GPU fleet commonly sees.
 _XID_TEXT = {
     0: "No Error",
@@ -167,7 +184,7 @@ _XID_TEXT = {
 
 _EXPORTER_LABELS = frozenset(
     {"gpu", "UUID", "pci_bus_id", "device", "modelName", "DCGM_FI_DRIVER_VERSION"}
-    | {"container", "namespace", "pod", "err_code", "err_msg"}
+    | {"container", "namespace", "pod", "err_code", "err_msg", "window_size_in_ms", "xid"}
 )
 
 
@@ -176,7 +193,8 @@ def _escape(value: str) -> str:
 
 
 def _labels(
-    gpu: SimGpu, family: _Family, driver_version: str, node_label: str
+    gpu: SimGpu, family: _Family, driver_version: str, node_label: str,
+    xid_count_window_ms: int | None = None,
 ) -> list[tuple[str, str]]:
     labels = [
         ("gpu", str(gpu.index)),
@@ -187,6 +205,10 @@ def _labels(
         (node_label, gpu.node),
         ("DCGM_FI_DRIVER_VERSION", driver_version),
     ]
+    if family is XID_COUNT:
+        labels.append(("window_size_in_ms", str(xid_count_window_ms)))
+        if gpu.xid_count:
+            labels.append(("xid", str(gpu.xid)))
     attributes: dict[str, str] = {}
     if family.name == "DCGM_FI_DEV_XID_ERRORS":
         attributes["err_code"] = str(gpu.xid)
@@ -205,18 +227,21 @@ def render_exposition(
     *,
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
+    xid_count_window_ms: int | None = None,
 ) -> str:
     """One scrape of ``/metrics`` (text format 0.0.4) for the given GPUs.
 
     ``node_label`` is ``Hostname`` in released exporters and ``hostname`` on
-    dcgm-exporter main since May 2026.
+    dcgm-exporter main since May 2026. ``xid_count_window_ms``: the exporter's
+    ``--xid-count-window-size`` with ``DCGM_EXP_XID_ERRORS_COUNT`` enabled.
     """
     gpus = list(gpus)
     lines: list[str] = []
-    for family in _FAMILIES:
+    for family in _families(xid_count_window_ms):
         lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
         for gpu in gpus:
-            series = _series(_labels(gpu, family, driver_version, node_label))
+            series = _series(_labels(gpu, family, driver_version, node_label,
+                                     xid_count_window_ms))
             lines.append(f"{family.name}{series} {family.value(gpu)}")
     return "\n".join(lines) + "\n"
 
@@ -227,6 +252,7 @@ def render_openmetrics_history(
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
     extra_labels: dict[str, str] | None = None,
+    xid_count_window_ms: int | None = None,
 ) -> str:
     """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
@@ -242,12 +268,13 @@ def render_openmetrics_history(
         raise ValueError(f"extra_labels would replace exporter labels: {sorted(clash)}")
     frames = sorted(((ts, list(gpus)) for ts, gpus in samples), key=lambda frame: frame[0])
     lines: list[str] = []
-    for family in _FAMILIES:
+    for family in _families(xid_count_window_ms):
         lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
         by_series: dict[str, list[str]] = {}
         for ts, gpus in frames:
             for gpu in gpus:
-                labels = _labels(gpu, family, driver_version, node_label) + extra
+                labels = _labels(gpu, family, driver_version, node_label,
+                                 xid_count_window_ms) + extra
                 series = family.name + _series(labels)
                 by_series.setdefault(series, []).append(f"{series} {family.value(gpu)} {ts:.3f}")
         lines += [line for series_lines in by_series.values() for line in series_lines]

@@ -42,6 +42,9 @@ AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
 # 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).
 AGENT_XID_HOLD_S = 2
+# The simulator's gauge keeps the last XID, as dcgm-exporter's does; the sandbox enables the
+# exporter's windowed DCGM_EXP_XID_ERRORS_COUNT, so a node heals once its label goes.
+EXPORTER_XID_COUNT_WINDOW_S = 2
 AGENT_PREFIX = "agent/"  # process names "agent/<node>", stopped in the "agent" slot
 
 
@@ -278,7 +281,8 @@ class Sandbox:
     def _start_simulator(self) -> None:
         port = self.ports["simulator"]
         argv = [sys.executable, "-m", "gpusteward.sandbox.simulator",
-                f"--kubeconfig={self.kubeconfig}", f"--listen=127.0.0.1:{port}"]
+                f"--kubeconfig={self.kubeconfig}", f"--listen=127.0.0.1:{port}",
+                f"--xid-count-window={EXPORTER_XID_COUNT_WINDOW_S}"]
         if self.cfg.telemetry == "agent":
             longest = max((n for pool in self.cfg.fleet.pools for n in pool.node_names()),
                           key=len, default="")

@@ -8,7 +8,9 @@ from its annotation `sandbox.gpusteward.io/gpu-util`:
     "90:5m,0:25m"     a repeating profile: 90 % for 5 minutes, then 0 % for 25, from binding
 
 Free GPUs read 0 %. Node labels `sandbox.gpusteward.io/xid` and `sandbox.gpusteward.io/gpu-temp`
-make every GPU of that node report that XID / temperature (health tests).
+make every GPU of that node report that XID / temperature (health tests). Like dcgm-exporter,
+`/metrics` keeps showing a GPU's last XID after the label goes (NVIDIA/dcgm-exporter#500); with
+``--xid-count-window`` it also exports ``DCGM_EXP_XID_ERRORS_COUNT``, which does drop back.
 
 With ``--hosts-dir`` it also keeps, for every GPU node, what the NVML agent reads on a real
 node (``gpusteward.sandbox.gpuhosts``), from the same GPUs and the same pod assignments.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -123,12 +126,40 @@ def _gpu(node: Node, index: int, pod: Pod | None, now: float) -> SimGpu:
     )
 
 
+class ExporterXids:
+    """XIDs as dcgm-exporter shows them, from the XIDs the GPUs raise now.
+
+    Its XID gauge keeps a GPU's last XID until the exporter restarts; its opt-in
+    DCGM_EXP_XID_ERRORS_COUNT counts the XIDs of the last ``window`` seconds (one per GPU here).
+    """
+
+    def __init__(self, window: float = 0.0) -> None:
+        self.window = window
+        self._last: dict[tuple[str, int], tuple[int, float]] = {}
+
+    def apply(self, gpus: Iterable[SimGpu], now: float) -> list[SimGpu]:
+        out = []
+        for gpu in gpus:
+            key = (gpu.node, gpu.index)
+            if gpu.xid:
+                self._last[key] = (gpu.xid, now)
+            xid, at = self._last.get(key, (0, 0.0))
+            recent = bool(xid) and now - at <= self.window
+            out.append(dataclasses.replace(gpu, xid=xid, xid_count=int(recent)))
+        return out
+
+
 def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
-               assigner: GpuAssigner | None = None) -> web.Application:
+               assigner: GpuAssigner | None = None,
+               xids: ExporterXids | None = None) -> web.Application:
     assigner = assigner or GpuAssigner()
+    xids = xids or ExporterXids()
+    window_ms = int(xids.window * 1000) or None
 
     async def metrics(request: web.Request) -> web.Response:
-        text = render_exposition(simulate(fleet, assigner, clock()))
+        now = clock()
+        gpus = xids.apply(simulate(fleet, assigner, now), now)
+        text = render_exposition(gpus, xid_count_window_ms=window_ms)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def health(request: web.Request) -> web.Response:
@@ -153,7 +184,8 @@ async def _main(args: argparse.Namespace) -> None:
 
         tasks.append(asyncio.create_task(hosts.run(model, args.hosts_tick)))
     host, _, port = args.listen.rpartition(":")
-    runner = web.AppRunner(create_app(fleet, assigner=assigner), access_log=None)
+    app = create_app(fleet, assigner=assigner, xids=ExporterXids(args.xid_count_window))
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, int(port)).start()
     await asyncio.gather(*tasks)
@@ -167,6 +199,9 @@ def main() -> None:
                         "kubelet PodResources socket here, for NVML agents (see gpuhosts)")
     parser.add_argument("--hosts-tick", type=float, default=0.5,
                         help="seconds between updates of --hosts-dir")
+    parser.add_argument("--xid-count-window", type=float, default=0.0,
+                        help="also export DCGM_EXP_XID_ERRORS_COUNT over this many seconds "
+                        "(dcgm-exporter's --xid-count-window-size; 0: off, as in its default CSV)")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(_main(parser.parse_args()))
 

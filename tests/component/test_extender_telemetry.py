@@ -142,7 +142,7 @@ async def test_a_refresh_runs_a_fixed_number_of_queries(prometheus):
     source = extender.telemetry
     before = source.queries_run
     await extender.refresh()
-    assert source.queries_run - before == len(source.queries) == 5
+    assert source.queries_run - before == len(source.queries) == 7
 
 
 async def test_readings_carry_sample_time_and_pod_attribution(prometheus, now):
@@ -196,3 +196,33 @@ async def test_stale_readings_turn_neutral_without_a_new_fetch(prometheus):
     extender.telemetry = None
     await extender.refresh()
     assert extender.view.stale_nodes() == 5
+
+
+# dcgm-exporter's XID gauge never drops back (NVIDIA/dcgm-exporter#500): "x-old" had XID 79
+# nine minutes ago and still shows it. With DCGM_EXP_XID_ERRORS_COUNT enabled its count went
+# back to 0, and that count is what the extender believes.
+XID_NODES = {"x-old": (79, 540), "x-new": (79, 30), "x-app": (13, 30)}  # node: (XID, age s)
+
+
+def xid_history(now: float) -> str:
+    frames = []
+    for t in range(int(now) - 600, int(now) - 4, 15):
+        frames.append((t, [
+            SimGpu(name, i, "NVIDIA A100-SXM4-80GB", xid=xid if i == 0 else 0,
+                   xid_count=int(i == 0 and now - age <= t <= now - age + 60))
+            for name, (xid, age) in XID_NODES.items() for i in range(8)]))
+    return render_openmetrics_history(frames, xid_count_window_ms=60_000,
+                                      extra_labels={"job": "dcgm", "instance": "dcgm:9400"})
+
+
+async def test_the_windowed_xid_count_wins_over_the_sticky_gauge(prometheus_factory, now):
+    prom = prometheus_factory(history_openmetrics=xid_history(now))
+    policy = parse_policy({"health": {"xidWindow": "2m"}})
+    source = PrometheusSource(prom.url, policy.telemetry, policy.health, attempts=1)
+    telemetry = await source.fetch()
+    xids = {n: max(r.xid for r in telemetry.for_node(n)) for n in XID_NODES}
+    # x-old: the count is 0 for 8 minutes; x-app: XID 13 is an application fault (ignored).
+    assert xids == {"x-old": 0, "x-new": 79, "x-app": 0}
+    # The gauge alone, as without the count, would still call x-old unhealthy.
+    (gauge,) = await source.query('max(DCGM_FI_DEV_XID_ERRORS{Hostname="x-old"})')
+    assert gauge["value"][1] == "79"

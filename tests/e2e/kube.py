@@ -4,7 +4,10 @@ reclaimer."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.parse
+import urllib.request
 from typing import Any
 
 from gpusteward.reclaimer.loop import Reclaimer
@@ -80,21 +83,22 @@ class Namespace:
                         timeout=timeout)
 
 
+def promql(prometheus_url: str, query: str) -> list[dict[str, Any]]:
+    """An instant query's result vector."""
+    url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return list(json.load(resp)["data"]["result"])
+
+
 def wait_for_gpu_samples(prometheus_url: str, namespace: str, pods: list[str],
                          settle: float = 4.0) -> None:
     """Until Prometheus holds utilization samples for these pods; then let the extender refresh.
 
     The default settle outlasts the sandbox policy's podWarmup (3 s), so the extender judges the
     pods by what they read rather than as just-started."""
-    import json
-    import urllib.parse
-    import urllib.request
 
     def present() -> bool:
-        query = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}'
-        url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            result = json.load(resp)["data"]["result"]
+        result = promql(prometheus_url, f'DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}')
         return set(pods) <= {r["metric"].get("pod") for r in result}
 
     wait_for(f"GPU samples for {pods}", present, timeout=60)

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import wait_for
 from tests.e2e import scenarios
-from tests.e2e.kube import Namespace, gpu_pod, wait_for_gpu_samples
+from tests.e2e.kube import Namespace, gpu_pod, promql, wait_for_gpu_samples
 from tests.e2e.scenarios import A100S, H100S, L4S
 
 NODES = sorted(H100S | A100S | L4S)
@@ -66,11 +66,6 @@ def _post(url: str, body: dict[str, Any]) -> bytes:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as resp:
         return bytes(resp.read())
-
-
-def _promql(box: Sandbox, query: str) -> list[dict[str, Any]]:
-    url = f"{box.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-    return list(json.loads(_get(url))["data"]["result"])
 
 
 def dcgm_series(text: str) -> Series:
@@ -121,11 +116,11 @@ def test_the_agents_export_the_simulators_series(agent_sandbox, agent_ns):
     wait_for_gpu_samples(agent_sandbox.prometheus_url, agent_ns.name,
                          [name for name, *_ in WORKLOAD], settle=0)
     wait_for("Prometheus to scrape every agent", lambda: sorted(
-        r["value"][1] for r in _promql(agent_sandbox, 'up{job="dcgm-exporter"}'))
+        r["value"][1] for r in promql(agent_sandbox.prometheus_url, 'up{job="dcgm-exporter"}'))
         == ["1"] * len(NODES))
     query = f'max by (pod, Hostname) (DCGM_FI_DEV_GPU_UTIL{{namespace="{agent_ns.name}"}})'
     placed = {r["metric"]["pod"]: (r["metric"]["Hostname"], r["value"][1])
-              for r in _promql(agent_sandbox, query)}
+              for r in promql(agent_sandbox.prometheus_url, query)}
     assert placed == {name: (node, util) for name, node, _, util in WORKLOAD}
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from tests.e2e import scenarios
-from tests.e2e.kube import gpu_pod, wait_for_gpu_samples
+from tests.e2e.kube import gpu_pod, promql, wait_for_gpu_samples
 from tests.e2e.scenarios import A100S, H100S, L4S
 
 
@@ -68,3 +68,8 @@ def test_pods_still_schedule_while_the_extender_is_down_and_scoring_resumes(sand
 
 def test_an_unhealthy_node_receives_no_new_gpu_pods(sandbox, ns):
     scenarios.an_unhealthy_node_receives_no_new_gpu_pods(sandbox, ns)
+    # The node has healed (the scenario waits for it) while the simulator's XID gauge, like
+    # dcgm-exporter's, still shows XID 79: the extender went by the windowed XID count.
+    gauge = promql(sandbox.prometheus_url, 'max(DCGM_FI_DEV_XID_ERRORS{Hostname="h100-1"})')
+    assert [r["value"][1] for r in gauge] == ["79"]
+    assert scenarios.filter_passes(sandbox, "h100-1")

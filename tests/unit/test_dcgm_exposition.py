@@ -274,3 +274,19 @@ def test_real_promtool_turns_the_openmetrics_history_into_blocks(tmp_path: Path)
     rows = [line.split() for line in result.stdout.splitlines()[1:] if line.strip()]
     assert len(rows) >= 3
     assert sum(int(row[-4]) for row in rows) == 600 * 2 * 7  # NUM SAMPLES: frames x GPUs x metrics
+
+
+def test_the_xid_count_is_off_unless_its_window_is_given() -> None:
+    assert "DCGM_EXP_XID_ERRORS_COUNT" not in render_exposition([free_gpu(xid_count=1)])
+
+
+def test_the_xid_count_has_one_series_per_xid_or_a_zero_without_one() -> None:
+    text = render_exposition([busy_gpu(), free_gpu(xid_count=2)], xid_count_window_ms=300000)
+    # After the GPU families, as the exporter's own collectors render after the DCGM fields.
+    assert text.index("# TYPE DCGM_EXP_XID_ERRORS_COUNT gauge") > text.index(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE{")
+    assert sample_lines(text, "DCGM_EXP_XID_ERRORS_COUNT") == [
+        f'DCGM_EXP_XID_ERRORS_COUNT{{{GPU0},window_size_in_ms="300000",'
+        f'container="trainer",{POD}}} 0',
+        f'DCGM_EXP_XID_ERRORS_COUNT{{{GPU1},window_size_in_ms="300000",xid="79"}} 2',
+    ]

@@ -12,6 +12,7 @@ from gpusteward.sandbox.fleet import DEFAULT_FLEET, FleetError, load_fleet, node
 from gpusteward.sandbox.gpuhosts import holders, nvml_gpu
 from gpusteward.sandbox.podresources import Holder
 from gpusteward.sandbox.simulator import (
+    ExporterXids,
     GpuAssigner,
     ProfileError,
     parse_profile,
@@ -105,3 +106,17 @@ def test_gpu_hosts_describe_the_simulators_gpus_to_nvml_and_the_kubelet():
 def test_xids_reach_nvml_as_a_lost_gpu_or_as_events(xid, errors, event):
     nvml = nvml_gpu(SimGpu("n", 0, "NVIDIA L4", xid=xid), xid_seq=7)
     assert nvml.errors == errors and (nvml.xid, nvml.xid_seq) == event
+
+
+def test_exported_xids_stick_in_the_gauge_and_leave_the_count_after_its_window():
+    xids = ExporterXids(window=10)
+
+    def shown(xid: int, at: float) -> tuple[int, int]:
+        (gpu,) = xids.apply([SimGpu("n", 0, "NVIDIA L4", xid=xid)], at)
+        return gpu.xid, gpu.xid_count
+
+    assert shown(0, 100) == (0, 0)
+    assert shown(79, 101) == (79, 1)
+    assert shown(0, 111) == (79, 1)  # the label went, the count lasts its window
+    assert shown(0, 112) == (79, 0)  # the gauge keeps the last XID, as dcgm-exporter's does
+    assert shown(48, 200) == (48, 1)
