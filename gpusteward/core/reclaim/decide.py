@@ -167,14 +167,14 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                 how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)):
             candidates.append(queue.Candidate(pod, team(pod, snap.namespace_labels)))
     free = _free_gpus(snap)
+    victims = queue.Victims(candidates)
     actions: list[Action] = []
     for pending in queue.waiting(snap.pods, snap.now, float(policy.queue.min_wait)):
-        c = queue.claim(pending, snap.nodes, free, candidates, teams,
+        c = queue.claim(pending, snap.nodes, free, victims, teams,
                         team(pending, snap.namespace_labels))
         if c is None:
             continue
-        taken = {v.pod.uid for v in c.victims}
-        candidates = [x for x in candidates if x.pod.uid not in taken]
+        victims.take(c)
         free[c.node] = free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - pending.gpus
         for v in c.victims:
             owner = owner_of(v.pod, snap)
