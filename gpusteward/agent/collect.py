@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpusteward.agent.model import DeviceAssignment, GpuSample, NvmlSnapshot, PidOwner, PodRef
+from gpusteward.core.dcgm import XID_GPU_LOST
 
 __all__ = ["AgentGpu", "AgentView", "PodUtil", "collect", "shared", "unavailable_view"]
 
 MIB = 1024 * 1024
-XID_GPU_LOST = 79
 GPU_IS_LOST = "gpu_is_lost"
 
 

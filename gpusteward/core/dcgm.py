@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = [
+    "XID_GPU_LOST",
     "PodRef",
     "SimGpu",
     "model_name_for_product",
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 DEFAULT_DRIVER_VERSION = "550.90.07"
+XID_GPU_LOST = 79  # what the driver logs when a GPU falls off the bus (NVML: GPU_IS_LOST)
 DEFAULT_NODE_LABEL = "Hostname"
 
 

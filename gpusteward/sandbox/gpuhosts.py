@@ -22,12 +22,11 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from gpusteward.core.dcgm import PodRef, SimGpu
+from gpusteward.core.dcgm import XID_GPU_LOST, PodRef, SimGpu
 from gpusteward.sandbox.fakenvml import FakeGpu, config_text, replace_file
 from gpusteward.sandbox.podresources import Holder, PodResourcesServer
 
 MIB = 1 << 20
-XID_GPU_LOST = 79
 
 __all__ = ["GpuHosts", "config_path", "holders", "nvml_gpu", "socket_path"]
 
