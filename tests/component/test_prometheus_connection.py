@@ -7,9 +7,8 @@ gateway (or an auth proxy) in front that checks ``Authorization: Bearer`` and, f
 ``X-Scope-OrgID`` (Mimir's tenant header). The gateway below is that, on loopback: it answers
 401 like such a gateway does and forwards good requests to the real Prometheus.
 
-The extender is the client here; the reclaimer and the report build the same PrometheusSource
-from the same PrometheusConnection, and treat its TelemetryUnavailable as "no telemetry, no
-action" (tests/e2e/test_reclaim.py covers that path with Prometheus down).
+The clients are the extender and the reclaimer's evidence reader; the report builds the same
+PrometheusSource from the same PrometheusConnection.
 """
 
 from __future__ import annotations
@@ -28,10 +27,12 @@ from aiohttp import web
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender.app import Extender
 from gpusteward.extender.view import PlacementView
 from tests.component.test_extender_telemetry import fleet, history
+from tests.factories import pod
 from tests.support.prometheus import PrometheusServer, WebConfig
 from tests.support.tls import Pki, make_pki
 
@@ -89,6 +90,22 @@ async def test_tls_is_verified_by_default_and_a_failure_leaves_scores_neutral(
     assert (f"prometheus at {secured.url}: TLS verification failed (unable to get local issuer "
             "certificate); give the CA that signed its certificate with --prometheus-ca-file"
             ) in caplog.text
+
+
+@pytest.mark.parametrize(("with_ca", "ok"), [pytest.param(False, False, id="no-ca-no-action"),
+                                              pytest.param(True, True, id="ca")])
+async def test_the_reclaimers_evidence_halts_unless_tls_verifies(
+        secured: PrometheusServer, pki: Pki, tmp_path: Path, with_ca: bool, ok: bool) -> None:
+    connection = PrometheusConnection(secured.url, ca_file=pki.ca_cert if with_ca else None,
+                                      basic_auth_user=USER,
+                                      basic_auth_password_file=password_file(tmp_path))
+    source = PrometheusSource(connection, POLICY.telemetry, POLICY.health, attempts=1)
+    busy = pod("busy0", node="h-hot", bound_at=time.time() - 3600)
+    _, telemetry_ok, problem = await SnapshotReader(None, source, POLICY)._evidence(
+        (busy,), time.time())
+    # A cycle whose telemetry is not ok halts: nothing is marked, warned or reclaimed.
+    assert telemetry_ok is ok
+    assert ("TLS verification failed" in problem) is not ok
 
 
 async def test_the_ca_file_and_basic_auth_get_telemetry(
@@ -180,10 +197,11 @@ async def test_the_bearer_token_and_tenant_header_reach_the_gateway_and_rotation
     assert set(gateway.seen) == {("Bearer token-one", TENANT)}
 
     # The gateway moves on to the next token before the file does: refused, said clearly.
+    # (One query: a refused fetch leaves its other queries' threads finishing in the back.)
     gateway.accepted = "token-two"
     with pytest.raises(TelemetryUnavailable, match="refused our credentials: HTTP Status "
                                                    "Code 401"):
-        await source.fetch()
+        await source.query("vector(1)")
 
     # kubelet writes the rotated projected token into place with a rename.
     (tmp_path / "token.tmp").write_text("token-two\n")
