@@ -71,6 +71,8 @@ class PrometheusConnection:
                          f"(password from {self.basic_auth_password_file})")
         if self.headers:
             parts.append("headers " + ", ".join(name for name, _ in self.headers))
+        if self.url.startswith("http://") and (self.bearer_token_file or self.basic_auth_user):
+            parts.append("WARNING: credentials sent over plain http")
         return "; ".join(parts)
 
     def session(self) -> requests.Session:

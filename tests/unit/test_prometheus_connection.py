@@ -155,3 +155,10 @@ def test_a_rotated_secret_file_is_read_again_and_a_vanished_one_keeps_the_last(
         assert token.value() == "second"
     assert f"cannot re-read {path}" in caplog.text
     assert "second" not in caplog.text
+
+
+def test_credentials_over_plain_http_are_flagged_in_the_description(secret: Path) -> None:
+    assert PrometheusConnection("http://p:9090", bearer_token_file=secret).describe().endswith(
+        "WARNING: credentials sent over plain http")
+    assert "WARNING" not in PrometheusConnection("https://p:9090",
+                                                 bearer_token_file=secret).describe()
