@@ -11,9 +11,19 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from gpusteward.adapters.connectflags import (
+    add_connection_flags,
+    add_kube_flags,
+    prometheus_connection,
+)
+from gpusteward.adapters.errors import PrometheusSettingsError
 from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.policy import Policy, PolicyError, load_policy
+
+if TYPE_CHECKING:
+    from gpusteward.adapters.promconnection import PrometheusConnection
 
 EXIT_USAGE = 2
 
@@ -32,9 +42,7 @@ def _positive_mb(text: str) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig", help="kubeconfig file (else $KUBECONFIG, else in-cluster)")
-    p.add_argument("--prometheus-url",
-                   help="Prometheus base URL (else $PROMETHEUS_URL, else the policy's)")
+    add_connection_flags(p)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -65,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec_sub = rec.add_subparsers(dest="reclaimer_command")
     restore = rec_sub.add_parser("restore", help="undo a scale-down or Job suspension")
     restore.add_argument("target", metavar="NAMESPACE/KIND/NAME")
-    restore.add_argument("--kubeconfig", help="kubeconfig file (else $KUBECONFIG, else in-cluster)")
+    add_kube_flags(restore)
 
     pol = sub.add_parser("policy", help="policy file tools")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
@@ -90,8 +98,12 @@ def _load(path: str) -> Policy:
         raise SystemExit(EXIT_USAGE) from e
 
 
-def prometheus_url(flag: str | None, policy: Policy) -> str | None:
-    return flag or os.environ.get("PROMETHEUS_URL") or policy.telemetry.prometheus_url
+def _prometheus(args: argparse.Namespace, policy: Policy) -> PrometheusConnection | None:
+    try:
+        return prometheus_connection(args, policy.telemetry.prometheus_url, os.environ)
+    except PrometheusSettingsError as e:
+        print(f"gpusteward {args.command}: {e}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from e
 
 
 def _setup_logging(level: str) -> None:
@@ -113,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _setup_logging(args.log_level)
         from gpusteward.extender.serve import serve
 
-        return asyncio.run(serve(policy, args, prometheus_url(args.prometheus_url, policy)))
+        return asyncio.run(serve(policy, args, _prometheus(args, policy)))
     if args.command == "reclaimer":
         return _reclaimer(args)
     if args.command == "report":
@@ -142,7 +154,7 @@ def _reclaimer(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     policy = _load(args.policy)
     args.lease_namespace = args.lease_namespace or serve.default_namespace()
-    return asyncio.run(serve.serve(policy, args, prometheus_url(args.prometheus_url, policy)))
+    return asyncio.run(serve.serve(policy, args, _prometheus(args, policy)))
 
 
 if __name__ == "__main__":

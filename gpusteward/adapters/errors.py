@@ -21,3 +21,7 @@ class WatchExpired(KubeError):
 
 class KubeConfigError(AdapterError):
     """No usable kubeconfig or in-cluster service account."""
+
+
+class PrometheusSettingsError(AdapterError):
+    """A Prometheus connection setting that cannot work (missing CA file, unreadable token)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
 from gpusteward.adapters.errors import KubeConfigError, KubeError, WatchExpired
+from gpusteward.adapters.kubeconfig import locate, pick_context, read_merged
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Pod
@@ -28,21 +30,30 @@ from gpusteward.core.model import Pod
 log = logging.getLogger("gpusteward.kube")
 
 
-async def connect(kubeconfig: str | None) -> client.ApiClient:
-    """--kubeconfig, else $KUBECONFIG, else the in-cluster service account."""
-    path = kubeconfig or os.environ.get("KUBECONFIG")
+async def connect(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
+    """Connect as kubectl would: --kubeconfig, else $KUBECONFIG (a path list), else
+    ~/.kube/config, else the in-cluster service account (see adapters/kubeconfig.py)."""
+    choice = locate(kubeconfig, os.environ.get("KUBECONFIG"), Path.home())
+    if not choice.files:
+        return _in_cluster(f"{choice.source}: {choice.missing}", context)
+    merged = read_merged(choice.files)
+    chosen = pick_context(merged, context, choice.source)
     try:
-        if path:
-            if not Path(path).is_file():
-                raise KubeConfigError(f"kubeconfig {path} does not exist")
-            return await config.new_client_from_config(config_file=path)
-        cfg = client.Configuration()
+        return await config.new_client_from_config_dict(merged, context=chosen)
+    except (ConfigException, ssl.SSLError, KeyError, TypeError, ValueError) as e:
+        raise KubeConfigError(f"{choice.source}, context {chosen!r}: {e}") from e
+
+
+def _in_cluster(tried: str, context: str | None) -> client.ApiClient:
+    if context:
+        raise KubeConfigError(f"--context {context} needs a kubeconfig, and {tried}")
+    cfg = client.Configuration()
+    try:
         config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(configuration=cfg)
     except ConfigException as e:
-        raise KubeConfigError(
-            f"no kubeconfig (use --kubeconfig or KUBECONFIG) and not in a cluster: {e}"
-        ) from e
+        raise KubeConfigError(f"no kubeconfig and not in a cluster: --kubeconfig not given; "
+                              f"{tried}; in-cluster: {e}") from e
+    return client.ApiClient(configuration=cfg)
 
 
 class Event(msgspec.Struct):

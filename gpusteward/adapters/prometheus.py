@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from tenacity import (
 from urllib3.util.retry import Retry
 
 from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import Health
 from gpusteward.core.policy import Telemetry as TelemetryPolicy
@@ -39,6 +41,12 @@ _GPU_KEY = ("gpu", "GPU_I_ID")
 
 class _Transient(Exception):
     pass
+
+
+def _tls_reason(error: Exception) -> str:
+    """The certificate problem out of requests' nested SSLError text."""
+    found = re.search(r"certificate verify failed: ([^(')]+)", str(error))
+    return found.group(1).strip() if found else str(error)
 
 
 def gpu_labels(node_labels: Sequence[str]) -> list[str]:
@@ -85,15 +93,19 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
 
 
 class PrometheusSource:
-    def __init__(self, url: str, policy: TelemetryPolicy, health: Health,
-                 clock: Callable[[], float] = time.time, attempts: int = 3):
-        self.url = url
+    def __init__(self, connection: PrometheusConnection | str, policy: TelemetryPolicy,
+                 health: Health, clock: Callable[[], float] = time.time, attempts: int = 3):
+        """``connection``: how to reach Prometheus (a bare URL: no credentials, TLS verified)."""
+        if isinstance(connection, str):
+            connection = PrometheusConnection(connection)
+        self.url = connection.url
         self.node_labels = tuple(policy.node_labels)
         self.timeout = float(policy.query_timeout)
         self.queries = queries(health, self.node_labels)
         self.clock = clock
         self.attempts = attempts
-        self._prom = PrometheusConnect(url, disable_ssl=True, retry=Retry(total=0),
+        self._prom = PrometheusConnect(self.url, session=connection.session(),
+                                       auth=connection.credentials(), retry=Retry(total=0),
                                        timeout=self.timeout)
         self.queries_run = 0
 
@@ -151,11 +163,19 @@ class PrometheusSource:
         self.queries_run += 1
         try:
             result = call()
+        except requests.exceptions.SSLError as e:
+            raise TelemetryUnavailable(
+                f"prometheus at {self.url}: TLS verification failed ({_tls_reason(e)}); give "
+                "the CA that signed its certificate with --prometheus-ca-file") from e
         except (requests.ConnectionError, requests.Timeout) as e:
             raise _Transient(f"unreachable: {e}") from e
         except PrometheusApiClientException as e:
             if "Status Code 5" in str(e):
                 raise _Transient(str(e)) from e
+            if re.search(r"Status Code 40[13]\b", str(e)):
+                raise TelemetryUnavailable(
+                    f"prometheus at {self.url} refused our credentials: {e}; check the "
+                    "bearer token or basic auth settings") from e
             raise TelemetryUnavailable(f"prometheus at {self.url} rejected {promql!r}: {e}") from e
         except (ValueError, KeyError, TypeError) as e:
             raise TelemetryUnavailable(f"prometheus at {self.url} answered garbage: {e}") from e

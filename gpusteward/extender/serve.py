@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import Watcher, connect
+from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import Policy
@@ -20,17 +21,18 @@ from gpusteward.extender.view import PlacementView
 log = logging.getLogger("gpusteward.extender")
 
 
-async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | None) -> int:
+async def serve(policy: Policy, args: argparse.Namespace,
+                prometheus: PrometheusConnection | None) -> int:
     try:
-        api = await connect(args.kubeconfig)
+        api = await connect(args.kubeconfig, args.context)
     except KubeConfigError as e:
         log.error("%s", e)
         return 2
     fleet = FleetStore()
     view = PlacementView(policy, fleet)
     telemetry = None
-    if prometheus_url:
-        telemetry = PrometheusSource(prometheus_url, policy.telemetry, policy.health)
+    if prometheus:
+        telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health)
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")
@@ -41,7 +43,8 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
     await runner.setup()
     host, port = args.listen
     await web.TCPSite(runner, host, port).start()
-    log.info("extender listening on %s:%d (prometheus: %s)", host, port, prometheus_url or "none")
+    log.info("extender listening on %s:%d (prometheus: %s)", host, port,
+             prometheus.describe() if prometheus else "none")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

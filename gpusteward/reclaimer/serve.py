@@ -21,6 +21,7 @@ from gpusteward.adapters.actor import Actor
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import connect
 from gpusteward.adapters.ledger import ConfigMapLedger
+from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy
@@ -42,24 +43,25 @@ def _metrics_app(reclaimer: Reclaimer) -> web.Application:
     return app
 
 
-async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | None) -> int:
-    if not prometheus_url:
+async def serve(policy: Policy, args: argparse.Namespace,
+                prometheus: PrometheusConnection | None) -> int:
+    if prometheus is None:
         log.error("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the policy's "
                   "telemetry.prometheusUrl): the reclaimer never acts without telemetry")
         return 2
     try:
-        api = await connect(args.kubeconfig)
+        api = await connect(args.kubeconfig, args.context)
     except KubeConfigError as e:
         log.error("%s", e)
         return 2
-    source = PrometheusSource(prometheus_url, policy.telemetry, policy.health)
+    source = PrometheusSource(prometheus, policy.telemetry, policy.health)
     reclaimer = Reclaimer(policy, args.mode or policy.reclaim.mode,
                           SnapshotReader(api, source, policy),
                           Actor(api, float(policy.reclaim.eviction_grace)),
                           ledger=ConfigMapLedger(api, args.lease_namespace,
                                                  ledger_name(args.lease_name)))
     log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
-             float(policy.reclaim.interval), prometheus_url)
+             float(policy.reclaim.interval), prometheus.describe())
     try:
         if args.once:
             await reclaimer.cycle()
@@ -128,7 +130,11 @@ async def restore(args: argparse.Namespace) -> int:
         log.error("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or Job), got %r",
                   args.target)
         return 2
-    api = await connect(args.kubeconfig)
+    try:
+        api = await connect(args.kubeconfig, args.context)
+    except KubeConfigError as e:
+        log.error("%s", e)
+        return 2
     try:
         print(await Actor(api, 30).restore(namespace, kind, name))
         return 0

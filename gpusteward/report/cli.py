@@ -3,7 +3,8 @@
     gpusteward report [--policy FILE] [--window 24h] [--step 5m]
                       [--by team|card|node|namespace|class] [--format table|json|csv]
                       [--html FILE] [--top N]
-                      [--kubeconfig FILE] [--prometheus-url URL]
+                      [--kubeconfig FILE] [--context NAME] [--prometheus-url URL]
+                      [--prometheus-ca-file FILE] [--prometheus-bearer-token-file FILE] ...
 
 Exit 0 with a report (usage shown as unknown when Prometheus cannot answer), 2 for bad flags, an
 invalid policy, no kubeconfig or no Prometheus URL.
@@ -17,11 +18,16 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from gpusteward.adapters.connectflags import add_connection_flags, prometheus_connection
+from gpusteward.adapters.errors import PrometheusSettingsError
 from gpusteward.core.policy import Policy, PolicyError, load_policy, parse_policy
 from gpusteward.core.report.model import DIMENSIONS
 from gpusteward.core.typedconfig import Duration
+
+if TYPE_CHECKING:
+    from gpusteward.adapters.promconnection import PrometheusConnection
 
 EXIT_USAGE = 2
 MAX_SLOTS = 2_000  # default step: the window in at most this many slots
@@ -50,9 +56,7 @@ def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--html", type=Path, metavar="FILE",
                    help="also write a self-contained HTML report with charts")
     p.add_argument("--top", type=int, default=10, help="how many idle pods to list (10)")
-    p.add_argument("--kubeconfig", help="kubeconfig file (else $KUBECONFIG, else in-cluster)")
-    p.add_argument("--prometheus-url",
-                   help="Prometheus base URL (else $PROMETHEUS_URL, else the policy's)")
+    add_connection_flags(p)
     return p
 
 
@@ -69,16 +73,20 @@ def run_report(args: argparse.Namespace) -> int:
     except PolicyError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
-    url = args.prometheus_url or os.environ.get("PROMETHEUS_URL") or \
-        policy.telemetry.prometheus_url
-    if not url:
+    try:
+        prometheus = prometheus_connection(args, policy.telemetry.prometheus_url, os.environ)
+    except PrometheusSettingsError as e:
+        print(f"gpusteward report: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if prometheus is None:
         print("gpusteward report: no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the "
               "policy's telemetry.prometheusUrl)", file=sys.stderr)
         return EXIT_USAGE
-    return asyncio.run(_report(args, policy, url))
+    return asyncio.run(_report(args, policy, prometheus))
 
 
-async def _report(args: argparse.Namespace, policy: Policy, url: str) -> int:
+async def _report(args: argparse.Namespace, policy: Policy,
+                  prometheus: PrometheusConnection) -> int:
     from gpusteward.adapters.errors import AdapterError
     from gpusteward.adapters.kube import connect
     from gpusteward.adapters.prometheus import PrometheusSource
@@ -89,11 +97,11 @@ async def _report(args: argparse.Namespace, policy: Policy, url: str) -> int:
     from gpusteward.report.html import to_html
 
     try:
-        api = await connect(args.kubeconfig)
+        api = await connect(args.kubeconfig, args.context)
     except AdapterError as e:
         print(f"gpusteward report: {e}", file=sys.stderr)
         return EXIT_USAGE
-    source = PrometheusSource(url, policy.telemetry, policy.health)
+    source = PrometheusSource(prometheus, policy.telemetry, policy.health)
     reader = UsageReader(SnapshotReader(api, source, policy), source, policy)
     progress = ProgressLine(sys.stderr)
     try:

@@ -21,10 +21,15 @@ HELM_VARIANT = [
     "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
     "--set", "grafanaDashboard.enabled=true", "--set", "agent.enabled=false",
     "--set", "extender.replicas=3", "--set", "reclaimer.leaseName=rec-lease",
+    "--set", "prometheusConnection.caSecret.name=prometheus-ca",
+    "--set", "prometheusConnection.serviceAccountToken.enabled=true",
+    "--set", "prometheusConnection.serviceAccountToken.audience=prometheus",
+    "--set-string", "prometheusConnection.headers.X-Scope-OrgID=team-a",
 ]
 
 RENDERS = ("kustomize-base", "kustomize-second-scheduler", "kustomize-default-scheduler",
-           "kustomize-monitoring", "helm-defaults", "helm-variant")
+           "kustomize-monitoring", "kustomize-secured-prometheus", "helm-defaults",
+           "helm-variant")
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +48,8 @@ def rendered(bin_dir: Path) -> dict[str, list[dict[str, Any]]]:
         "kustomize-default-scheduler":
             render_kustomize(bin_dir, kustomize / "overlays" / "default-scheduler"),
         "kustomize-monitoring": render_kustomize(bin_dir, kustomize / "monitoring"),
+        "kustomize-secured-prometheus":
+            render_kustomize(bin_dir, kustomize / "overlays" / "secured-prometheus"),
         "helm-defaults": render_helm(bin_dir, chart),
         "helm-variant": render_helm(bin_dir, chart, *HELM_VARIANT),
     }

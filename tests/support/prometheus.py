@@ -32,20 +32,27 @@ What we found about backfill and the head block (tried against 2.42):
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer"]
+import bcrypt
+
+from tests.support.tls import Pki
+
+__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer", "WebConfig"]
 
 #: ``job`` label of every scrape target the harness configures.
 SCRAPE_JOB = "dcgm"
@@ -76,8 +83,10 @@ class PrometheusServer:
         scrape_interval: str = "1s",
         prometheus_bin: str = "prometheus",
         promtool_bin: str = "promtool",
+        web: WebConfig | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        self.web = web
         self.history_openmetrics = history_openmetrics
         self.scrape_targets = list(scrape_targets)
         self.scrape_interval = scrape_interval
@@ -138,7 +147,7 @@ class PrometheusServer:
         query = urllib.parse.urlencode(params)
         try:
             url = f"{self.url}/api/v1/{path}?{query}"
-            with urllib.request.urlopen(url, timeout=10) as response:
+            with self._open(url, timeout=10) as response:
                 body = json.load(response)
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")
@@ -154,7 +163,7 @@ class PrometheusServer:
 
     def _launch(self, prometheus: str, config: Path) -> None:
         port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if self.web and self.web.tls else 'http'}://127.0.0.1:{port}"
         args = [
             prometheus,
             f"--config.file={config}",
@@ -162,6 +171,10 @@ class PrometheusServer:
             "--storage.tsdb.retention.time=10y",
             f"--web.listen-address=127.0.0.1:{port}",
         ]
+        if self.web:
+            web_config = self.workdir / "web.yml"
+            web_config.write_text(json.dumps(self.web.config()))
+            args.append(f"--web.config.file={web_config}")
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         self._wait_ready()
@@ -201,7 +214,7 @@ class PrometheusServer:
                 self._process = None
                 raise PrometheusError(f"prometheus exited before it was ready:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                with self._open(f"{self.url}/-/ready", timeout=1) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, OSError):
@@ -210,6 +223,44 @@ class PrometheusServer:
         self.stop()
         waited = f"{_READY_TIMEOUT_S:.0f} s"
         raise PrometheusError(f"prometheus not ready after {waited}:\n{self.log_tail()}")
+
+
+    def _open(self, url: str, timeout: float) -> Any:
+        """urlopen, with the CA and credentials a secured server (``web``) asks for."""
+        if self.web is None:
+            return urllib.request.urlopen(url, timeout=timeout)
+        context = ssl.create_default_context(cafile=str(self.web.tls.ca_cert)) \
+            if self.web.tls else None
+        request = urllib.request.Request(url, headers=self.web.auth_header())
+        return urllib.request.urlopen(request, timeout=timeout, context=context)
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """Prometheus's ``--web.config.file`` (prometheus/exporter-toolkit's web configuration):
+    TLS with a certificate from ``tls`` and, with ``users``, basic auth for each user (the
+    file takes bcrypt hashes only)."""
+
+    tls: Pki | None = None
+    users: dict[str, str] = field(default_factory=dict)
+
+    def config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.tls:
+            out["tls_server_config"] = {"cert_file": str(self.tls.server_cert),
+                                        "key_file": str(self.tls.server_key)}
+        if self.users:
+            out["basic_auth_users"] = {  # cost 4, the least bcrypt takes: tests stay quick
+                user: bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+                for user, password in self.users.items()}
+        return out
+
+    def auth_header(self) -> dict[str, str]:
+        if not self.users:
+            return {}
+        user, password = next(iter(self.users.items()))
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
 
 
 def _require(binary: str) -> str:

@@ -1,0 +1,107 @@
+"""The command-line flags (and their environment variables) that say how to reach the API
+server and Prometheus; one group, the same for every command that talks to them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpusteward.adapters.errors import PrometheusSettingsError
+
+if TYPE_CHECKING:  # the HTTP stack loads only for commands that query Prometheus
+    from gpusteward.adapters.promconnection import PrometheusConnection
+
+# flag dest -> environment variable (the flag wins when both are set)
+ENV = {
+    "prometheus_url": "PROMETHEUS_URL",
+    "prometheus_ca_file": "GPUSTEWARD_PROMETHEUS_CA_FILE",
+    "prometheus_insecure_skip_verify": "GPUSTEWARD_PROMETHEUS_INSECURE_SKIP_VERIFY",
+    "prometheus_bearer_token_file": "GPUSTEWARD_PROMETHEUS_BEARER_TOKEN_FILE",
+    "prometheus_basic_auth_user": "GPUSTEWARD_PROMETHEUS_BASIC_AUTH_USER",
+    "prometheus_basic_auth_password_file": "GPUSTEWARD_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE",
+    "prometheus_header": "GPUSTEWARD_PROMETHEUS_HEADERS",
+}
+_TRUE, _FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
+
+
+def add_kube_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("API server")
+    group.add_argument("--kubeconfig", metavar="FILE",
+                       help="kubeconfig file (default: $KUBECONFIG, a path list merged as "
+                            "kubectl merges it, else ~/.kube/config, else in-cluster)")
+    group.add_argument("--context", metavar="NAME",
+                       help="kubeconfig context (default: its current-context)")
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    """--kubeconfig and --context, and every Prometheus connection flag."""
+    add_kube_flags(parser)
+    group = parser.add_argument_group(
+        "Prometheus (or Thanos, Mimir); each flag also reads the environment variable shown")
+    group.add_argument("--prometheus-url", metavar="URL",
+                       help=f"base URL [${ENV['prometheus_url']}; default: the policy's "
+                            "telemetry.prometheusUrl]")
+    group.add_argument("--prometheus-ca-file", metavar="FILE",
+                       help="PEM CA bundle that signed its TLS certificate "
+                            f"[${ENV['prometheus_ca_file']}; default: the system's CAs]")
+    group.add_argument("--prometheus-insecure-skip-verify", action="store_true", default=None,
+                       help="do not verify its TLS certificate (testing only) "
+                            f"[${ENV['prometheus_insecure_skip_verify']}=true; "
+                            "default: verify]")
+    group.add_argument("--prometheus-bearer-token-file", metavar="FILE",
+                       help="send 'Authorization: Bearer' with this file's content, read "
+                            "again when it changes (a projected ServiceAccount token) "
+                            f"[${ENV['prometheus_bearer_token_file']}; default: none]")
+    group.add_argument("--prometheus-basic-auth-user", metavar="USER",
+                       help=f"basic auth user [${ENV['prometheus_basic_auth_user']}; "
+                            "default: none]")
+    group.add_argument("--prometheus-basic-auth-password-file", metavar="FILE",
+                       help="basic auth password, read again when it changes "
+                            f"[${ENV['prometheus_basic_auth_password_file']}; default: none]")
+    group.add_argument("--prometheus-header", action="append", metavar="'NAME: VALUE'",
+                       help="extra request header, repeatable, e.g. 'X-Scope-OrgID: team-a' "
+                            f"[${ENV['prometheus_header']}, one per line; default: none]")
+
+
+def prometheus_connection(args: argparse.Namespace, policy_url: str | None,
+                          env: Mapping[str, str]) -> PrometheusConnection | None:
+    """The checked connection settings, or None when no URL is configured anywhere.
+
+    Raises PrometheusSettingsError (one line) for a bad value."""
+    from gpusteward.adapters.promconnection import PrometheusConnection, parse_header
+
+    def setting(dest: str) -> str | None:
+        flag = getattr(args, dest, None)
+        return flag if flag is not None else env.get(ENV[dest]) or None
+
+    url = setting("prometheus_url") or policy_url
+    if not url:
+        return None
+    headers = args.prometheus_header or env.get(ENV["prometheus_header"], "").splitlines()
+    connection = PrometheusConnection(
+        url=url,
+        ca_file=_path(setting("prometheus_ca_file")),
+        insecure_skip_verify=_insecure(args, env),
+        bearer_token_file=_path(setting("prometheus_bearer_token_file")),
+        basic_auth_user=setting("prometheus_basic_auth_user"),
+        basic_auth_password_file=_path(setting("prometheus_basic_auth_password_file")),
+        headers=tuple(parse_header(h) for h in headers if h.strip()),
+    )
+    connection.check()
+    return connection
+
+
+def _insecure(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    if args.prometheus_insecure_skip_verify:
+        return True
+    name = ENV["prometheus_insecure_skip_verify"]
+    text = env.get(name, "").strip().lower()
+    if text not in _TRUE + _FALSE:
+        raise PrometheusSettingsError(f"${name}={text!r}: expected true or false")
+    return text in _TRUE
+
+
+def _path(text: str | None) -> Path | None:
+    return Path(text).expanduser() if text else None
