@@ -19,7 +19,7 @@ from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Evidence, Owner, PastAction, Snapshot
-from gpusteward.core.reclaim.rules import windows
+from gpusteward.core.reclaim.rules import peak_of, windows
 
 
 class Spec(msgspec.Struct):
@@ -140,7 +140,7 @@ def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, A
     out = {}
     for pod, gpus in gpu_peak.items():
         coverage = min(min(1.0, gpu_count.get(k, 0.0) / max(expected, 1.0)) for k in gpus)
-        out[pod] = Evidence(window=window, peak_percent=max(gpus.values()), coverage=coverage,
+        out[pod] = Evidence(window=window, peak_percent=peak_of(gpus.values()), coverage=coverage,
                             gpus_seen=len(gpus))
     return out
 
