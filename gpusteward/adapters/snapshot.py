@@ -19,7 +19,7 @@ from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Evidence, Owner, PastAction, Snapshot
-from gpusteward.core.reclaim.rules import windows
+from gpusteward.core.reclaim.rules import peak_of, windows
 
 
 class Spec(msgspec.Struct):
@@ -116,11 +116,21 @@ def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, st
     pod: the same series in both, so per_pod can pair them by their whole label set."""
     w = f"{int(window)}s"
     by = keeping(["UUID", *gpu_labels(node_labels)])
-    peak = by + (f"(max_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
-                 f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]) * 100))")
+    peak = by + (f"({_checked_peak('DCGM_FI_DEV_GPU_UTIL', w)} or "
+                 f"({_checked_peak('DCGM_FI_PROF_GR_ENGINE_ACTIVE', w)} * 100))")
     count = by + (f"(count_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
                   f"count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]))")
     return peak, count
+
+
+def _checked_peak(metric: str, w: str) -> str:
+    """max_over_time skips NaN samples, so a GPU reading NaN half the time showed its other
+    samples' peak and read idle. The added terms are 0 while every sample is a number >= 0, and
+    NaN once any is NaN or infinite (the sum) or negative (the square root of the minimum): the
+    peak is then NaN, which judge() calls unknown."""
+    samples = f"{metric}[{w}]"
+    return (f"(max_over_time({samples}) + 0 * sum_over_time({samples}) "
+            f"+ 0 * sqrt(min_over_time({samples})))")
 
 
 GpuKey = tuple[tuple[str, str], ...]  # every label of an aggregated evidence series
@@ -140,7 +150,7 @@ def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, A
     out = {}
     for pod, gpus in gpu_peak.items():
         coverage = min(min(1.0, gpu_count.get(k, 0.0) / max(expected, 1.0)) for k in gpus)
-        out[pod] = Evidence(window=window, peak_percent=max(gpus.values()), coverage=coverage,
+        out[pod] = Evidence(window=window, peak_percent=peak_of(gpus.values()), coverage=coverage,
                             gpus_seen=len(gpus))
     return out
 

@@ -14,14 +14,22 @@ from typing import Annotated, Any, Literal
 import msgspec
 import yaml
 
+from gpusteward.core import policyyaml
 from gpusteward.core.cards import CardPatternError, compile_patterns
-from gpusteward.core.typedconfig import Duration, FieldError, decode, without
+from gpusteward.core.typedconfig import Between, Duration, FieldError, decode, without
 
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
-Weight = Annotated[float, msgspec.Meta(ge=0)]
+Weight = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Name = Annotated[str, msgspec.Meta(min_length=1)]
+
+MINUTE, HOUR, DAY = 60, 3600, 86400
+# Every duration is bounded (docs/policy.md shows each range): a clock of `.nan` or `1e308` would
+# stop a loop or overflow the arithmetic that schedules it.
+Period = Annotated[Duration, Between(1, HOUR)]  # how often a loop runs
+Window = Annotated[Duration, Between(1, 7 * DAY)]  # how far back evidence or an XID reaches
+Wait = Annotated[Duration, Between(1, DAY)]  # how long something waits before an action
 
 
 class Config(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
@@ -42,24 +50,24 @@ class Telemetry(Config, frozen=True):
     # relabelled setups often use `kubernetes_node`. The first label present on a series wins.
     node_labels: list[Name] = msgspec.field(default_factory=lambda: ["Hostname", "hostname"])
     # dcgm-exporter samples every 30 s by default; refreshing faster buys nothing.
-    refresh: Duration = Duration(15)
+    refresh: Period = Duration(15)
     # A sample older than this is treated as missing (neutral score, no reclaim).
-    stale_after: Duration = Duration(120)
+    stale_after: Annotated[Duration, Between(1, DAY)] = Duration(120)
     # How often Prometheus stores a sample per GPU: the reclaimer expects window / this many
     # samples and calls a pod's evidence unknown below reclaim.idle.minCoverage of that.
     # dcgm-exporter collects every 30 s; set this to your scrape interval if it is longer.
-    scrape_interval: Duration = Duration(30)
-    query_timeout: Duration = Duration(10)
+    scrape_interval: Period = Duration(30)
+    query_timeout: Annotated[Duration, Between(1, 10 * MINUTE)] = Duration(10)
     # A pod bound this recently counts as busy on its GPUs whatever they read: a starting pod
     # reads idle while it pulls its image and loads, and a burst would pile onto its node.
-    pod_warmup: Duration = Duration(60)
+    pod_warmup: Annotated[Duration, Between(0, HOUR)] = Duration(60)
 
 
 class Health(Config, frozen=True):
     # Datacenter GPUs throttle from about 85-90 °C; a GPU this hot should not take new work.
     max_temperature_c: Annotated[float, msgspec.Meta(ge=0, le=150)] = 90.0
     # An XID seen within this window marks the GPU unhealthy.
-    xid_window: Duration = Duration(600)
+    xid_window: Window = Duration(600)
     # XIDs 13, 31, 43 and 45 are raised by application faults, not broken hardware.
     ignored_xids: list[Count] = msgspec.field(default_factory=lambda: [13, 31, 43, 45])
 
@@ -83,9 +91,9 @@ class IdleRule(Config, frozen=True):
     """When a pod's GPUs count as idle. Unset fields inherit from the level above."""
 
     threshold_percent: Percent | None = None
-    window: Duration | None = None
+    window: Window | None = None
     min_coverage: Ratio | None = None
-    grace: Duration | None = None
+    grace: Wait | None = None
 
 
 class WorkloadClass(Config, frozen=True):
@@ -139,15 +147,15 @@ class Limits(Config, frozen=True):
 class Reclaim(Config, frozen=True):
     # observe: decide and log only. warn: also annotate and send Events. enforce: also act.
     mode: Literal["observe", "warn", "enforce"] = "observe"
-    interval: Duration = Duration(60)
+    interval: Period = Duration(60)
     idle: IdleRule = msgspec.field(
         default_factory=lambda: IdleRule(
             threshold_percent=5.0, window=Duration(1800), min_coverage=0.8, grace=Duration(900)
         )
     )
     # Idle GPUs inside a team's quota are only reclaimed after this longer window.
-    within_quota_window: Duration = Duration(4 * 3600)
-    min_pod_age: Duration = Duration(1800)
+    within_quota_window: Window = Duration(4 * 3600)
+    min_pod_age: Wait = Duration(1800)
     # Pods at or above this priority are never touched (system-*-critical are 2e9).
     protected_priority: int = 1_000_000
     priority_classes: dict[str, PriorityOverride] = msgspec.field(default_factory=dict)
@@ -157,7 +165,7 @@ class Reclaim(Config, frozen=True):
     exclude_pod_labels: dict[str, str] = msgspec.field(default_factory=dict)
     allow_opt_out: bool = True
     # Eviction grace period handed to the pod; never zero.
-    eviction_grace: Duration = Duration(30)
+    eviction_grace: Wait = Duration(30)
 
 
 class Team(Config, frozen=True):
@@ -168,7 +176,7 @@ class Team(Config, frozen=True):
 class Queue(Config, frozen=True):
     enabled: bool = True
     # A pending pod must wait this long before it may trigger early reclaim.
-    min_wait: Duration = Duration(120)
+    min_wait: Wait = Duration(120)
 
 
 class Policy(Config, frozen=True):
@@ -212,15 +220,25 @@ def parse_policy(data: Any, source: str = "<policy>") -> Policy:
 
 
 def load_policy(path: str | Path) -> Policy:
+    source = str(path)
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            raw = f.read(policyyaml.MAX_BYTES + 1)
     except OSError as e:
-        raise PolicyError(str(path), [FieldError((), f"cannot read file: {e.strerror}")]) from e
+        raise PolicyError(source, [FieldError((), f"cannot read file: {e.strerror}")]) from e
+    if len(raw) > policyyaml.MAX_BYTES:
+        raise PolicyError(source, [FieldError((), f"larger than {policyyaml.MAX_BYTES} bytes")])
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise PolicyError(source, [FieldError((), f"not UTF-8: byte {raw[e.start]:#04x} "
+                                                  f"on line {line}")]) from e
+    try:
+        data = policyyaml.load(text, source)
     except yaml.YAMLError as e:
-        raise PolicyError(str(path), [FieldError((), f"not valid YAML: {e}")]) from e
-    return parse_policy(data, str(path))
+        raise PolicyError(source, [FieldError((), f"not valid YAML: {e}")]) from e
+    return parse_policy(data, source)
 
 
 def _semantic_errors(p: Policy) -> Iterator[FieldError]:
@@ -245,8 +263,10 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
         for tier_name in team.quota_by_tier:
             if tier_name not in tiers:
                 yield FieldError(("teams", name, "quotaByTier", tier_name), "unknown card tier")
-    if p.reclaim.eviction_grace <= 0:
-        yield FieldError(("reclaim", "evictionGrace"), "must be above zero: pods get time to exit")
+    for f in msgspec.structs.fields(IdleRule):
+        if getattr(p.reclaim.idle, f.name) is None:
+            yield FieldError(("reclaim", "idle", f.encode_name),
+                             "must be set: classes and PriorityClasses inherit it from here")
     if p.telemetry.stale_after < p.telemetry.refresh:
         yield FieldError(("telemetry", "staleAfter"), "must be at least telemetry.refresh")
 

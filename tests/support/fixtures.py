@@ -54,6 +54,8 @@ class DcgmEndpoint:
 
     def __init__(self, gpus: Sequence[SimGpu] = ()) -> None:
         self.gpus: Sequence[SimGpu] = gpus
+        # What a scrape returns for the GPUs; a fault test may serve a broken exporter's text.
+        self.render: Callable[[Sequence[SimGpu]], str] = render_exposition
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -61,7 +63,7 @@ class DcgmEndpoint:
                 if self.path != "/metrics":
                     self.send_error(404)
                     return
-                body = render_exposition(endpoint.gpus).encode()
+                body = endpoint.render(endpoint.gpus).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))

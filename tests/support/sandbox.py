@@ -55,18 +55,19 @@ MakeReclaimer = Callable[..., Awaitable[Reclaimer]]
 
 @pytest.fixture
 async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
-    """reclaimer(mode, box=sandbox, policy=None, ledger=None) -> a Reclaimer wired to a sandbox
-    through the real adapters (``ledger``: a ConfigMap in kube-system); each test steps its
-    cycles itself."""
+    """reclaimer(mode, box=sandbox, policy=None, ledger=None, prometheus_url=None) -> a Reclaimer
+    wired to a sandbox through the real adapters (``ledger``: a ConfigMap in kube-system;
+    ``prometheus_url``: another Prometheus than the sandbox's); each test steps its cycles
+    itself."""
     clients = []
 
     async def make(mode: str = "enforce", box: Sandbox = sandbox, policy: Policy | None = None,
-                   ledger: str | None = None) -> Reclaimer:
+                   ledger: str | None = None, prometheus_url: str | None = None) -> Reclaimer:
         policy = policy or load_policy(box.cfg.policy)
         api = await kconfig.new_client_from_config(config_file=str(box.kubeconfig))
         clients.append(api)
-        source = PrometheusSource(box.prometheus_url, policy.telemetry, policy.health,
-                                  attempts=1)
+        source = PrometheusSource(prometheus_url or box.prometheus_url, policy.telemetry,
+                                  policy.health, attempts=1)
         return Reclaimer(policy, mode, SnapshotReader(api, source, policy),
                          Actor(api, float(policy.reclaim.eviction_grace)),
                          ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None)

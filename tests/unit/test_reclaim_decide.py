@@ -73,6 +73,12 @@ def warned(name: str, due_in: float = -60, annotations: dict | None = None, **kw
         pytest.param(idle(coverage=0.5), "unknown", id="low-coverage-is-unknown-not-idle"),
         pytest.param(None, "unknown", id="missing-series-is-unknown-not-idle"),
         pytest.param(Evidence(window=WINDOW), "unknown", id="no-samples-is-unknown"),
+        # NaN fails every comparison, so `peak >= threshold` alone judged it idle (issue 13).
+        pytest.param(idle(peak=float("nan")), "unknown", id="nan-is-unknown-not-idle"),
+        pytest.param(idle(peak=float("-inf")), "unknown", id="minus-inf-is-unknown-not-idle"),
+        pytest.param(idle(peak=float("inf")), "unknown", id="plus-inf-is-unknown"),
+        pytest.param(idle(peak=-3.0), "unknown", id="negative-is-unknown-not-idle"),
+        pytest.param(idle(peak=250.0), "unknown", id="above-100-is-unknown"),
     ],
 )
 def test_idle_evidence_is_the_peak_over_the_window_with_enough_coverage(evidence, state):
@@ -335,3 +341,12 @@ def test_class_and_priority_class_override_the_idle_rule():
                            "reclaim": {"priorityClasses": {"low": {"idle": {"grace": "1m"}}}}})
     rule = rule_for(gpu_pod("p", priority_class="low"), policy)
     assert (rule.window, rule.grace, rule.threshold_percent) == (600, 60, 5.0)
+
+
+@pytest.mark.parametrize("peak", [float("nan"), float("inf"), float("-inf"), -3.0, 101.0])
+def test_a_broken_reading_never_advances_a_warned_pod_and_says_why(peak):
+    pod = warned("p")
+    p = plan(snapshot([pod], {pod.key: idle(peak=peak)}), POLICY)
+    assert [a.kind for a in p.actions if a.kind in ("mark", "warn", "reclaim")] == []
+    assert p.verdicts[0].state == "unknown"
+    assert any("not a value in 0-100%" in r for r in p.verdicts[0].reasons)

@@ -186,3 +186,17 @@ def test_teams_against_quotas_split_idle_gpus_within_and_beyond_the_quota():
 def test_grouping_by_an_unknown_dimension_is_refused():
     with pytest.raises(ValueError, match="--by"):
         report([], [], by="colour")
+
+
+@pytest.mark.parametrize("broken", [float("nan"), float("inf"), float("-inf"), -5.0, 150.0])
+def test_a_broken_reading_makes_the_pod_unknown_never_idle(broken):
+    """The report judges a pod by the reclaimer's own rule (issue 13): a NaN slot is no sample,
+    and a peak that is no reading leaves the pod unknown, wherever it falls in the window."""
+    for values in ([broken] + ZERO[1:], ZERO[:-1] + [broken]):
+        series = [samples("a", values)]
+        (group,) = report([pod("a")], series).groups
+        assert (group.idle, group.unknown) == (0.0, 1.0)
+        assert group.unknown_gpu_hours == pytest.approx(HOURS / 10)  # the broken slot
+        (u,) = pod_usages(ReportInput(Snapshot(NOW, (pod("a"),), {n.name: n for n in NODES},
+                                               {}, {}, {}, True), WINDOW, tuple(series)), POLICY)
+        assert u.state == "unknown" and "not a value in 0-100%" in u.why

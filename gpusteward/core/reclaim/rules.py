@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import IdleRule, Policy
@@ -44,10 +44,28 @@ def windows(policy: Policy, pods: tuple[Pod, ...]) -> set[float]:
     return found
 
 
+def is_reading(percent: float) -> bool:
+    """Whether a utilization value is one a GPU can report. NaN, ±Inf and values outside 0-100
+    come from a broken exporter or query; they are no evidence, and never make a pod idle (NaN
+    fails every comparison, so `peak >= threshold` alone would call it idle)."""
+    return 0.0 <= percent <= 100.0
+
+
+def peak_of(values: Iterable[float]) -> float:
+    """The highest reading; a value that is no reading wins, so the fold keeps it visible
+    (max() keeps or drops a NaN depending on where it stands)."""
+    values = list(values)
+    broken = [v for v in values if not is_reading(v)]
+    return broken[0] if broken else max(values)
+
+
 def judge(evidence: Evidence | None, rule: Rule, gpus: int) -> tuple[str, str]:
     """(idle | busy | unknown, why). Missing samples mean unknown, never idle."""
     if evidence is None or evidence.gpus_seen == 0 or evidence.peak_percent is None:
         return "unknown", "no GPU telemetry for the pod in the window"
+    if not is_reading(evidence.peak_percent):
+        return "unknown", (f"GPU utilization reads {evidence.peak_percent:g}, not a value "
+                           "in 0-100%: the exporter or its query is broken")
     if evidence.gpus_seen < gpus:
         return "unknown", f"telemetry covers {evidence.gpus_seen} of its {gpus} GPUs"
     if evidence.coverage < rule.min_coverage:

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import msgspec
 
+from gpusteward.core.reclaim.model import Evidence, Rule
+from gpusteward.core.reclaim.rules import is_reading, judge, peak_of
 from gpusteward.core.report.model import PodUsage, Series, Window
 
 HOUR = 3600.0
@@ -55,8 +57,8 @@ def slot_values(series: Iterable[Series]) -> dict[float, _Slot]:
             if slot is None:
                 out[t] = _Slot(value, value, 1)
             else:
-                slot.peak, slot.total, slot.gpus = max(slot.peak, value), slot.total + value, \
-                    slot.gpus + 1
+                slot.peak, slot.total, slot.gpus = peak_of((slot.peak, value)), \
+                    slot.total + value, slot.gpus + 1
     return out
 
 
@@ -85,7 +87,7 @@ def pod_usage(facts: PodFacts, series: list[Series], window: Window) -> PodUsage
         used = _count(tally, facts, slot, lo, t - lo)
         timeline[t] = (facts.gpus, facts.gpus if used else 0.0)
     gpus_seen = len({(s.node, s.gpu) for s in series if s.points})
-    state, why = _state(facts, tally, gpus_seen)
+    state, why = _state(facts, tally, gpus_seen, window.end - window.start)
     idle_hours = facts.gpus * tally.idle / HOUR
     return PodUsage(
         namespace=facts.namespace, name=facts.name, team=facts.team, card=facts.card,
@@ -104,7 +106,9 @@ def _count(tally: _Tally, facts: PodFacts, slot: _Slot | None, lo: float, dt: fl
     tally.allocated += dt
     tally.slots += 1
     if slot is not None:
-        tally.peak = slot.peak if tally.peak is None else max(tally.peak, slot.peak)
+        tally.peak = slot.peak if tally.peak is None else peak_of((tally.peak, slot.peak))
+        if not is_reading(slot.peak):
+            slot = None  # a broken reading (NaN, ±Inf, out of 0-100): unknown, never idle
     busy = slot is not None and slot.peak >= facts.threshold
     complete = slot is not None and slot.gpus >= facts.expected_series
     if busy or complete:
@@ -124,17 +128,12 @@ def _count(tally: _Tally, facts: PodFacts, slot: _Slot | None, lo: float, dt: fl
     return busy
 
 
-def _state(facts: PodFacts, tally: _Tally, gpus_seen: int) -> tuple[str, str]:
+def _state(facts: PodFacts, tally: _Tally, gpus_seen: int, span: float) -> tuple[str, str]:
+    """The reclaimer's own rule, judged on the whole window."""
     if facts.start is None:
         return "gone", "left the cluster inside the window"
-    if gpus_seen == 0 or tally.peak is None:
-        return "unknown", "no GPU telemetry for the pod in the window"
-    if gpus_seen < facts.expected_series:
-        return "unknown", f"telemetry covers {gpus_seen} of its {facts.expected_series} GPUs"
     coverage = tally.covered / tally.slots if tally.slots else 0.0
-    if coverage < facts.min_coverage:
-        return "unknown", f"sample coverage {coverage:.0%} below {facts.min_coverage:.0%}"
-    if tally.peak >= facts.threshold:
-        return "busy", f"peak {tally.peak:.0f}% >= {facts.threshold:.0f}% in the window"
-    return "idle", (f"peak {tally.peak:.0f}% < {facts.threshold:.0f}% over the window "
-                    f"(coverage {coverage:.0%})")
+    evidence = Evidence(window=span, peak_percent=tally.peak, coverage=coverage,
+                        gpus_seen=gpus_seen)
+    return judge(evidence, Rule(facts.threshold, span, facts.min_coverage, grace=0.0),
+                 facts.expected_series)
