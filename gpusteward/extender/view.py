@@ -5,6 +5,7 @@ Watch events rebuild the states of the nodes they touch; each telemetry tick reb
 
 A pod the extender just ranked is expected on its top node until the watch shows where it was
 bound: in a burst the scheduler places the next pod before our watch sees the last binding.
+Only pods the watch shows pending can be expected, within the node's GPU count.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class PlacementView:
         self.book = ScoreBook(class_rules(policy.classes), policy.default_class)
         # pod uid -> (node, GPUs, when): placements not yet seen through the watch.
         self.inflight: dict[str, tuple[str, int, float]] = {}
+        self.built_at = 0.0  # when every node state was last rebuilt
         fleet.subscribe(self._on_fleet_change)
 
     def node_state(self, node: Node) -> NodeState:
@@ -58,16 +60,31 @@ class PlacementView:
         horizon = self.clock() - INFLIGHT_TTL
         self.inflight = {uid: v for uid, v in self.inflight.items() if v[2] >= horizon}
         self.book.replace_states({n.name: self.node_state(n) for n in self.fleet.nodes.values()})
+        self.built_at = self.clock()
 
     def stale_nodes(self) -> int:
+        """Nodes scored neutral; all of them once the states are older than staleAfter (the
+        refresh that should rebuild them stopped or failed)."""
+        if self.clock() - self.built_at > float(self.policy.telemetry.stale_after):
+            return len(self.book.states)
         return sum(1 for s in self.book.states.values() if not s.telemetry_known)
 
-    def expect(self, pod_uid: str, node: str, gpus: int) -> None:
-        """The scheduler is about to bind this pod, most likely to the node we ranked first."""
-        if not pod_uid or gpus <= 0 or self._bound(pod_uid):
+    def expect(self, pod_uid: str, node: str) -> None:
+        """The scheduler is about to bind this pod, most likely to the node we ranked first.
+
+        Only a pod the watch shows pending and unbound counts, with the GPUs the watch says it
+        requests (not what the caller claims), and a node never expects more GPUs than it has:
+        a caller inventing pods cannot make nodes look busy."""
+        pod = self.fleet.pods.get(pod_uid)
+        if pod is None or pod.node is not None or pod.deleting or pod.gpus <= 0:
             return
         previous = self.inflight.get(pod_uid)
-        self.inflight[pod_uid] = (node, gpus, self.clock())
+        target = self.fleet.nodes.get(node)
+        expected = sum(g for uid, (n, g, _) in self.inflight.items()
+                       if n == node and uid != pod_uid)
+        if target is None or expected + pod.gpus > target.gpus:
+            return
+        self.inflight[pod_uid] = (node, pod.gpus, self.clock())
         self._refresh_nodes({node, previous[0]} if previous else {node})
 
     def forget(self, pod_uid: str) -> None:

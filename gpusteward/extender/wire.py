@@ -53,6 +53,8 @@ def decode_args(body: bytes) -> ExtenderArgs:
         raise BadRequest(f"invalid ExtenderArgs: {e}{hint}") from e
     except msgspec.DecodeError as e:
         raise BadRequest(f"malformed JSON: {e}") from e
+    except RecursionError as e:
+        raise BadRequest(f"JSON nested too deeply: {e}") from e
     if args.Pod is None:
         raise BadRequest("ExtenderArgs has no Pod")
     if args.NodeNames is None and (args.Nodes is None or args.Nodes.items is None):
@@ -76,14 +78,14 @@ def node_name(raw: msgspec.Raw) -> str:
         return match.group(1).decode()
     try:
         return _name_decoder.decode(raw).metadata.name
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError) as e:
         raise BadRequest(f"invalid node in Nodes.items: {e}") from e
 
 
 def decode_node(raw: msgspec.Raw) -> WireNode:
     try:
         return _node_decoder.decode(raw)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError) as e:
         raise BadRequest(f"invalid node in Nodes.items: {e}") from e
 
 
