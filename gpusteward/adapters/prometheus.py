@@ -204,7 +204,7 @@ class PrometheusSource:
                         ", ".join(f"{r}={n}" for r, n in sorted(dropped.items())))
         now = self.clock()
         by_node: dict[str, list[GpuReading]] = {}
-        for key, fields in gpus.items():
+        for key, fields in sorted(gpus.items()):  # GPU order, not series order
             if key in bad:
                 continue
             counted = fields.pop("counted_xid", 0)
