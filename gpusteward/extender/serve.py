@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 import signal
+import ssl
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -14,7 +16,8 @@ from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import Policy
-from gpusteward.extender.app import Extender, create_app
+from gpusteward.extender.app import Extender, Limits, create_app
+from gpusteward.extender.guard import ConnectionGuard
 from gpusteward.extender.view import PlacementView
 
 log = logging.getLogger("gpusteward.extender")
@@ -36,18 +39,81 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
                     "load and health terms stay neutral")
     watches = [Watcher(api, fleet, kind, policy.resources) for kind in ("nodes", "pods")]
     extender = Extender(view, telemetry, watches, float(policy.telemetry.refresh))
-    app = create_app(extender, max_body_bytes=args.max_body_mb << 20)
+    try:
+        tls = server_tls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+    except (OSError, ssl.SSLError, ValueError) as e:
+        log.error("TLS: %s", e)
+        await api.close()
+        return 2
+    max_body = args.max_body_mb << 20
+    app = create_app(extender, limits=Limits(max_body_bytes=max_body,
+                                             body_budget_bytes=3 * max_body))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = args.listen
-    await web.TCPSite(runner, host, port).start()
-    log.info("extender listening on %s:%d (prometheus: %s)", host, port, prometheus_url or "none")
+    listener = await listen(runner, extender, host, port, tls, Transport())
+    log.info("extender listening on %s:%d (%s; prometheus: %s)", host, port,
+             "TLS" + (" with client certificates" if args.tls_client_ca_file else "")
+             if tls else "plain HTTP", prometheus_url or "none")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    await listener.close()
     await runner.cleanup()
     await api.close()
     return 0
+
+
+def server_tls(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
+    """The extender's TLS, as kube-scheduler's extender ``tlsConfig`` (certFile, keyFile,
+    caFile) expects it: our certificate, and with a client CA only clients it signed."""
+    if not cert and not key and not client_ca:
+        return None
+    if not cert or not key:
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+@dataclass(frozen=True)
+class Transport:
+    """Connection limits (docs/operations.md, "Request limits")."""
+
+    max_connections: int = 256  # one scheduler keeps a handful; a cap stops a flood
+    request_timeout: float = 10.0  # first byte of a request to its answer (headers and body)
+    backlog: int = 128
+
+
+class Listener:
+    def __init__(self, server: asyncio.Server, guard: ConnectionGuard,
+                 sweeper: asyncio.Task[None]):
+        self.server = server
+        self.guard = guard
+        self._sweeper = sweeper
+
+    async def close(self) -> None:
+        self._sweeper.cancel()
+        self.server.close()
+        await asyncio.gather(self._sweeper, return_exceptions=True)
+
+
+async def listen(runner: web.AppRunner, extender: Extender, host: str, port: int,
+                 tls: ssl.SSLContext | None, transport: Transport) -> Listener:
+    """Serve the app on host:port through the connection guard (runner set up already)."""
+    assert runner.server is not None
+    closed = extender.metrics.connections_closed
+    guard = ConnectionGuard(runner.server, max_connections=transport.max_connections,
+                            request_timeout=transport.request_timeout,
+                            on_close=lambda reason: closed.labels(reason).inc())
+    server = await asyncio.get_running_loop().create_server(
+        guard, host, port, ssl=tls, backlog=transport.backlog,
+        ssl_handshake_timeout=transport.request_timeout if tls else None)
+    return Listener(server, guard, asyncio.create_task(guard.run()))
