@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--tls-client-ca-file",
                      help="accept only clients with a certificate signed by this CA (the "
                      "scheduler's extender tlsConfig certFile/keyFile)")
+    ext.add_argument("--metrics-listen", type=_hostport, metavar="HOST:PORT",
+                     help="serve /metrics, /healthz and /readyz on a port of their own (plain "
+                     "HTTP), so the scheduler port can admit only the scheduler")
     _common(ext)
 
     rec = sub.add_parser("reclaimer", help="reclaim GPUs that pods hold idle")

@@ -125,6 +125,16 @@ def create_app(extender: Extender, *, max_body_bytes: int = 32 << 20,
     return app
 
 
+def create_metrics_app(extender: Extender) -> web.Application:
+    """/metrics and the probes alone, for a port of their own (--metrics-listen): Prometheus
+    and the kubelet reach it while the scheduler port admits only the scheduler."""
+    app = web.Application()
+    app[EXTENDER] = extender
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz),
+                    web.get("/metrics", metrics)])
+    return app
+
+
 class _Budget:
     """Bytes of request bodies held in memory right now, across all requests."""
 

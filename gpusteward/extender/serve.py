@@ -16,7 +16,7 @@ from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import Policy
-from gpusteward.extender.app import Extender, Limits, create_app
+from gpusteward.extender.app import Extender, Limits, create_app, create_metrics_app
 from gpusteward.extender.guard import ConnectionGuard
 from gpusteward.extender.view import PlacementView
 
@@ -52,6 +52,12 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
     await runner.setup()
     host, port = args.listen
     listener = await listen(runner, extender, host, port, tls, Transport())
+    metrics_runner = None
+    if args.metrics_listen:
+        metrics_runner = web.AppRunner(create_metrics_app(extender), access_log=None)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, *args.metrics_listen).start()
+        log.info("metrics and probes on %s:%d", *args.metrics_listen)
     log.info("extender listening on %s:%d (%s; prometheus: %s)", host, port,
              "TLS" + (" with client certificates" if args.tls_client_ca_file else "")
              if tls else "plain HTTP", prometheus_url or "none")
@@ -63,6 +69,8 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
     log.info("shutting down")
     await listener.close()
     await runner.cleanup()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
     await api.close()
     return 0
 
