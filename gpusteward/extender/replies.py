@@ -24,6 +24,7 @@ class Outcome(msgspec.Struct):
 
 def demand_or_400(view: PlacementView, args: wire.ExtenderArgs) -> Demand:
     assert args.Pod is not None
+    view.settle_parked()
     view.forget(args.Pod.metadata.uid)
     try:
         return view.demand_of(args.Pod)

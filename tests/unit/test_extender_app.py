@@ -19,7 +19,7 @@ from gpusteward.core.policy import parse_policy
 from gpusteward.extender import wire
 from gpusteward.extender.app import Extender, create_app
 from gpusteward.extender.replies import filter_reply, prioritize_reply
-from gpusteward.extender.view import PlacementView
+from gpusteward.extender.view import PARKED_MAX, PlacementView
 from tests.factories import A100, H100, L4, NOW, node, pod, readings
 
 POLICY = parse_policy({})
@@ -269,10 +269,20 @@ def test_made_up_pods_cannot_make_a_node_look_busy():
     # Issue 13, item 8: thousands of prioritize calls for invented UIDs halved a real pod's
     # scores. Only a pod the watch shows pending registers an expectation.
     view, _ = coolness_only_view()
-    for i in range(200):
+    for i in range(2000):
         scores(view, f"made-up-{i}")
     assert view.inflight == {}
+    assert len(view.parked) == PARKED_MAX
     assert scores(view, "first") == {"x": 10, "y": 8}
+
+
+def test_a_pod_ranked_before_the_watch_saw_it_counts_once_the_watch_does():
+    view, fleet = coolness_only_view()
+    assert scores(view, "third") == {"x": 10, "y": 8}  # not watched yet: parked, no effect
+    assert scores(view, "first") == {"x": 10, "y": 8}
+    fleet.upsert_pod(msgspec.structs.replace(pod("third", node=None, gpus=4), uid="third"))
+    # "first" and now "third" are both expected on x: 8 of 8 GPUs.
+    assert scores(view, "second") == {"x": 0, "y": 8}
 
 
 def test_a_bound_pod_cannot_be_expected_again():
