@@ -348,3 +348,18 @@ def test_the_worst_accepted_body_costs_a_bounded_multiple_of_its_size():
         tracemalloc.stop()
     assert len(json.loads(reply.body)["Nodes"]["items"]) == nodes
     assert peak < 5 * len(body), (peak, len(body))  # measured: 4.0x
+
+
+async def test_a_bug_in_a_handler_is_a_counted_500_and_the_server_keeps_serving(
+        client, monkeypatch):
+    def broken(self, pod):
+        raise OverflowError("a bug")
+
+    with monkeypatch.context() as m:
+        m.setattr(PlacementView, "demand_of", broken)
+        status, reply = await post(client, "prioritize", {"Pod": gpu_pod(), "NodeNames": ["h1"]})
+    assert status == 500
+    assert "internal error" in json.loads(reply)["Error"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'gpusteward_extender_requests_total{code="500",verb="prioritize"} 1.0' in metrics
+    assert (await post(client, "prioritize", {"Pod": gpu_pod(), "NodeNames": ["h1"]}))[0] == 200
