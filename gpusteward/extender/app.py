@@ -71,6 +71,7 @@ class Extender:
             if self.telemetry is not None:
                 telemetry = await self.telemetry.fetch()
                 self.last_ok = telemetry.fetched_at
+                # PrometheusSource counts what it dropped; other sources need not
                 for reason, count in getattr(self.telemetry, "last_dropped", {}).items():
                     self.metrics.series_dropped.labels(reason).inc(count)
         except TelemetryUnavailable as e:
@@ -87,7 +88,7 @@ EXTENDER = web.AppKey("extender", Extender)
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may cost (docs/operations.md, "Request limits").
+    """What one request may cost (docs/operations.md, "Extender request limits").
 
     max_body_bytes: the largest body read at all; body_budget_bytes: bodies buffered at once
     across all connections (a request that would exceed it gets 503 and the scheduler retries);
@@ -144,6 +145,8 @@ class _Budget:
 
 
 _BUDGET = web.AppKey("budget", _Budget)
+_SMALL_BODY = 1 << 20
+_SMALL_HEADROOM = 16 << 20
 _UNCOUNTED = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
@@ -196,7 +199,10 @@ async def _body(request: web.Request) -> bytes:
     elif size > limits.max_body_bytes:
         raise _Refused(413, f"body of {size} bytes over the limit of {limits.max_body_bytes} "
                             "(raise it with --max-body-mb)")
-    if budget.used + size > budget.limit:
+    # Small bodies (the scheduler's node-name lists) get headroom that large ones cannot take,
+    # so a few slow large uploads cannot starve them.
+    headroom = _SMALL_HEADROOM if size <= _SMALL_BODY else 0
+    if budget.used + size > budget.limit + headroom:
         raise _Refused(503, "too many large requests at once; retry")
     budget.used += size
     try:

@@ -17,7 +17,7 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Telemetry
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender import wire
-from gpusteward.extender.app import Extender, create_app
+from gpusteward.extender.app import _BUDGET, Extender, create_app
 from gpusteward.extender.replies import filter_reply, prioritize_reply
 from gpusteward.extender.view import PARKED_MAX, PlacementView
 from tests.factories import A100, H100, L4, NOW, node, pod, readings
@@ -363,3 +363,18 @@ async def test_a_bug_in_a_handler_is_a_counted_500_and_the_server_keeps_serving(
     metrics = await (await client.get("/metrics")).text()
     assert 'gpusteward_extender_requests_total{code="500",verb="prioritize"} 1.0' in metrics
     assert (await post(client, "prioritize", {"Pod": gpu_pod(), "NodeNames": ["h1"]}))[0] == 200
+
+
+async def test_slow_large_uploads_cannot_starve_the_scheduler_small_requests():
+    fleet = FleetStore()
+    fleet.replace_all([node("h1", H100)], [])
+    extender = Extender(PlacementView(POLICY, fleet, clock=lambda: NOW), telemetry=None)
+    await extender.refresh()
+    app = create_app(extender, max_body_bytes=4 << 20)
+    async with TestClient(TestServer(app)) as c:
+        app[_BUDGET].used = app[_BUDGET].limit  # large bodies announced and still arriving
+        big = {"Pod": gpu_pod(), "NodeNames": ["h1"], "pad": "x" * (2 << 20)}
+        resp = await c.post("/filter", data=json.dumps(big))
+        assert resp.status == 503
+        assert "retry" in json.loads(await resp.read())["Error"]
+        assert (await post(c, "filter", {"Pod": gpu_pod(), "NodeNames": ["h1"]}))[0] == 200
