@@ -175,7 +175,6 @@ class PrometheusSource:
         result never depends on series order."""
         gpus: dict[tuple[str, ...], dict[str, Any]] = {}
         bad: set[tuple[str, ...]] = set()
-        seen: set[tuple[str, tuple[str, ...]]] = set()
         dropped: dict[str, int] = {}
         counting: set[str] = set()
         try:
@@ -191,11 +190,8 @@ class PrometheusSource:
                         continue
                     if name == "xid_nodes":
                         counting.add(key[0])
-                        continue
-                    if name != "xid_counted" and (name, key) in seen:
+                    elif self._merge(gpus, key, name, labels, value):
                         dropped["duplicate"] = dropped.get("duplicate", 0) + 1
-                    seen.add((name, key))
-                    self._merge(gpus, key, name, labels, value)
         except (AttributeError, TypeError) as e:
             raise TelemetryUnavailable(f"unexpected query result shape: {e}") from e
         self.last_dropped = dropped
@@ -224,46 +220,53 @@ class PrometheusSource:
     def _parse_series(self, name: str, series: Any) -> tuple[tuple[str, ...], dict[str, str],
                                                                 float]:
         """(GPU key, labels, value) of one series, or BadSeries saying why it is unusable."""
-        labels = series.get("metric") if isinstance(series, dict) else None
-        if not isinstance(labels, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-            raise BadSeries("malformed", "labels are not a map of strings")
-        node = self._node_of(labels)
-        if node is None:
+        try:
+            labels = series["metric"]
+            node = self._node_of(labels)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BadSeries("malformed", f"no label map: {e!r}") from e
+        if not isinstance(node, str):
             raise BadSeries("malformed", "no node label")
         key = (node, *(labels.get(k, "") for k in _GPU_KEY))
         try:
             value = float(series["value"][1])
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise BadSeries("malformed", f"no sample value: {e}", key) from e
-        if not math.isfinite(value):
-            raise BadSeries("not_finite", f"value {value}", key)
-        low, high = _RANGE.get(name, (-math.inf, math.inf))
-        if not low <= value <= high:
-            raise BadSeries("out_of_range", f"value {value} outside [{low}, {high}]", key)
-        if name in ("xid", "xid_counted") and not value.is_integer():
+            raise BadSeries("malformed", f"no sample value: {e!r}", key) from e
+        low, high = _RANGE.get(name, _ANY)
+        if not low <= value <= high:  # NaN fails every comparison
+            reason = "out_of_range" if math.isfinite(value) else "not_finite"
+            raise BadSeries(reason, f"value {value} outside [{low}, {high}]", key)
+        if name in _WHOLE and not value.is_integer():
             raise BadSeries("out_of_range", f"XID value {value} is not a whole number", key)
         if name == "xid_counted":
-            xid = labels.get("xid", "")
-            if not (xid.isascii() and xid.isdigit() and int(xid) <= _MAX_XID):
+            xid = labels.get("xid")
+            if not (isinstance(xid, str) and xid.isascii() and xid.isdigit()
+                    and int(xid) <= _MAX_XID):
                 raise BadSeries("malformed", f"xid label {xid!r}", key)
         return key, labels, value
 
     def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], key: tuple[str, ...],
-               name: str, labels: dict[str, str], value: float) -> None:
-        gpu = gpus.setdefault(key, {"node": key[0], "gpu": _gpu_name(labels)})
+               name: str, labels: dict[str, str], value: float) -> bool:
+        """Fold one series into its GPU; True when the GPU already had this reading."""
+        gpu = gpus.get(key)
+        if gpu is None:
+            gpu = gpus[key] = {"node": key[0], "gpu": _gpu_name(labels)}
         pod = _pod_of(labels)
         if pod:
             gpu["pod"] = pod
         field = _FIELDS.get(name)
-        if field is not None:  # duplicates keep the highest reading: order-independent
-            gpu[field] = max(gpu.get(field, value), value)
-            if field == "util":
-                gpu["util"] = min(1.0, gpu["util"])  # engine activity may overshoot by rounding
-        elif name == "xid":
-            gpu["xid"] = max(gpu.get("xid", 0), int(value))
-        elif name == "xid_counted":
-            gpu["counted_xid"] = max(gpu.get("counted_xid", 0), int(labels["xid"]))
+        if field is None:
+            return False
+        if name == "xid_counted":  # one series per XID seen in the window: not duplicates
+            gpu[field] = max(gpu.get(field, 0), int(labels["xid"]))
+            return False
+        old = gpu.get(field)
+        if name == "xid":
+            value = int(value)
+        elif name == "util":
+            value = min(1.0, value)  # engine activity may overshoot by rounding
+        gpu[field] = value if old is None else max(old, value)  # order-independent
+        return old is not None
 
 
 class BadSeries(ValueError):
@@ -277,10 +280,15 @@ class BadSeries(ValueError):
 
 # XIDs are small driver codes (the highest documented is below 200); a bound keeps int() sane.
 _MAX_XID = 10_000
-# Plausible values per query; anything else is a broken exporter or a bad recording rule.
-_RANGE = {"util": (0.0, 1.0 + 1e-6), "util_at": (0.0, math.inf), "temp": (-50.0, 200.0),
-          "fb_used": (0.0, math.inf), "xid": (0.0, _MAX_XID), "xid_counted": (0.0, math.inf)}
-_FIELDS = {"util": "util", "util_at": "sampled_at", "temp": "temp_c", "fb_used": "fb_used_mib"}
+# Plausible values per query (finite bounds, so one comparison also refuses NaN and ±Inf);
+# anything else is a broken exporter or a bad recording rule.
+_RANGE = {"util": (0.0, 1.0 + 1e-6), "util_at": (0.0, 1e11), "temp": (-50.0, 200.0),
+          "fb_used": (0.0, 1e9), "xid": (0.0, _MAX_XID), "xid_counted": (0.0, 1e12),
+          "xid_nodes": (0.0, 1e12)}
+_ANY = (-1e300, 1e300)
+_WHOLE = frozenset({"xid", "xid_counted"})
+_FIELDS = {"util": "util", "util_at": "sampled_at", "temp": "temp_c", "fb_used": "fb_used_mib",
+           "xid": "xid", "xid_counted": "counted_xid"}
 
 
 def _gpu_name(labels: dict[str, str]) -> str:
