@@ -80,7 +80,12 @@ class Extender:
         except Exception:  # a bug must not leave the old readings looking fresh
             self.metrics.refresh_errors.inc()
             log.exception("telemetry refresh failed; keeping the last readings, which age")
-        self.view.set_telemetry(telemetry)
+        try:
+            self.view.set_telemetry(telemetry)
+        except Exception:  # readings the scoring cannot digest: score neutral, never stale-fresh
+            self.metrics.refresh_errors.inc()
+            log.exception("rebuilding node states failed; scoring load and health as neutral")
+            self.view.set_telemetry(Telemetry())
 
 
 EXTENDER = web.AppKey("extender", Extender)

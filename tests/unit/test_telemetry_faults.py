@@ -14,7 +14,7 @@ import pytest
 
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.fleet import FleetStore
-from gpusteward.core.model import Telemetry
+from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender.app import Extender
 from gpusteward.extender.view import PlacementView
@@ -108,4 +108,23 @@ async def test_stale_states_show_even_when_the_rebuild_itself_stops():
     view.set_telemetry(Telemetry(nodes={"n1": readings("n1", [0.5] * 8)}, fetched_at=NOW))
     assert scraped(extender, "gpusteward_telemetry_stale_nodes") == 0
     now[0] += 600  # no refresh ran since: its states were judged ten minutes ago
+    assert scraped(extender, "gpusteward_telemetry_stale_nodes") == 1
+
+
+class Indigestible:
+    """Readings that pass the adapter but break the scoring (a bug's stand-in)."""
+
+    async def fetch(self) -> Telemetry:
+        return Telemetry(nodes={"n1": (GpuReading(node="n1", gpu="0", util="0.5",  # type: ignore[arg-type]
+                                                  sampled_at=NOW),)}, fetched_at=NOW)
+
+
+async def test_readings_the_scoring_cannot_digest_turn_neutral_not_frozen():
+    fleet = FleetStore()
+    fleet.replace_all([node("n1", H100)], [])
+    view = PlacementView(POLICY, fleet, clock=lambda: NOW)
+    extender = Extender(view, Indigestible())
+    await extender.refresh()  # must not raise
+    assert extender.metrics.refresh_errors._value.get() == 1
+    assert view.telemetry == Telemetry()
     assert scraped(extender, "gpusteward_telemetry_stale_nodes") == 1
