@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import ssl
 from dataclasses import dataclass
@@ -52,6 +53,10 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
     await runner.setup()
     host, port = args.listen
     listener = await listen(runner, extender, host, port, tls, Transport())
+    reloader = None
+    if tls is not None:
+        reloader = asyncio.create_task(
+            CertificateReloader(tls, args.tls_cert_file, args.tls_key_file).run())
     metrics_runner = None
     if args.metrics_listen:
         metrics_runner = web.AppRunner(create_metrics_app(extender), access_log=None)
@@ -67,6 +72,8 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    if reloader is not None:
+        reloader.cancel()
     await listener.close()
     await runner.cleanup()
     if metrics_runner is not None:
@@ -89,6 +96,40 @@ def server_tls(cert: str | None, key: str | None, client_ca: str | None) -> ssl.
         context.load_verify_locations(cafile=client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+class CertificateReloader:
+    """Re-reads the certificate and key when their files change (a rotated Secret): new
+    handshakes use the new pair, open connections keep theirs. A pair that does not load (a
+    rotation half written) is logged and the old one kept until the next check."""
+
+    def __init__(self, context: ssl.SSLContext, cert: str, key: str):
+        self.context, self.cert, self.key = context, cert, key
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        # A Secret volume swaps a symlink: the inode changes even when the time does not.
+        return tuple((st.st_mtime_ns, st.st_ino, st.st_size)
+                     for st in (os.stat(self.cert), os.stat(self.key)))
+
+    def check(self) -> bool:
+        """True when a changed pair was loaded."""
+        try:
+            stamp = self._stamp()
+            if stamp == self._seen:
+                return False
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as e:
+            log.warning("TLS certificate changed but could not be loaded, keeping the old: %s", e)
+            return False
+        self._seen = stamp
+        log.info("TLS certificate reloaded from %s", self.cert)
+        return True
+
+    async def run(self, every: float = 60.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            self.check()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,13 @@ from aiohttp import web
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender.app import Extender, create_app
-from gpusteward.extender.serve import Listener, Transport, listen, server_tls
+from gpusteward.extender.serve import (
+    CertificateReloader,
+    Listener,
+    Transport,
+    listen,
+    server_tls,
+)
 from gpusteward.extender.view import PlacementView
 from tests.factories import H100, node
 
@@ -165,3 +171,35 @@ async def test_connections_over_the_cap_are_refused_not_queued(unused_tcp_port):
 
 def listener_open(listener: Listener) -> set:
     return listener.guard.open
+
+
+async def peer_subject(port: int, certs: Path) -> str:
+    _, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=client_tls(certs, "scheduler"))
+    subject = dict(x[0] for x in writer.get_extra_info("peercert")["subject"])["commonName"]
+    writer.close()
+    return subject
+
+
+async def test_a_rotated_certificate_is_served_to_new_connections(certs, tmp_path,
+                                                                   unused_tcp_port):
+    for f in ("extender.crt", "extender.key"):
+        (tmp_path / f).write_bytes((certs / f).read_bytes())
+    cert, key = str(tmp_path / "extender.crt"), str(tmp_path / "extender.key")
+    tls = server_tls(cert, key, str(certs / "ca.crt"))
+    reloader = CertificateReloader(tls, cert, key)
+    listener, runner, _ = await start(unused_tcp_port, tls)
+    try:
+        assert await peer_subject(unused_tcp_port, certs) == "extender"
+        assert reloader.check() is False  # nothing changed
+        (tmp_path / "extender.crt").write_text("half written")
+        assert reloader.check() is False  # the old pair stays
+        assert await peer_subject(unused_tcp_port, certs) == "extender"
+        make_cert(certs, "rotated", "ca", san="IP:127.0.0.1")
+        (tmp_path / "extender.crt").write_bytes((certs / "rotated.crt").read_bytes())
+        (tmp_path / "extender.key").write_bytes((certs / "rotated.key").read_bytes())
+        assert reloader.check() is True
+        assert await peer_subject(unused_tcp_port, certs) == "rotated"
+    finally:
+        await listener.close()
+        await runner.cleanup()
