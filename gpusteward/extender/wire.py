@@ -55,7 +55,9 @@ MAX_VALUES = 2_000_000
 def decode_args(body: bytes, max_nodes: int = MAX_NODES) -> ExtenderArgs:
     if not body:
         raise BadRequest("empty body: expected ExtenderArgs JSON")
-    if body.count(b",") > MAX_VALUES:
+    # Each value takes two bytes at least ("1,"): shorter bodies need no scan (the names-mode
+    # hot path never pays for it; a 14 MiB full-node body pays ~6 ms).
+    if len(body) > 2 * MAX_VALUES and body.count(b",") > MAX_VALUES:
         raise BadRequest(f"more than {MAX_VALUES} JSON values: not a scheduler request")
     try:
         args = _args_decoder.decode(body)
