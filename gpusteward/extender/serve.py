@@ -8,9 +8,13 @@ import logging
 import os
 import signal
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import Watcher, connect
@@ -22,6 +26,7 @@ from gpusteward.extender.guard import ConnectionGuard
 from gpusteward.extender.view import PlacementView
 
 log = logging.getLogger("gpusteward.extender")
+_AIOHTTP_SERVER_LOG = logging.getLogger("aiohttp.server")
 
 
 async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | None) -> int:
@@ -154,12 +159,49 @@ class Listener:
         await asyncio.gather(self._sweeper, return_exceptions=True)
 
 
+class _ClientErrorTraceback(logging.Filter):
+    """aiohttp logs a request it cannot parse with a traceback at ERROR; _counting_errors has
+    logged it as one warning line already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500)
+
+
+def _counting_errors(server: web.Server, extender: Extender) -> Callable[[], asyncio.Protocol]:
+    """aiohttp answers a request it cannot parse (bad framing, headers, chunking) itself, past
+    the app's middleware: count those answers too, as verb "other". RequestHandler has slots
+    and no hook, so each one is given a subclass that only adds the count."""
+    requests = extender.metrics.requests
+
+    class Counting(RequestHandler):
+        __slots__ = ()
+
+        def handle_error(self, request: Any, status: int = 500,
+                         exc: BaseException | None = None,
+                         message: str | None = None) -> web.StreamResponse:
+            requests.labels("other", str(status)).inc()
+            if 400 <= status < 500:
+                log.warning("unreadable HTTP request (%d): %s", status, exc)
+            return super().handle_error(request, status, exc, message)
+
+    def make() -> asyncio.Protocol:
+        handler = server()
+        handler.__class__ = Counting
+        return handler
+
+    return make
+
+
 async def listen(runner: web.AppRunner, extender: Extender, host: str, port: int,
                  tls: ssl.SSLContext | None, transport: Transport) -> Listener:
     """Serve the app on host:port through the connection guard (runner set up already)."""
     assert runner.server is not None
     closed = extender.metrics.connections_closed
-    guard = ConnectionGuard(runner.server, max_connections=transport.max_connections,
+    if not any(isinstance(f, _ClientErrorTraceback) for f in _AIOHTTP_SERVER_LOG.filters):
+        _AIOHTTP_SERVER_LOG.addFilter(_ClientErrorTraceback())
+    guard = ConnectionGuard(_counting_errors(runner.server, extender),
+                            max_connections=transport.max_connections,
                             request_timeout=transport.request_timeout,
                             on_close=lambda reason: closed.labels(reason).inc())
     server = await asyncio.get_running_loop().create_server(

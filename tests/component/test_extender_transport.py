@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import ssl
 import subprocess
 from pathlib import Path
@@ -200,6 +201,31 @@ async def test_a_rotated_certificate_is_served_to_new_connections(certs, tmp_pat
         (tmp_path / "extender.key").write_bytes((certs / "rotated.key").read_bytes())
         assert reloader.check() is True
         assert await peer_subject(unused_tcp_port, certs) == "rotated"
+    finally:
+        await listener.close()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("raw", [
+    b"GARBAGE\r\n\r\n",
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+], ids=["request-line", "content-length", "chunk-size"])
+async def test_requests_aiohttp_cannot_parse_are_counted_without_a_traceback(
+        raw, unused_tcp_port, caplog):
+    listener, runner, extender = await start(unused_tcp_port, None)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", unused_tcp_port)
+            writer.write(raw)
+            reply = await asyncio.wait_for(reader.read(), timeout=10)
+            writer.close()
+        assert reply.startswith(b"HTTP/1.0 400 Bad Request")
+        assert extender.metrics.registry.get_sample_value(
+            "gpusteward_extender_requests_total", {"verb": "other", "code": "400"}) == 1
+        assert [r for r in caplog.records if r.exc_info] == []
+        assert any("unreadable HTTP request (400)" in r.getMessage() for r in caplog.records)
+        assert await filter_status(f"http://127.0.0.1:{unused_tcp_port}/filter", None) == 200
     finally:
         await listener.close()
         await runner.cleanup()
