@@ -53,8 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     ext = sub.add_parser("extender", help="serve the kube-scheduler HTTP extender")
     ext.add_argument("--policy", required=True, help="policy YAML file")
     ext.add_argument("--listen", type=_hostport, default=("0.0.0.0", 8888), metavar="HOST:PORT")
-    ext.add_argument("--max-body-mb", type=_positive_mb, default=64,
-                     help="largest request body accepted (full-node mode sends whole Nodes)")
+    ext.add_argument("--max-body-mb", type=_positive_mb, default=32,
+                     help="largest request body accepted (full-node mode sends whole Nodes; "
+                     "docs/operations.md sizes it from the fleet)")
+    ext.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
+    ext.add_argument("--tls-key-file", help="the certificate's private key (PEM)")
+    ext.add_argument("--tls-client-ca-file",
+                     help="accept only clients with a certificate signed by this CA (the "
+                     "scheduler's extender tlsConfig certFile/keyFile)")
+    ext.add_argument("--metrics-listen", type=_hostport, metavar="HOST:PORT",
+                     help="serve /metrics, /healthz and /readyz on a port of their own (plain "
+                     "HTTP), so the scheduler port can admit only the scheduler")
     _common(ext)
 
     rec = sub.add_parser("reclaimer", help="reclaim GPUs that pods hold idle")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -108,6 +109,8 @@ class PrometheusSource:
                                        auth=connection.credentials(), retry=Retry(total=0),
                                        timeout=self.timeout)
         self.queries_run = 0
+        # reason -> series dropped by the last assemble (the extender counts them)
+        self.last_dropped: dict[str, int] = {}
 
     async def fetch(self) -> Telemetry:
         """One refresh; raises TelemetryUnavailable when Prometheus cannot answer."""
@@ -184,18 +187,42 @@ class PrometheusSource:
         return result
 
     def assemble(self, results: dict[str, list[dict[str, Any]]]) -> Telemetry:
+        """Readings from one refresh's query results.
+
+        A series that cannot be read (NaN, ±Inf or out-of-range value, missing or malformed
+        labels) is dropped with its GPU for this refresh and counted in ``last_dropped``; the
+        rest of the fleet is unaffected. Duplicates for one GPU keep the highest value, so the
+        result never depends on series order."""
         gpus: dict[tuple[str, ...], dict[str, Any]] = {}
+        bad: set[tuple[str, ...]] = set()
+        dropped: dict[str, int] = {}
+        counting: set[str] = set()
         try:
-            counting = {self._node_of(s["metric"]) for s in results.get("xid_nodes", ())}
             for name, series in results.items():
-                if name != "xid_nodes":
-                    for s in series:
-                        self._merge(gpus, name, s["metric"], float(s["value"][1]))
-        except (KeyError, IndexError, TypeError, ValueError) as e:
+                for s in series:
+                    try:
+                        key, labels, value = self._parse_series(name, s)
+                    except BadSeries as e:
+                        dropped[e.reason] = dropped.get(e.reason, 0) + 1
+                        if e.key is not None:
+                            bad.add(e.key)
+                        log.debug("dropped %s series %r: %s", name, s, e)
+                        continue
+                    if name == "xid_nodes":
+                        counting.add(key[0])
+                    elif self._merge(gpus, key, name, labels, value):
+                        dropped["duplicate"] = dropped.get("duplicate", 0) + 1
+        except (AttributeError, TypeError) as e:
             raise TelemetryUnavailable(f"unexpected query result shape: {e}") from e
+        self.last_dropped = dropped
+        if dropped:
+            log.warning("telemetry series dropped this refresh (their GPUs read as unknown): %s",
+                        ", ".join(f"{r}={n}" for r, n in sorted(dropped.items())))
         now = self.clock()
         by_node: dict[str, list[GpuReading]] = {}
-        for fields in gpus.values():
+        for key, fields in sorted(gpus.items()):  # GPU order, not series order
+            if key in bad:
+                continue
             counted = fields.pop("counted_xid", 0)
             if fields["node"] in counting:  # the windowed count, not the sticky gauge
                 fields["xid"] = counted
@@ -210,28 +237,78 @@ class PrometheusSource:
     def _node_of(self, labels: dict[str, str]) -> str | None:
         return next((labels[k] for k in self.node_labels if labels.get(k)), None)
 
-    def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], name: str,
-               labels: dict[str, str], value: float) -> None:
-        node = self._node_of(labels)
-        if node is None:
-            return
+    def _parse_series(self, name: str, series: Any) -> tuple[tuple[str, ...], dict[str, str],
+                                                                float]:
+        """(GPU key, labels, value) of one series, or BadSeries saying why it is unusable."""
+        try:
+            labels = series["metric"]
+            node = self._node_of(labels)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise BadSeries("malformed", f"no label map: {e!r}") from e
+        if not isinstance(node, str):
+            raise BadSeries("malformed", "no node label")
         key = (node, *(labels.get(k, "") for k in _GPU_KEY))
-        gpu = gpus.setdefault(key, {"node": node, "gpu": _gpu_name(labels)})
+        try:
+            value = float(series["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise BadSeries("malformed", f"no sample value: {e!r}", key) from e
+        low, high = _RANGE.get(name, _ANY)
+        if not low <= value <= high:  # NaN fails every comparison
+            reason = "out_of_range" if math.isfinite(value) else "not_finite"
+            raise BadSeries(reason, f"value {value} outside [{low}, {high}]", key)
+        if name in _WHOLE and not value.is_integer():
+            raise BadSeries("out_of_range", f"XID value {value} is not a whole number", key)
+        if name == "xid_counted":
+            xid = labels.get("xid")
+            if not (isinstance(xid, str) and xid.isascii() and xid.isdigit()
+                    and int(xid) <= _MAX_XID):
+                raise BadSeries("malformed", f"xid label {xid!r}", key)
+        return key, labels, value
+
+    def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], key: tuple[str, ...],
+               name: str, labels: dict[str, str], value: float) -> bool:
+        """Fold one series into its GPU; True when the GPU already had this reading."""
+        gpu = gpus.get(key)
+        if gpu is None:
+            gpu = gpus[key] = {"node": key[0], "gpu": _gpu_name(labels)}
         pod = _pod_of(labels)
         if pod:
             gpu["pod"] = pod
-        if name == "util":
-            gpu["util"] = min(1.0, max(0.0, value))
-        elif name == "util_at":
-            gpu["sampled_at"] = value
-        elif name == "temp":
-            gpu["temp_c"] = value
-        elif name == "fb_used":
-            gpu["fb_used_mib"] = value
-        elif name == "xid":
-            gpu["xid"] = max(gpu.get("xid", 0), int(value))
-        elif name == "xid_counted":
-            gpu["counted_xid"] = max(gpu.get("counted_xid", 0), int(labels["xid"]))
+        field = _FIELDS.get(name)
+        if field is None:
+            return False
+        if name == "xid_counted":  # one series per XID seen in the window: not duplicates
+            gpu[field] = max(gpu.get(field, 0), int(labels["xid"]))
+            return False
+        old = gpu.get(field)
+        if name == "xid":
+            value = int(value)
+        elif name == "util":
+            value = min(1.0, value)  # engine activity may overshoot by rounding
+        gpu[field] = value if old is None else max(old, value)  # order-independent
+        return old is not None
+
+
+class BadSeries(ValueError):
+    """One series that cannot be used; ``reason`` labels the dropped-series metric."""
+
+    def __init__(self, reason: str, detail: str, key: tuple[str, ...] | None = None):
+        super().__init__(detail)
+        self.reason = reason
+        self.key = key
+
+
+# XIDs are small driver codes (the highest documented is below 200); a bound keeps int() sane.
+_MAX_XID = 10_000
+# Plausible values per query (finite bounds, so one comparison also refuses NaN and ±Inf);
+# anything else is a broken exporter or a bad recording rule.
+_RANGE = {"util": (0.0, 1.0 + 1e-6), "util_at": (0.0, 1e11), "temp": (-50.0, 200.0),
+          "fb_used": (0.0, 1e9), "xid": (0.0, _MAX_XID), "xid_counted": (0.0, 1e12),
+          "xid_nodes": (0.0, 1e12)}
+_ANY = (-1e300, 1e300)
+_WHOLE = frozenset({"xid", "xid_counted"})
+_FIELDS = {"util": "util", "util_at": "sampled_at", "temp": "temp_c", "fb_used": "fb_used_mib",
+           "xid": "xid", "xid_counted": "counted_xid"}
 
 
 def _gpu_name(labels: dict[str, str]) -> str:

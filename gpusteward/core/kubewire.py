@@ -88,18 +88,32 @@ class QuantityError(ValueError):
     pass
 
 
+# No node has more; a bound keeps a hostile quantity from turning into a huge int.
+MAX_COUNT = 1 << 20
+
+
 def parse_count(value: str | int | float) -> int:
-    """A resource quantity as a whole count (GPUs are never fractional)."""
+    """A resource quantity as a whole count (GPUs are never fractional, never negative).
+
+    Only ASCII digits count: ``str.isdigit`` also accepts "²" and "٣", which ``int`` refuses or
+    reads as another number. A fraction such as 2.9 is an error, not 2."""
+    count: int | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return int(value)
-    if isinstance(value, str):
+        if isinstance(value, int) or value.is_integer():
+            count = int(value)
+    elif isinstance(value, str):
         text = value.strip()
         for suffix, factor in _SUFFIX.items():
-            if text.endswith(suffix) and text[: -len(suffix)].isdigit():
-                return int(text[: -len(suffix)]) * factor
-        if text.isdigit():
-            return int(text)
-    raise QuantityError(f"{value!r} is not a whole-number quantity")
+            digits = text[: -len(suffix)]
+            if text.endswith(suffix) and digits.isascii() and digits.isdigit():
+                count = int(digits) * factor
+                break
+        else:
+            if text.isascii() and text.isdigit():
+                count = int(text)
+    if count is None or not 0 <= count <= MAX_COUNT:
+        raise QuantityError(f"{value!r} is not a whole-number quantity between 0 and {MAX_COUNT}")
+    return count
 
 
 def _sum_resources(amounts: dict[str, str | int | float] | None, names: Sequence[str]) -> int:

@@ -48,33 +48,78 @@ class Extender:
     metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
     last_ok: float = 0.0
 
+    def __post_init__(self) -> None:
+        # Read at scrape time, so a refresh that stops or crashes still shows as ageing.
+        self.metrics.telemetry_age.set_function(self.telemetry_age)
+        self.metrics.stale_nodes.set_function(self.view.stale_nodes)
+        self.metrics.nodes.set_function(lambda: len(self.view.fleet.nodes))
+
     @property
     def ready(self) -> bool:
         return all(w.synced.is_set() for w in self.watches)
 
+    def telemetry_age(self) -> float:
+        return self.view.clock() - self.last_ok if self.last_ok else float("inf")
+
     async def refresh(self) -> None:
-        """One telemetry tick: fetch, then rebuild every node state (also after a failure)."""
+        """One telemetry tick: fetch, then rebuild every node state (also after a failure).
+
+        Whatever goes wrong, the last good readings are kept and age: they turn stale (neutral
+        terms) after ``staleAfter`` and the age, stale-nodes and error metrics say so."""
         telemetry = self.view.telemetry
-        if self.telemetry is not None:
-            try:
+        try:
+            if self.telemetry is not None:
                 telemetry = await self.telemetry.fetch()
                 self.last_ok = telemetry.fetched_at
-            except TelemetryUnavailable as e:
-                self.metrics.refresh_errors.inc()
-                log.warning("telemetry unavailable, scoring load and health as neutral: %s", e)
-        self.view.set_telemetry(telemetry)
-        now = self.view.clock()
-        self.metrics.telemetry_age.set(now - self.last_ok if self.last_ok else float("inf"))
-        self.metrics.stale_nodes.set(self.view.stale_nodes())
-        self.metrics.nodes.set(len(self.view.fleet.nodes))
+                # PrometheusSource counts what it dropped; other sources need not
+                for reason, count in getattr(self.telemetry, "last_dropped", {}).items():
+                    self.metrics.series_dropped.labels(reason).inc(count)
+        except TelemetryUnavailable as e:
+            self.metrics.refresh_errors.inc()
+            log.warning("telemetry unavailable, scoring load and health as neutral: %s", e)
+        except Exception:  # a bug must not leave the old readings looking fresh
+            self.metrics.refresh_errors.inc()
+            log.exception("telemetry refresh failed; keeping the last readings, which age")
+        try:
+            self.view.set_telemetry(telemetry)
+        except Exception:  # readings the scoring cannot digest: score neutral, never stale-fresh
+            self.metrics.refresh_errors.inc()
+            log.exception("rebuilding node states failed; scoring load and health as neutral")
+            self.view.set_telemetry(Telemetry())
 
 
 EXTENDER = web.AppKey("extender", Extender)
 
 
-def create_app(extender: Extender, *, max_body_bytes: int = 64 << 20) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes)
+@dataclass(frozen=True)
+class Limits:
+    """What one request may cost (docs/operations.md, "Extender request limits").
+
+    max_body_bytes: the largest body read at all; body_budget_bytes: bodies buffered at once
+    across all connections (a request that would exceed it gets 503 and the scheduler retries);
+    read_timeout: seconds to receive a request's body once its headers arrived."""
+
+    max_body_bytes: int = 32 << 20
+    body_budget_bytes: int = 96 << 20
+    read_timeout: float = 10.0
+
+
+LIMITS = web.AppKey("limits", Limits)
+VERBS = ("filter", "prioritize")
+# aiohttp would inflate a gzip body inside the event loop, also to drain one we refused; idle
+# keep-alive connections are closed after a minute (aiohttp's default is an hour).
+SERVER_OPTIONS = {"auto_decompress": False, "keepalive_timeout": 60.0}
+
+
+def create_app(extender: Extender, *, max_body_bytes: int = 32 << 20,
+               limits: Limits | None = None) -> web.Application:
+    limits = limits or Limits(max_body_bytes=max_body_bytes,
+                              body_budget_bytes=max(3 * max_body_bytes, 8 << 20))
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_counted],
+                          handler_args=SERVER_OPTIONS)
     app[EXTENDER] = extender
+    app[LIMITS] = limits
+    app[_BUDGET] = _Budget(limits.body_budget_bytes)
     app.add_routes([
         web.post("/filter", _verb("filter", filter_reply)),
         web.post("/prioritize", _verb("prioritize", prioritize_reply)),
@@ -86,30 +131,112 @@ def create_app(extender: Extender, *, max_body_bytes: int = 64 << 20) -> web.App
     return app
 
 
+def create_metrics_app(extender: Extender) -> web.Application:
+    """/metrics and the probes alone, for a port of their own (--metrics-listen): Prometheus
+    and the kubelet reach it while the scheduler port admits only the scheduler."""
+    app = web.Application()
+    app[EXTENDER] = extender
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz),
+                    web.get("/metrics", metrics)])
+    return app
+
+
+class _Budget:
+    """Bytes of request bodies held in memory right now, across all requests."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+
+
+_BUDGET = web.AppKey("budget", _Budget)
+_SMALL_BODY = 1 << 20
+_SMALL_HEADROOM = 16 << 20
+_UNCOUNTED = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@web.middleware
+async def _counted(request: web.Request,
+                   handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                   ) -> web.StreamResponse:
+    """Every scheduler-facing response is counted, whatever produced it (404, 405, a bug)."""
+    if request.path in _UNCOUNTED:
+        return await handler(request)
+    ext = request.app[EXTENDER]
+    verb = request.path.strip("/") if request.path.strip("/") in VERBS else "other"
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+        status = response.status
+    except web.HTTPException as e:
+        status = e.status
+        raise
+    except Exception:
+        status = 500
+        log.exception("%s request failed", verb)
+        response = web.Response(body=_error("internal error; see the extender's log"),
+                                status=500, content_type=JSON)
+    finally:
+        ext.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        ext.metrics.requests.labels(verb, str(status)).inc()
+    return response
+
+
 Answer = Callable[[PlacementView, wire.ExtenderArgs], Outcome]
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+
+
+async def _body(request: web.Request) -> bytes:
+    """The request body within the limits, or _Refused saying which one it broke."""
+    limits, budget = request.app[LIMITS], request.app[_BUDGET]
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise _Refused(415, f"Content-Encoding {encoding!r} not accepted: send plain JSON "
+                            "(kube-scheduler never compresses extender requests)")
+    size = request.content_length
+    if size is None:
+        size = limits.max_body_bytes  # chunked: reserve the most it may grow to
+    elif size > limits.max_body_bytes:
+        raise _Refused(413, f"body of {size} bytes over the limit of {limits.max_body_bytes} "
+                            "(raise it with --max-body-mb)")
+    # Small bodies (the scheduler's node-name lists) get headroom that large ones cannot take,
+    # so a few slow large uploads cannot starve them.
+    headroom = _SMALL_HEADROOM if size <= _SMALL_BODY else 0
+    if budget.used + size > budget.limit + headroom:
+        raise _Refused(503, "too many large requests at once; retry")
+    budget.used += size
+    try:
+        async with asyncio.timeout(limits.read_timeout):
+            return await request.read()
+    except TimeoutError as e:
+        raise _Refused(408, f"body not received within {limits.read_timeout:g}s") from e
+    except web.HTTPRequestEntityTooLarge as e:
+        raise _Refused(413, f"{e.text} (raise the limit with --max-body-mb)") from e
+    finally:
+        budget.used -= size
 
 
 def _verb(verb: str, answer: Answer) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
         ext = request.app[EXTENDER]
-        started = time.perf_counter()
-        status, body = 200, b""
         try:
-            outcome = answer(ext.view, wire.decode_args(await request.read()))
-            body = outcome.body
-            if outcome.unknown_nodes:
-                ext.metrics.unknown_nodes.labels(verb).inc(outcome.unknown_nodes)
-        except wire.BadRequest as e:
-            status = 400
+            outcome = answer(ext.view, wire.decode_args(await _body(request)))
+        except (wire.BadRequest, _Refused) as e:
+            status = e.status if isinstance(e, _Refused) else 400
             body = wire.error_result(str(e)) if verb == "filter" else _error(str(e))
-            log.warning("bad %s request: %s", verb, e)
-        except web.HTTPRequestEntityTooLarge as e:
-            status = 413
-            body = _error(f"{e.text} (raise the limit with --max-body-mb)")
-            log.warning("bad %s request: %s", verb, e)
-        ext.metrics.latency.labels(verb).observe(time.perf_counter() - started)
-        ext.metrics.requests.labels(verb, str(status)).inc()
-        return web.Response(body=body, status=status, content_type=JSON)
+            log.warning("bad %s request (%d): %s", verb, status, e)
+            response = web.Response(body=body, status=status, content_type=JSON)
+            if isinstance(e, _Refused):
+                response.force_close()  # do not drain a body we would not read
+            return response
+        if outcome.unknown_nodes:
+            ext.metrics.unknown_nodes.labels(verb).inc(outcome.unknown_nodes)
+        return web.Response(body=outcome.body, content_type=JSON)
 
     return handler
 
@@ -138,6 +265,7 @@ async def _refresh_loop(ext: Extender) -> None:
         try:
             await ext.refresh()
         except Exception:  # a bug here must not stop scheduling: log it and go on
+            ext.metrics.refresh_errors.inc()
             log.exception("telemetry refresh crashed")
         await asyncio.sleep(ext.refresh_seconds)
 

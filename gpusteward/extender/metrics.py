@@ -31,5 +31,15 @@ class ExtenderMetrics:
             registry=r)
         self.refresh_errors = Counter(
             "gpusteward_telemetry_refresh_errors_total",
-            "Telemetry refreshes that failed (Prometheus unreachable or garbage).", registry=r)
+            "Telemetry refreshes that failed (Prometheus unreachable or garbage, or a bug).",
+            registry=r)
+        self.series_dropped = Counter(
+            "gpusteward_extender_telemetry_series_dropped_total",
+            "Telemetry series left out of a refresh (their GPU reads as unknown), by reason: "
+            "not_finite, out_of_range, malformed, duplicate (the highest reading is kept).",
+            ["reason"], registry=r)
+        self.connections_closed = Counter(
+            "gpusteward_extender_connections_closed_total",
+            "Connections the extender closed: request_timeout (a request not received and "
+            "answered in time), connection_cap (too many open).", ["reason"], registry=r)
         self.nodes = Gauge("gpusteward_extender_nodes", "GPU nodes in the watch cache.", registry=r)

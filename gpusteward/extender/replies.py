@@ -24,6 +24,7 @@ class Outcome(msgspec.Struct):
 
 def demand_or_400(view: PlacementView, args: wire.ExtenderArgs) -> Demand:
     assert args.Pod is not None
+    view.settle_parked()
     view.forget(args.Pod.metadata.uid)
     try:
         return view.demand_of(args.Pod)
@@ -43,7 +44,10 @@ def _by_name(view: PlacementView, table: DemandTable,
         name = wire.node_name(raw)
         frags = table.by_node.get(name)
         if frags is None and name:
-            state = view.state_from_request(wire.decode_node(raw))
+            try:
+                state = view.state_from_request(wire.decode_node(raw))
+            except QuantityError as e:
+                raise wire.BadRequest(f"node {name}: {e}") from e
             frags = view.book.fragments_for_unlisted(state, table.demand)
         yield name, frags, raw
 
@@ -101,7 +105,7 @@ def prioritize_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
                                    for n, f in pairs])
     else:
         body = wire.priority_list(map(_PRIORITY, ranked))
-    _expect_on_best(view, args, table.demand, ranked)
+    _expect_on_best(view, args, ranked)
     return Outcome(body, unknown)
 
 
@@ -109,10 +113,10 @@ _PRIORITY = attrgetter("priority")
 _SCORE = attrgetter("score")
 
 
-def _expect_on_best(view: PlacementView, args: wire.ExtenderArgs, demand: Demand,
+def _expect_on_best(view: PlacementView, args: wire.ExtenderArgs,
                     ranked: list[Fragments | None]) -> None:
     if args.Pod is None or not args.Pod.metadata.uid:
         return  # nothing to expect: a probe, or a pod the scheduler never binds under that uid
     best = max(filter(None, ranked), key=_SCORE, default=None)
     if best is not None:
-        view.expect(args.Pod.metadata.uid, best.name, demand.gpus)
+        view.expect(args.Pod.metadata.uid, best.name)

@@ -5,9 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
 
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import Watcher, connect
@@ -15,14 +22,21 @@ from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import Policy
-from gpusteward.extender.app import Extender, create_app
+from gpusteward.extender.app import Extender, Limits, create_app, create_metrics_app
+from gpusteward.extender.guard import ConnectionGuard
 from gpusteward.extender.view import PlacementView
 
 log = logging.getLogger("gpusteward.extender")
+_AIOHTTP_SERVER_LOG = logging.getLogger("aiohttp.server")
 
 
 async def serve(policy: Policy, args: argparse.Namespace,
                 prometheus: PrometheusConnection | None) -> int:
+    try:
+        tls = server_tls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+    except (OSError, ssl.SSLError, ValueError) as e:
+        log.error("TLS: %s", e)
+        return 2
     try:
         api = await connect(args.kubeconfig, args.context)
     except KubeConfigError as e:
@@ -38,19 +52,160 @@ async def serve(policy: Policy, args: argparse.Namespace,
                     "load and health terms stay neutral")
     watches = [Watcher(api, fleet, kind, policy.resources) for kind in ("nodes", "pods")]
     extender = Extender(view, telemetry, watches, float(policy.telemetry.refresh))
-    app = create_app(extender, max_body_bytes=args.max_body_mb << 20)
+    max_body = args.max_body_mb << 20
+    app = create_app(extender, limits=Limits(max_body_bytes=max_body,
+                                             body_budget_bytes=3 * max_body))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = args.listen
-    await web.TCPSite(runner, host, port).start()
-    log.info("extender listening on %s:%d (prometheus: %s)", host, port,
-             prometheus.describe() if prometheus else "none")
+    listener = await listen(runner, extender, host, port, tls, Transport())
+    reloader = None
+    if tls is not None:
+        reloader = asyncio.create_task(
+            CertificateReloader(tls, args.tls_cert_file, args.tls_key_file).run())
+    metrics_runner = None
+    if args.metrics_listen:
+        metrics_runner = web.AppRunner(create_metrics_app(extender), access_log=None)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, *args.metrics_listen).start()
+        log.info("metrics and probes on %s:%d", *args.metrics_listen)
+    log.info("extender listening on %s:%d (%s; prometheus: %s)", host, port,
+             "TLS" + (" with client certificates" if args.tls_client_ca_file else "")
+             if tls else "plain HTTP", prometheus.describe() if prometheus else "none")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
+    if reloader is not None:
+        reloader.cancel()
+    await listener.close()
     await runner.cleanup()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
     await api.close()
     return 0
+
+
+def server_tls(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
+    """The extender's TLS, as kube-scheduler's extender ``tlsConfig`` (certFile, keyFile,
+    caFile) expects it: our certificate, and with a client CA only clients it signed."""
+    if not cert and not key and not client_ca:
+        return None
+    if not cert or not key:
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class CertificateReloader:
+    """Re-reads the certificate and key when their files change (a rotated Secret): new
+    handshakes use the new pair, open connections keep theirs. A pair that does not load (a
+    rotation half written) is logged and the old one kept until the next check."""
+
+    def __init__(self, context: ssl.SSLContext, cert: str, key: str):
+        self.context, self.cert, self.key = context, cert, key
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        # A Secret volume swaps a symlink: the inode changes even when the time does not.
+        return tuple((st.st_mtime_ns, st.st_ino, st.st_size)
+                     for st in (os.stat(self.cert), os.stat(self.key)))
+
+    def check(self) -> bool:
+        """True when a changed pair was loaded."""
+        try:
+            stamp = self._stamp()
+            if stamp == self._seen:
+                return False
+            self.context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as e:
+            log.warning("TLS certificate changed but could not be loaded, keeping the old: %s", e)
+            return False
+        self._seen = stamp
+        log.info("TLS certificate reloaded from %s", self.cert)
+        return True
+
+    async def run(self, every: float = 60.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            self.check()
+
+
+@dataclass(frozen=True)
+class Transport:
+    """Connection limits (docs/operations.md, "Request limits")."""
+
+    max_connections: int = 256  # one scheduler keeps a handful; a cap stops a flood
+    request_timeout: float = 10.0  # first byte of a request to its answer (headers and body)
+    backlog: int = 128
+
+
+class Listener:
+    def __init__(self, server: asyncio.Server, guard: ConnectionGuard,
+                 sweeper: asyncio.Task[None]):
+        self.server = server
+        self.guard = guard
+        self._sweeper = sweeper
+
+    async def close(self) -> None:
+        self._sweeper.cancel()
+        self.server.close()
+        await asyncio.gather(self._sweeper, return_exceptions=True)
+
+
+class _ClientErrorTraceback(logging.Filter):
+    """aiohttp logs a request it cannot parse with a traceback at ERROR; _counting_errors has
+    logged it as one warning line already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500)
+
+
+def _counting_errors(server: web.Server, extender: Extender) -> Callable[[], asyncio.Protocol]:
+    """aiohttp answers a request it cannot parse (bad framing, headers, chunking) itself, past
+    the app's middleware: count those answers too, as verb "other". RequestHandler has slots
+    and no hook, so each one is given a subclass that only adds the count."""
+    requests = extender.metrics.requests
+
+    class Counting(RequestHandler):
+        __slots__ = ()
+
+        def handle_error(self, request: Any, status: int = 500,
+                         exc: BaseException | None = None,
+                         message: str | None = None) -> web.StreamResponse:
+            requests.labels("other", str(status)).inc()
+            if 400 <= status < 500:
+                log.warning("unreadable HTTP request (%d): %s", status, exc)
+            return super().handle_error(request, status, exc, message)
+
+    def make() -> asyncio.Protocol:
+        handler = server()
+        handler.__class__ = Counting
+        return handler
+
+    return make
+
+
+async def listen(runner: web.AppRunner, extender: Extender, host: str, port: int,
+                 tls: ssl.SSLContext | None, transport: Transport) -> Listener:
+    """Serve the app on host:port through the connection guard (runner set up already)."""
+    assert runner.server is not None
+    closed = extender.metrics.connections_closed
+    if not any(isinstance(f, _ClientErrorTraceback) for f in _AIOHTTP_SERVER_LOG.filters):
+        _AIOHTTP_SERVER_LOG.addFilter(_ClientErrorTraceback())
+    guard = ConnectionGuard(_counting_errors(runner.server, extender),
+                            max_connections=transport.max_connections,
+                            request_timeout=transport.request_timeout,
+                            on_close=lambda reason: closed.labels(reason).inc())
+    server = await asyncio.get_running_loop().create_server(
+        guard, host, port, ssl=tls, backlog=transport.backlog,
+        ssl_handshake_timeout=transport.request_timeout if tls else None)
+    return Listener(server, guard, asyncio.create_task(guard.run()))

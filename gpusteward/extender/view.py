@@ -5,11 +5,14 @@ Watch events rebuild the states of the nodes they touch; each telemetry tick reb
 
 A pod the extender just ranked is expected on its top node until the watch shows where it was
 bound: in a burst the scheduler places the next pod before our watch sees the last binding.
+Only pods the watch shows pending can be expected, within the node's GPU count; a pod ranked
+before the watch delivered it is parked and counts once the watch shows it.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 from gpusteward.core.cards import CARD_TYPES_ANNOTATION, TierTable, parse_card_types
@@ -23,6 +26,8 @@ from gpusteward.extender.scorebook import ScoreBook
 
 # Longer than any watch delay; a pod that never binds (deleted while pending) is forgotten.
 INFLIGHT_TTL = 30.0
+# Pods ranked before the watch delivered them, waiting to be confirmed (made-up ones never are).
+PARKED_MAX = 1024
 
 
 class PlacementView:
@@ -35,6 +40,9 @@ class PlacementView:
         self.book = ScoreBook(class_rules(policy.classes), policy.default_class)
         # pod uid -> (node, GPUs, when): placements not yet seen through the watch.
         self.inflight: dict[str, tuple[str, int, float]] = {}
+        self.built_at = 0.0  # when every node state was last rebuilt
+        # pod uid -> (node, when): ranked before our watch showed the pod; no effect until it does
+        self.parked: OrderedDict[str, tuple[str, float]] = OrderedDict()
         fleet.subscribe(self._on_fleet_change)
 
     def node_state(self, node: Node) -> NodeState:
@@ -58,17 +66,49 @@ class PlacementView:
         horizon = self.clock() - INFLIGHT_TTL
         self.inflight = {uid: v for uid, v in self.inflight.items() if v[2] >= horizon}
         self.book.replace_states({n.name: self.node_state(n) for n in self.fleet.nodes.values()})
+        self.built_at = self.clock()
 
     def stale_nodes(self) -> int:
+        """Nodes scored neutral; all of them once the states are older than staleAfter (the
+        refresh that should rebuild them stopped or failed)."""
+        if self.clock() - self.built_at > float(self.policy.telemetry.stale_after):
+            return len(self.book.states)
         return sum(1 for s in self.book.states.values() if not s.telemetry_known)
 
-    def expect(self, pod_uid: str, node: str, gpus: int) -> None:
-        """The scheduler is about to bind this pod, most likely to the node we ranked first."""
-        if not pod_uid or gpus <= 0 or self._bound(pod_uid):
+    def expect(self, pod_uid: str, node: str) -> None:
+        """The scheduler is about to bind this pod, most likely to the node we ranked first.
+
+        Only a pod the watch shows pending and unbound counts, with the GPUs the watch says it
+        requests (not what the caller claims), and a node never expects more GPUs than it has:
+        a caller inventing pods cannot make nodes look busy."""
+        pod = self.fleet.pods.get(pod_uid)
+        if pod is None:  # the scheduler may see a new pod before our watch does
+            self.parked[pod_uid] = (node, self.clock())
+            self.parked.move_to_end(pod_uid)
+            if len(self.parked) > PARKED_MAX:
+                self.parked.popitem(last=False)
+            return
+        if pod.node is not None or pod.deleting or pod.gpus <= 0:
             return
         previous = self.inflight.get(pod_uid)
-        self.inflight[pod_uid] = (node, gpus, self.clock())
+        target = self.fleet.nodes.get(node)
+        expected = sum(g for uid, (n, g, _) in self.inflight.items()
+                       if n == node and uid != pod_uid)
+        if target is None or expected + pod.gpus > target.gpus:
+            return
+        self.inflight[pod_uid] = (node, pod.gpus, self.clock())
         self._refresh_nodes({node, previous[0]} if previous else {node})
+
+    def settle_parked(self) -> None:
+        """Parked pods the watch now shows count as expected; expired ones are dropped."""
+        if not self.parked:
+            return
+        horizon = self.clock() - INFLIGHT_TTL
+        for uid in [u for u, (_, at) in self.parked.items()
+                    if at < horizon or u in self.fleet.pods]:
+            node, at = self.parked.pop(uid)
+            if at >= horizon:
+                self.expect(uid, node)
 
     def forget(self, pod_uid: str) -> None:
         """Asked about this pod again: its earlier expected placement must not count against it."""

@@ -43,9 +43,22 @@ _node_decoder = msgspec.json.Decoder(WireNode)
 _name_decoder = msgspec.json.Decoder(_NamedObject)
 
 
-def decode_args(body: bytes) -> ExtenderArgs:
+# Kubernetes supports clusters of up to 5,000 nodes (kubernetes.io, "Considerations for large
+# clusters"); three times that leaves room and keeps what one request may allocate bounded.
+MAX_NODES = 15_000
+# Upper bound on the JSON values one body may hold, counted by its commas before decoding:
+# msgspec builds a whole list before checking its length, and 8 M one-letter names in a
+# 32 MiB body took 550 MB and 1.6 s. A 5,000-node full-node request has ~1 M.
+MAX_VALUES = 2_000_000
+
+
+def decode_args(body: bytes, max_nodes: int = MAX_NODES) -> ExtenderArgs:
     if not body:
         raise BadRequest("empty body: expected ExtenderArgs JSON")
+    # Each value takes two bytes at least ("1,"): shorter bodies need no scan (the names-mode
+    # hot path never pays for it; a 14 MiB full-node body pays ~6 ms).
+    if len(body) > 2 * MAX_VALUES and body.count(b",") > MAX_VALUES:
+        raise BadRequest(f"more than {MAX_VALUES} JSON values: not a scheduler request")
     try:
         args = _args_decoder.decode(body)
     except msgspec.ValidationError as e:
@@ -53,10 +66,16 @@ def decode_args(body: bytes) -> ExtenderArgs:
         raise BadRequest(f"invalid ExtenderArgs: {e}{hint}") from e
     except msgspec.DecodeError as e:
         raise BadRequest(f"malformed JSON: {e}") from e
+    except RecursionError as e:
+        raise BadRequest(f"JSON nested too deeply: {e}") from e
     if args.Pod is None:
         raise BadRequest("ExtenderArgs has no Pod")
     if args.NodeNames is None and (args.Nodes is None or args.Nodes.items is None):
         raise BadRequest("ExtenderArgs has neither NodeNames nor Nodes")
+    items = args.Nodes.items if args.Nodes is not None else None
+    count = len(args.NodeNames) if args.NodeNames is not None else len(items or ())
+    if count > max_nodes:
+        raise BadRequest(f"{count} nodes in one request, over the limit of {max_nodes}")
     return args
 
 
@@ -76,14 +95,14 @@ def node_name(raw: msgspec.Raw) -> str:
         return match.group(1).decode()
     try:
         return _name_decoder.decode(raw).metadata.name
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError) as e:
         raise BadRequest(f"invalid node in Nodes.items: {e}") from e
 
 
 def decode_node(raw: msgspec.Raw) -> WireNode:
     try:
         return _node_decoder.decode(raw)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError) as e:
         raise BadRequest(f"invalid node in Nodes.items: {e}") from e
 
 

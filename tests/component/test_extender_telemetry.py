@@ -226,3 +226,58 @@ async def test_the_windowed_xid_count_wins_over_the_sticky_gauge(prometheus_fact
     # The gauge alone, as without the count, would still call x-old unhealthy.
     (gauge,) = await source.query('max(DCGM_FI_DEV_XID_ERRORS{Hostname="x-old"})')
     assert gauge["value"][1] == "79"
+
+
+# Issue 13, item 7 / issue 12 "Bad telemetry": one bad sample (an XID of +Inf, a NaN, a
+# utilization out of range) crashed every refresh, froze the old readings while the metrics
+# said they were fresh, and kept an XID 79 GPU in service. Prometheus stores and serves such
+# samples as they are (OpenMetrics allows NaN and ±Inf values): poison them into the history.
+POISON = {  # (node, family, gpu) -> sample value written into every frame
+    ("a-xid", "DCGM_FI_DEV_XID_ERRORS", 1): "+Inf",
+    ("h-nan", "DCGM_FI_DEV_GPU_UTIL", 3): "NaN",
+    ("h-nan", "DCGM_FI_DEV_XID_ERRORS", 4): "NaN",
+    ("h-neg", "DCGM_FI_DEV_GPU_UTIL", 0): "-5",
+    ("h-over", "DCGM_FI_DEV_GPU_UTIL", 0): "250",
+}
+POISONED_NODES = ["a-xid", "h-nan", "h-neg", "h-over", "h-ok"]
+
+
+def poisoned_history(now: float) -> str:
+    frames = [(t, [SimGpu(n, i, "NVIDIA A100-SXM4-80GB" if n == "a-xid" else H100_NAME,
+                          util_percent=40, xid=79 if (n, i) == ("a-xid", 0) else 0)
+                   for n in POISONED_NODES for i in range(8)])
+              for t in range(int(now) - 300, int(now) - 4, 15)]
+    text = render_openmetrics_history(frames, extra_labels={"job": "dcgm",
+                                                            "instance": "dcgm:9400"})
+    lines = []
+    for line in text.splitlines():
+        for (node_name, family, gpu), value in POISON.items():
+            if line.startswith(f'{family}{{gpu="{gpu}",') and f'Hostname="{node_name}"' in line:
+                series, _, ts = line.rsplit(" ", 2)
+                line = f"{series} {value} {ts}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+async def test_a_bad_series_drops_only_its_own_gpu_and_is_counted(prometheus_factory, now):
+    prom = prometheus_factory(history_openmetrics=poisoned_history(now))
+    policy = parse_policy({})
+    store = FleetStore()
+    store.replace_all([node("a-xid", A100), *(node(n, H100) for n in POISONED_NODES[1:])], [])
+    source = PrometheusSource(prom.url, policy.telemetry, policy.health, attempts=1)
+    extender = Extender(PlacementView(policy, store), source)
+    await extender.refresh()
+    assert extender.metrics.refresh_errors._value.get() == 0
+    assert extender.telemetry_age() < 30
+    counts = {n: len(extender.view.telemetry.for_node(n)) for n in POISONED_NODES}
+    assert counts == {"a-xid": 7, "h-nan": 6, "h-neg": 7, "h-over": 7, "h-ok": 8}
+    async with TestClient(TestServer(create_app(extender))) as client:
+        body = await post(client, "filter", {"Pod": training_pod(8), "NodeNames": ["a-xid"]})
+        metrics = await (await client.get("/metrics")).text()
+    # The real XID 79 on GPU 0 still takes a-xid out, although GPU 1's XID is +Inf.
+    assert json.loads(body)["FailedNodes"] == {
+        "a-xid": "pod needs 8 healthy free GPUs, node has 7 (unhealthy: gpu 0: XID 79)"}
+    dropped = 'gpusteward_extender_telemetry_series_dropped_total{reason="%s"} %s'
+    assert dropped % ("not_finite", "3.0") in metrics
+    assert dropped % ("out_of_range", "2.0") in metrics
+    assert "gpusteward_telemetry_stale_nodes 0.0" in metrics

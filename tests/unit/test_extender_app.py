@@ -5,7 +5,9 @@ Upstream shape and bad input; replies against real telemetry are in tests/compon
 
 from __future__ import annotations
 
+import gzip
 import json
+import tracemalloc
 
 import msgspec
 import pytest
@@ -15,9 +17,9 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Telemetry
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender import wire
-from gpusteward.extender.app import Extender, create_app
-from gpusteward.extender.replies import prioritize_reply
-from gpusteward.extender.view import PlacementView
+from gpusteward.extender.app import _BUDGET, Extender, create_app
+from gpusteward.extender.replies import filter_reply, prioritize_reply
+from gpusteward.extender.view import PARKED_MAX, PlacementView
 from tests.factories import A100, H100, L4, NOW, node, pod, readings
 
 POLICY = parse_policy({})
@@ -162,6 +164,61 @@ async def test_bad_requests_are_counted_by_verb_and_code(client):
     assert "gpusteward_extender_request_duration_seconds_bucket" in metrics
 
 
+def pod_with_gpus(count) -> dict:
+    body = gpu_pod()
+    body["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": count}}
+    return body
+
+
+DEEP = "[" * 30_000 + "]" * 30_000  # 100k deep in the report; the fixture caps bodies at 64 KiB
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [  # issue 13, item 10: each of these answered 500 and was never counted
+        pytest.param({"Pod": pod_with_gpus("²"), "NodeNames": ["h1"]}, "'²'", id="superscript"),
+        pytest.param({"Pod": pod_with_gpus("٣"), "NodeNames": ["h1"]}, "'٣'", id="arabic-digit"),
+        pytest.param({"Pod": pod_with_gpus(-5), "NodeNames": ["h1"]}, "-5", id="negative"),
+        pytest.param({"Pod": pod_with_gpus(2.9), "NodeNames": ["h1"]}, "2.9", id="fraction"),
+        pytest.param({"Pod": gpu_pod(), "Nodes": {"items": [
+            {"metadata": {"name": "new"}, "status": {"allocatable": {"nvidia.com/gpu": "abc"}}}]}},
+            "node new: 'abc'", id="unknown-node-bad-count"),
+        pytest.param(('{"Pod":{"metadata":{"x":' + DEEP + '}},"NodeNames":["h1"]}').encode(),
+                     "nested too deeply", id="deep-json-ignored-field"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_malformed_values_get_400_with_the_reason_and_are_counted(
+        client, verb, body, reason):
+    status, reply = await post(client, verb, body)
+    assert status == 400, reply[:200]
+    assert reason in json.loads(reply)["Error"]
+    metrics = await (await client.get("/metrics")).text()
+    assert f'gpusteward_extender_requests_total{{code="400",verb="{verb}"}} 1.0' in metrics
+
+
+async def test_compressed_bodies_are_refused_before_inflating(client):
+    # Issue 13, item 9: a 1 MB gzip body inflating to 1 GiB blocked the event loop for 13 s.
+    bomb = gzip.compress(b" " * (64 << 20))
+    resp = await client.post("/filter", data=bomb, headers={
+        "Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert resp.status == 415
+    assert "Content-Encoding 'gzip'" in json.loads(await resp.read())["Error"]
+    resp = await client.post("/prioritize", data=b"not gzip", headers={"Content-Encoding": "gzip"})
+    assert resp.status == 415
+    metrics = await (await client.get("/metrics")).text()
+    assert 'gpusteward_extender_requests_total{code="415",verb="filter"} 1.0' in metrics
+    assert (await post(client, "filter", {"Pod": gpu_pod(), "NodeNames": ["h1"]}))[0] == 200
+
+
+async def test_unknown_paths_and_methods_are_counted(client):
+    assert (await client.get("/filter")).status == 405
+    assert (await client.post("/bind", data=b"{}")).status == 404
+    metrics = await (await client.get("/metrics")).text()
+    assert 'gpusteward_extender_requests_total{code="405",verb="filter"} 1.0' in metrics
+    assert 'gpusteward_extender_requests_total{code="404",verb="other"} 1.0' in metrics
+
+
 async def test_health_and_readiness(client):
     assert (await client.get("/healthz")).status == 200
     assert (await client.get("/readyz")).status == 200  # no watches to wait for here
@@ -172,7 +229,9 @@ def coolness_only_view() -> tuple[PlacementView, FleetStore]:
         "card": 0, "coolness": 1, "packing": 0, "health": 0}}}})
     fleet = FleetStore()
     view = PlacementView(policy, fleet, clock=lambda: NOW)
-    fleet.replace_all([node("x", H100), node("y", H100)], [])
+    pending = [msgspec.structs.replace(pod(uid, node=None, gpus=4), uid=uid)
+               for uid in ("first", "second")]
+    fleet.replace_all([node("x", H100), node("y", H100)], pending)
     view.set_telemetry(Telemetry(nodes={"x": readings("x", [0.0] * 8),
                                         "y": readings("y", [0.2] * 8)}))
     return view, fleet
@@ -204,3 +263,118 @@ def test_the_watch_replaces_the_expectation_with_the_real_binding():
     fleet.upsert_pod(bound)  # the scheduler chose y after all
     assert view.inflight == {}
     assert scores(view, "second") == {"x": 10, "y": 3}  # y: (1.6 + 4) / 8 busy -> 0.3 cool
+
+
+def test_made_up_pods_cannot_make_a_node_look_busy():
+    # Issue 13, item 8: thousands of prioritize calls for invented UIDs halved a real pod's
+    # scores. Only a pod the watch shows pending registers an expectation.
+    view, _ = coolness_only_view()
+    for i in range(2000):
+        scores(view, f"made-up-{i}")
+    assert view.inflight == {}
+    assert len(view.parked) == PARKED_MAX
+    assert scores(view, "first") == {"x": 10, "y": 8}
+
+
+def test_a_pod_ranked_before_the_watch_saw_it_counts_once_the_watch_does():
+    view, fleet = coolness_only_view()
+    assert scores(view, "third") == {"x": 10, "y": 8}  # not watched yet: parked, no effect
+    assert scores(view, "first") == {"x": 10, "y": 8}
+    fleet.upsert_pod(msgspec.structs.replace(pod("third", node=None, gpus=4), uid="third"))
+    # "first" and now "third" are both expected on x: 8 of 8 GPUs.
+    assert scores(view, "second") == {"x": 0, "y": 8}
+
+
+def test_a_bound_pod_cannot_be_expected_again():
+    view, fleet = coolness_only_view()
+    fleet.upsert_pod(msgspec.structs.replace(pod("first", node="y", gpus=4), uid="first"))
+    scores(view, "first")
+    assert view.inflight == {}
+
+
+def test_expectations_never_exceed_the_node_gpu_count():
+    view, fleet = coolness_only_view()
+    fleet.replace_all(None, [msgspec.structs.replace(pod(f"p{i}", node=None, gpus=4), uid=f"p{i}")
+                             for i in range(6)])
+    for i in range(6):
+        scores(view, f"p{i}")
+    by_node: dict[str, int] = {}
+    for name, gpus, _ in view.inflight.values():
+        by_node[name] = by_node.get(name, 0) + gpus
+    assert by_node and all(total <= 8 for total in by_node.values())
+
+
+def test_the_watch_gpu_count_wins_over_the_request():
+    # A caller claiming 1 GPU for a pending pod that requests 4 expects the 4 the watch knows.
+    view, _ = coolness_only_view()
+    pod_json = gpu_pod(1)
+    pod_json["metadata"]["uid"] = "first"
+    prioritize_reply(view, wire.decode_args(json.dumps(
+        {"Pod": pod_json, "NodeNames": ["x", "y"]}).encode()))
+    assert [gpus for _, gpus, _ in view.inflight.values()] == [4]
+
+
+async def test_more_nodes_than_any_cluster_has_are_refused_before_scoring(client):
+    names = b'"a",' * wire.MAX_NODES + b'"a"'
+    body = b'{"Pod":' + json.dumps(gpu_pod()).encode() + b',"NodeNames":[' + names + b"]}"
+    status, reply = await post(client, "filter", body)
+    assert status == 400
+    assert f"over the limit of {wire.MAX_NODES}" in json.loads(reply)["Error"]
+
+
+def test_a_body_of_tiny_values_is_refused_before_it_is_decoded():
+    # 8 M one-letter names in 32 MiB took 550 MB to decode; the comma count stops it first.
+    body = b'{"Pod":{},"NodeNames":[' + b'"a",' * (wire.MAX_VALUES + 1) + b'"a"]}'
+    with pytest.raises(wire.BadRequest, match="JSON values"):
+        wire.decode_args(body)
+
+
+def test_the_worst_accepted_body_costs_a_bounded_multiple_of_its_size():
+    # Issue 13, item 9: a valid 50 MB body peaked at 1.5 GB. The most a request can hold:
+    # MAX_NODES nodes unknown to the cache, each judged from the request, with all the values
+    # the body may carry. Scaled down 8x; docs/operations.md gives the full-size figures.
+    nodes, per_node = wire.MAX_NODES // 8, wire.MAX_VALUES // wire.MAX_NODES - 5
+    labels = ",".join(f'"k{j:04d}":"{"v" * 16}"' for j in range(per_node))
+    item = ('{"metadata":{"name":"n%06d","labels":{' + labels + ',"nvidia.com/gpu.product":"'
+            + H100 + '"}},"status":{"allocatable":{"nvidia.com/gpu":"8"}}}')
+    body = ('{"Pod":' + json.dumps(gpu_pod()) + ',"Nodes":{"items":['
+            + ",".join(item % i for i in range(nodes)) + ']},"NodeNames":null}').encode()
+    view = PlacementView(POLICY, FleetStore(), clock=lambda: NOW)
+    tracemalloc.start()
+    try:
+        reply = filter_reply(view, wire.decode_args(body))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(json.loads(reply.body)["Nodes"]["items"]) == nodes
+    assert peak < 5 * len(body), (peak, len(body))  # measured: 4.0x
+
+
+async def test_a_bug_in_a_handler_is_a_counted_500_and_the_server_keeps_serving(
+        client, monkeypatch):
+    def broken(self, pod):
+        raise OverflowError("a bug")
+
+    with monkeypatch.context() as m:
+        m.setattr(PlacementView, "demand_of", broken)
+        status, reply = await post(client, "prioritize", {"Pod": gpu_pod(), "NodeNames": ["h1"]})
+    assert status == 500
+    assert "internal error" in json.loads(reply)["Error"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'gpusteward_extender_requests_total{code="500",verb="prioritize"} 1.0' in metrics
+    assert (await post(client, "prioritize", {"Pod": gpu_pod(), "NodeNames": ["h1"]}))[0] == 200
+
+
+async def test_slow_large_uploads_cannot_starve_the_scheduler_small_requests():
+    fleet = FleetStore()
+    fleet.replace_all([node("h1", H100)], [])
+    extender = Extender(PlacementView(POLICY, fleet, clock=lambda: NOW), telemetry=None)
+    await extender.refresh()
+    app = create_app(extender, max_body_bytes=4 << 20)
+    async with TestClient(TestServer(app)) as c:
+        app[_BUDGET].used = app[_BUDGET].limit  # large bodies announced and still arriving
+        big = {"Pod": gpu_pod(), "NodeNames": ["h1"], "pad": "x" * (2 << 20)}
+        resp = await c.post("/filter", data=json.dumps(big))
+        assert resp.status == 503
+        assert "retry" in json.loads(await resp.read())["Error"]
+        assert (await post(c, "filter", {"Pod": gpu_pod(), "NodeNames": ["h1"]}))[0] == 200
