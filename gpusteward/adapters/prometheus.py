@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,13 +25,21 @@ from tenacity import (
 from urllib3.util.retry import Retry
 
 from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.core.attribution import (
+    POD_LABELS,
+    SCRAPE_NODE_LABELS,
+    VIRTUAL_GPU_LABEL,
+    claimed_pod,
+    honor_mode,
+    is_per_pod,
+    node_of,
+)
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import Health
 from gpusteward.core.policy import Telemetry as TelemetryPolicy
 
 log = logging.getLogger("gpusteward.telemetry")
 
-POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 # Series that identify one GPU (or one MIG instance) on a node.
 _GPU_KEY = ("gpu", "GPU_I_ID")
@@ -41,9 +49,17 @@ class _Transient(Exception):
     pass
 
 
+# What ``node_of`` may fall back on: the scrape's node label, the exporter's own pod.
+_LOCATING = (*SCRAPE_NODE_LABELS, "pod")
+# (node names known, pod name -> node): lets a series whose node label names no node (an older
+# exporter's Hostname is its pod's name) find its node; see core.attribution.node_of.
+Locator = Callable[[], tuple[Collection[str], Mapping[str, str]]]
+
+
 def gpu_labels(node_labels: Sequence[str]) -> list[str]:
-    """The labels that name one GPU (or MIG instance) and the pod holding it."""
-    return [*dict.fromkeys([*node_labels, *_GPU_KEY, *(x for pair in POD_LABELS for x in pair)])]
+    """The labels that name one GPU (or MIG instance), its node and the pod holding it."""
+    return [*dict.fromkeys([*node_labels, *_GPU_KEY, *POD_LABELS, VIRTUAL_GPU_LABEL,
+                            *_LOCATING])]
 
 
 def keeping(labels: Sequence[str]) -> str:
@@ -86,9 +102,13 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
 
 class PrometheusSource:
     def __init__(self, url: str, policy: TelemetryPolicy, health: Health,
-                 clock: Callable[[], float] = time.time, attempts: int = 3):
+                 clock: Callable[[], float] = time.time, attempts: int = 3,
+                 locate: Locator | None = None):
         self.url = url
         self.node_labels = tuple(policy.node_labels)
+        self.honor = honor_mode(policy.honor_labels)
+        self.locate = locate
+        self._where: tuple[Collection[str], Mapping[str, str]] | None = None
         self.timeout = float(policy.query_timeout)
         self.queries = queries(health, self.node_labels)
         self.clock = clock
@@ -165,14 +185,19 @@ class PrometheusSource:
 
     def assemble(self, results: dict[str, list[dict[str, Any]]]) -> Telemetry:
         gpus: dict[tuple[str, ...], dict[str, Any]] = {}
+        copies: dict[tuple[str, ...], dict[str, Any]] = {}  # per-pod copies of shared GPUs
+        self._where = self.locate() if self.locate else None
         try:
             counting = {self._node_of(s["metric"]) for s in results.get("xid_nodes", ())}
             for name, series in results.items():
                 if name != "xid_nodes":
                     for s in series:
-                        self._merge(gpus, name, s["metric"], float(s["value"][1]))
+                        into = copies if is_per_pod(s["metric"]) else gpus
+                        self._merge(into, name, s["metric"], float(s["value"][1]))
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise TelemetryUnavailable(f"unexpected query result shape: {e}") from e
+        for key, fields in copies.items():  # a GPU seen only through its per-pod copies
+            gpus.setdefault(key, fields)
         now = self.clock()
         by_node: dict[str, list[GpuReading]] = {}
         for fields in gpus.values():
@@ -188,7 +213,8 @@ class PrometheusSource:
         return Telemetry(nodes={n: tuple(r) for n, r in by_node.items()}, fetched_at=now)
 
     def _node_of(self, labels: dict[str, str]) -> str | None:
-        return next((labels[k] for k in self.node_labels if labels.get(k)), None)
+        known, pod_nodes = self._where or (None, None)
+        return node_of(labels, self.node_labels, known, pod_nodes)
 
     def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], name: str,
                labels: dict[str, str], value: float) -> None:
@@ -197,11 +223,11 @@ class PrometheusSource:
             return
         key = (node, *(labels.get(k, "") for k in _GPU_KEY))
         gpu = gpus.setdefault(key, {"node": node, "gpu": _gpu_name(labels)})
-        pod = _pod_of(labels)
-        if pod:
+        pod = claimed_pod(labels, self.honor)
+        if pod and pod < gpu.get("pod", "\uffff"):  # copies of a shared GPU: the same one always
             gpu["pod"] = pod
         if name == "util":
-            gpu["util"] = min(1.0, max(0.0, value))
+            gpu["util"] = max(gpu.get("util", 0.0), min(1.0, max(0.0, value)))
         elif name == "util_at":
             gpu["sampled_at"] = value
         elif name == "temp":
@@ -217,11 +243,3 @@ class PrometheusSource:
 def _gpu_name(labels: dict[str, str]) -> str:
     gpu = labels.get("gpu", "")
     return f"{gpu}/mig{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else gpu
-
-
-def _pod_of(labels: dict[str, str]) -> str | None:
-    for ns_label, pod_label in POD_LABELS:
-        if labels.get(pod_label):
-            return f"{labels.get(ns_label, '')}/{labels[pod_label]}"
-    return None
-

@@ -30,7 +30,8 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
     view = PlacementView(policy, fleet)
     telemetry = None
     if prometheus_url:
-        telemetry = PrometheusSource(prometheus_url, policy.telemetry, policy.health)
+        telemetry = PrometheusSource(prometheus_url, policy.telemetry, policy.health,
+                                     locate=lambda: (fleet.nodes, {}))
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")
