@@ -255,13 +255,16 @@ def render_openmetrics_history(
     node_label: str = DEFAULT_NODE_LABEL,
     extra_labels: dict[str, str] | None = None,
     xid_count_window_ms: int | None = None,
+    scrape: Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]] | None = None,
 ) -> str:
     """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
     ``samples`` are ``(unix_seconds, gpus)`` frames in any order. OpenMetrics wants
     each family contiguous, so the output is grouped by family, then by series
     (first-seen order), each series' samples in time order. ``extra_labels`` (say
-    ``instance``/``job``) stand in for the target labels a scrape would add.
+    ``instance``/``job``) stand in for the target labels a scrape would add; ``scrape(node,
+    labels)``, if given, turns each series' labels into what Prometheus stores from that node's
+    exporter (target labels, ``honor_labels``).
     Timestamps are written to the millisecond, the resolution Prometheus stores.
     """
     extra = sorted((extra_labels or {}).items())
@@ -277,6 +280,8 @@ def render_openmetrics_history(
             for gpu in gpus:
                 labels = _labels(gpu, family, driver_version, node_label,
                                  xid_count_window_ms) + extra
+                if scrape is not None:
+                    labels = scrape(gpu.node, labels)
                 series = family.name + _series(labels)
                 by_series.setdefault(series, []).append(f"{series} {family.value(gpu)} {ts:.3f}")
         lines += [line for series_lines in by_series.values() for line in series_lines]

@@ -37,6 +37,7 @@ from gpusteward.core.model import Node, Pod
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.fleet import TEMP_LABEL, XID_LABEL
 from gpusteward.sandbox.gpuhosts import GpuHosts
+from gpusteward.sandbox.scrape import simulator_path
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
 IDLE_TEMP_C, BUSY_TEMP_C = 34, 71
@@ -96,9 +97,12 @@ class GpuAssigner:
         return held
 
 
-def simulate(fleet: FleetStore, assigner: GpuAssigner, now: float) -> list[SimGpu]:
+def simulate(fleet: FleetStore, assigner: GpuAssigner, now: float,
+             only: str | None = None) -> list[SimGpu]:
+    """Every GPU of the fleet, or of node ``only``."""
     gpus: list[SimGpu] = []
-    for node in fleet.nodes.values():
+    nodes = fleet.nodes.values() if only is None else [n for n in [fleet.nodes.get(only)] if n]
+    for node in nodes:
         if not node.product or node.gpus <= 0:
             continue
         pods = {p.uid: p for p in fleet.pods_on(node.name) if not p.deleting}
@@ -157,8 +161,9 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
     window_ms = int(xids.window * 1000) or None
 
     async def metrics(request: web.Request) -> web.Response:
+        """Every node's GPUs, or (``/nodes/{node}/metrics``) one node's, as its exporter."""
         now = clock()
-        gpus = xids.apply(simulate(fleet, assigner, now), now)
+        gpus = xids.apply(simulate(fleet, assigner, now, request.match_info.get("node")), now)
         text = render_exposition(gpus, xid_count_window_ms=window_ms)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -166,7 +171,8 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
         return web.Response(text="ok")
 
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics), web.get("/health", health)])
+    app.add_routes([web.get("/metrics", metrics), web.get(simulator_path("{node}"), metrics),
+                    web.get("/health", health)])
     return app
 
 

@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.scrape import AGENT
 from tests.e2e import scenarios
 from tests.e2e.kube import Namespace, gpu_pod, promql, wait_for_gpu_samples
 from tests.e2e.scenarios import A100S, H100S, L4S
@@ -41,7 +42,10 @@ Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 @pytest.fixture(scope="module")
 def agent_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     state = Path(tmp_path_factory.mktemp("agent-sandbox"))
-    box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, telemetry="agent")).start()
+    # honor_labels: true, as our agent's ServiceMonitor sets it (the session sandbox scrapes the
+    # simulator with dcgm-exporter's chart default, false): every scenario runs in both modes.
+    box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, telemetry="agent",
+                                honor_labels=True)).start()
     try:
         yield box
     finally:
@@ -116,12 +120,17 @@ def test_the_agents_export_the_simulators_series(agent_sandbox, agent_ns):
     wait_for_gpu_samples(agent_sandbox.prometheus_url, agent_ns.name,
                          [name for name, *_ in WORKLOAD], settle=0)
     wait_for("Prometheus to scrape every agent", lambda: sorted(
-        r["value"][1] for r in promql(agent_sandbox.prometheus_url, 'up{job="dcgm-exporter"}'))
+        r["value"][1] for r in promql(agent_sandbox.prometheus_url, 'up{job="gpusteward-agent"}'))
         == ["1"] * len(NODES))
     query = f'max by (pod, Hostname) (DCGM_FI_DEV_GPU_UTIL{{namespace="{agent_ns.name}"}})'
     placed = {r["metric"]["pod"]: (r["metric"]["Hostname"], r["value"][1])
               for r in promql(agent_sandbox.prometheus_url, query)}
     assert placed == {name: (node, util) for name, node, _, util in WORKLOAD}
+    # honor_labels: true: a free GPU carries the agent's own pod, as the Operator's target label.
+    free = promql(agent_sandbox.prometheus_url,
+                  'count by (pod) (DCGM_FI_DEV_GPU_UTIL{Hostname="l4-0", namespace="gpusteward"})')
+    assert [r["metric"]["pod"] for r in free] == [AGENT.pod("l4-0")]
+    assert free[0]["value"][1] == "2"  # 4 GPUs, 2 held by "busy"
 
 
 PROBES = (

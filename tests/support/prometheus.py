@@ -40,12 +40,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer"]
+__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer", "stored_labels"]
 
 #: ``job`` label of every scrape target the harness configures.
 SCRAPE_JOB = "dcgm"
@@ -74,6 +74,7 @@ class PrometheusServer:
         history_openmetrics: str | None = None,
         scrape_targets: Sequence[str] = (),
         scrape_interval: str = "1s",
+        scrape_configs: Sequence[dict[str, Any]] = (),
         prometheus_bin: str = "prometheus",
         promtool_bin: str = "promtool",
     ) -> None:
@@ -81,6 +82,7 @@ class PrometheusServer:
         self.history_openmetrics = history_openmetrics
         self.scrape_targets = list(scrape_targets)
         self.scrape_interval = scrape_interval
+        self.scrape_configs = list(scrape_configs)  # jobs of their own, as they are
         self.prometheus_bin = prometheus_bin
         self.promtool_bin = promtool_bin
         self.url = ""
@@ -191,7 +193,9 @@ class PrometheusServer:
             "static_configs": [{"targets": self.scrape_targets}],
         }
         scrape_configs = [job] if self.scrape_targets else []
-        return json.dumps({"scrape_configs": scrape_configs}, indent=2)
+        return json.dumps({"global": {"scrape_interval": self.scrape_interval,
+                                      "scrape_timeout": self.scrape_interval},
+                           "scrape_configs": scrape_configs + self.scrape_configs}, indent=2)
 
     def _wait_ready(self) -> None:
         assert self._process is not None
@@ -210,6 +214,26 @@ class PrometheusServer:
         self.stop()
         waited = f"{_READY_TIMEOUT_S:.0f} s"
         raise PrometheusError(f"prometheus not ready after {waited}:\n{self.log_tail()}")
+
+
+def stored_labels(exposed: Sequence[tuple[str, str]], target: Mapping[str, str],
+                  honor_labels: bool) -> list[tuple[str, str]]:
+    """The labels Prometheus stores for one scraped series with these target labels.
+
+    Prometheus's scrape loop (``mutateSampleLabels``, scrape/scrape.go): with ``honor_labels``
+    the series keeps its own value of a label both carry and gains the target's others; without
+    it, each clashing label of the series is renamed ``exported_<name>`` and the target's value
+    set. An empty label is no label. Checked live against this Prometheus in
+    tests/component/test_prometheus_harness.py.
+    """
+    out = {k: v for k, v in exposed if v}
+    for name, value in target.items():
+        if name not in out:
+            out[name] = value
+        elif not honor_labels:
+            out[f"exported_{name}"] = out[name]
+            out[name] = value
+    return list(out.items())
 
 
 def _require(binary: str) -> str:
