@@ -94,7 +94,7 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
         "temp": by + "(DCGM_FI_DEV_GPU_TEMP)",
         "fb_used": by + "(DCGM_FI_DEV_FB_USED)",
         "xid": by + f"(max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:{step}]))",
-        "xid_nodes": f"count by ({', '.join(node_labels)}) ({XID_COUNT})",
+        "xid_nodes": f"count by ({', '.join([*node_labels, *_LOCATING])}) ({XID_COUNT})",
         "xid_counted": keeping([*labels, "xid"])
                        + f"(max_over_time({XID_COUNT}{{{', '.join(counted)}}}[{window}]) > 0)",
     }

@@ -40,12 +40,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer", "stored_labels"]
+from gpusteward.sandbox.scrape import DCGM_EXPORTER, Exporter
+
+__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer", "servicemonitor", "stored_labels"]
+
+Scrape = Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]]
 
 #: ``job`` label of every scrape target the harness configures.
 SCRAPE_JOB = "dcgm"
@@ -234,6 +238,24 @@ def stored_labels(exposed: Sequence[tuple[str, str]], target: Mapping[str, str],
             out[f"exported_{name}"] = out[name]
             out[name] = value
     return list(out.items())
+
+
+def servicemonitor(honor_labels: bool, exporter: Exporter = DCGM_EXPORTER,
+                   node_label: str | None = None,
+                   node_of: Mapping[str, str] | None = None) -> Scrape:
+    """``render_openmetrics_history(scrape=...)``: what Prometheus stores from each node's
+    exporter pod under a Prometheus Operator ServiceMonitor (gpusteward.sandbox.scrape), plus
+    the target's ``node_label`` where a relabeling adds one (as in NVIDIA/gpu-operator#472).
+    ``node_of``: the node of an exporter whose series name another (its Hostname)."""
+
+    def scrape(hostname: str, labels: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        node = (node_of or {}).get(hostname, hostname)
+        target = {**exporter.target_labels(node), "instance": f"{node}:9400"}
+        if node_label:
+            target[node_label] = node
+        return stored_labels(labels, target, honor_labels)
+
+    return scrape
 
 
 def _require(binary: str) -> str:
