@@ -197,7 +197,9 @@ class PrometheusSource:
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise TelemetryUnavailable(f"unexpected query result shape: {e}") from e
         for key, fields in copies.items():  # a GPU seen only through its per-pod copies
-            gpus.setdefault(key, fields)
+            device = gpus.setdefault(key, fields)
+            if "pod" in fields:  # a shared GPU is held: name one of its pods, always the same
+                device.setdefault("pod", fields["pod"])
         now = self.clock()
         by_node: dict[str, list[GpuReading]] = {}
         for fields in gpus.values():
