@@ -8,8 +8,11 @@ and Prometheus scrapes the agents instead of the simulator. Then:
 * the agents export the simulator's DCGM series, series for series and value for value;
 * for the same workload the extender gives the same filter and prioritize replies, byte for
   byte, whether the simulator (the session sandbox) or the agents feed it;
-* the placement and reclaim scenarios the simulator's tests run hold with the agents too,
-  unhealthy GPUs both lost (XID 79) and reported by an NVML XID event (XID 48).
+* every placement, reclaim and report scenario the simulator's tests run holds with the agents
+  too, unhealthy GPUs both lost (XID 79) and reported by an NVML XID event (XID 48). This
+  sandbox's Prometheus keeps the exporter's labels (honor_labels: true, as our agent's
+  ServiceMonitor sets it) where the session sandbox's stores dcgm-exporter's chart default
+  (false): so each scenario runs in both label modes.
 """
 
 from __future__ import annotations
@@ -171,6 +174,14 @@ def test_the_extender_answers_alike_from_either_source(sandbox, agent_sandbox):
     assert scores["l4-1"] >= scores["l4-2"] >= scores["l4-0"], scores
 
 
+def test_pods_land_only_on_cards_they_accept_in_preference_order(agent_sandbox, agent_ns):
+    scenarios.pods_land_only_on_cards_they_accept_in_preference_order(agent_ns)
+
+
+def test_a_burst_does_not_all_land_on_the_node_that_looked_idlest(agent_sandbox, agent_ns):
+    scenarios.a_burst_does_not_all_land_on_the_node_that_looked_idlest(agent_sandbox, agent_ns)
+
+
 def test_spread_class_prefers_the_cooler_node(agent_sandbox, agent_ns):
     scenarios.spread_class_prefers_the_cooler_node(agent_sandbox, agent_ns)
 
@@ -190,3 +201,8 @@ async def test_an_idle_pod_is_warned_then_evicted(agent_sandbox, agent_ns, recla
 async def test_a_busy_pod_is_left_alone(agent_sandbox, agent_ns, reclaimer):
     rec = await reclaimer("enforce", box=agent_sandbox)
     await scenarios.a_busy_pod_is_left_alone_and_its_marks_cleared(agent_ns, rec)
+
+
+def test_a_known_workload_gives_exact_report_numbers(agent_sandbox, tmp_path):
+    with scenarios.report_workload(agent_sandbox, tmp_path) as workload:
+        scenarios.a_known_workload_gives_exact_numbers_by_team(workload)
