@@ -14,7 +14,9 @@ the exporter pod's namespace/service/pod/container/endpoint/job (``gpusteward.sa
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 import ssl
 import subprocess
 import sys
@@ -29,7 +31,7 @@ import yaml
 
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
-from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, node_objects
+from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
@@ -332,13 +334,36 @@ class Sandbox:
         for proc, health in started:
             proc.wait_ready(partial(_http_ok, health))
 
-    def start_prometheus(self) -> None:
+    def _write_prometheus_config(self) -> Path:
         config = self.dir / "prometheus.yml"
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": self.cfg.scrape_interval,
                        "evaluation_interval": self.cfg.scrape_interval},
             "scrape_configs": [self.telemetry_scrape()],
         }))
+        return config
+
+    def add_pool(self, pool: Pool) -> None:
+        """More GPU nodes in a running sandbox (simulator telemetry): created, Ready, and their
+        exporters scraped (Prometheus reloads its config on SIGHUP)."""
+        self.cfg.fleet = Fleet(pools=[*self.cfg.fleet.pools, pool])
+        self.create_fleet(Fleet(pools=[pool]))
+        self._reload_prometheus()
+
+    def remove_pool(self, name: str) -> None:
+        pool = next(p for p in self.cfg.fleet.pools if p.name == name)
+        self.cfg.fleet = Fleet(pools=[p for p in self.cfg.fleet.pools if p is not pool])
+        api = self.api()
+        for node in pool.node_names():
+            api.delete(f"/api/v1/nodes/{node}")
+        self._reload_prometheus()
+
+    def _reload_prometheus(self) -> None:
+        self._write_prometheus_config()
+        os.kill(self.procs["prometheus"].pid, signal.SIGHUP)
+
+    def start_prometheus(self) -> None:
+        config = self._write_prometheus_config()
         self._run("prometheus", [
             "prometheus", f"--config.file={config}",
             f"--storage.tsdb.path={self.dir / 'prometheus-data'}",
