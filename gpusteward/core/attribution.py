@@ -95,9 +95,13 @@ def node_of(labels: Mapping[str, str], node_labels: Sequence[str],
     label naming the exporter, that pod's node from ``pod_nodes`` (pod name -> node); else the
     first present (a node we do not know: counted, never matched).
     """
-    present = [labels[k] for k in (*node_labels, *SCRAPE_NODE_LABELS) if labels.get(k)]
+    for k in node_labels:  # the common case first: the exporter names a known node
+        value = labels.get(k)
+        if value and (known is None or value in known):
+            return value
     if known is None:
-        return next((labels[k] for k in node_labels if labels.get(k)), None)
+        return None
+    present = [labels[k] for k in (*node_labels, *SCRAPE_NODE_LABELS) if labels.get(k)]
     for value in present:
         if value in known:
             return value
