@@ -31,7 +31,7 @@ async def serve(policy: Policy, args: argparse.Namespace, prometheus_url: str | 
     telemetry = None
     if prometheus_url:
         telemetry = PrometheusSource(prometheus_url, policy.telemetry, policy.health,
-                                     locate=lambda: (fleet.nodes, {}))
+                                     locate=lambda: (fleet.nodes, fleet.pod_nodes()))
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")

@@ -89,7 +89,7 @@ async def client_for(url: str, policy_data: dict | None = None):
     policy = parse_policy(policy_data or {})
     view = PlacementView(policy, fleet())
     source = PrometheusSource(url, policy.telemetry, policy.health, attempts=1,
-                              locate=lambda: (view.fleet.nodes, {}))  # as extender/serve.py
+                              locate=lambda: (view.fleet.nodes, view.fleet.pod_nodes()))  # serve.py
     extender = Extender(view, source)
     await extender.refresh()
     return extender, TestClient(TestServer(create_app(extender)))
@@ -185,6 +185,21 @@ async def test_an_older_exporters_series_find_their_node_by_the_scrapes_node_lab
     extender, _ = await client_for(prom.url)
     assert [r.util for r in extender.view.telemetry.for_node("h-cool")] == [0.8] * 8
     assert extender.view.book.states["h-cool"].util == pytest.approx(0.8)
+
+
+async def test_an_older_exporters_series_find_their_node_by_the_exporter_pods_node(
+        prometheus_factory, now, honor):
+    # No node label in the scrape: the watch saw the exporter pod (no GPU) bound to h-cool.
+    prom = prometheus_factory(history_openmetrics=history(
+        now, gpus=old_exporter_gpus, scrape=servicemonitor(
+            honor, node_of={DCGM_EXPORTER.pod("h-cool"): "h-cool"})))
+    policy = parse_policy({})
+    view = PlacementView(policy, fleet())
+    view.fleet.note_gpuless("uid-exporter", DCGM_EXPORTER.pod("h-cool"), "h-cool")
+    source = PrometheusSource(prom.url, policy.telemetry, policy.health, attempts=1,
+                              locate=lambda: (view.fleet.nodes, view.fleet.pod_nodes()))
+    telemetry = await source.fetch()
+    assert [r.util for r in telemetry.for_node("h-cool")] == [0.8] * 8
 
 
 async def test_the_node_label_is_configurable(prometheus_factory, now):

@@ -13,13 +13,16 @@ dcgm-exporter chart's ServiceMonitor defaults to ``honorLabels: false`` (chart 4
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
+from gpusteward.adapters.kube import Watcher, _event_decoder
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import per_pod
 from gpusteward.core.attribution import Attribution, claimed_pod, held_only, honor_mode, node_of
+from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import GpuReading
 from gpusteward.core.nodestate import build_node_state
 from gpusteward.core.policy import Health, parse_policy
@@ -148,3 +151,24 @@ def test_node_load_comes_from_the_device_series_whatever_the_order(seed):
     (reading,) = telemetry.for_node("n1")
     assert reading.util == pytest.approx(0.8)
     assert reading.pod == "ml/busy"  # held (by both): one of its pods, the same every time
+
+
+def _event(kind: str, name: str, node: str | None, gpus: int = 0) -> bytes:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    pod = {"metadata": {"name": name, "namespace": "gpu-operator", "uid": f"uid-{name}",
+                        "resourceVersion": "1"},
+           "spec": {"nodeName": node, "containers": [{"resources": {"limits": limits}}]},
+           "status": {"phase": "Running"}}
+    return json.dumps({"type": kind, "object": pod}).encode()
+
+
+def test_the_pod_watch_keeps_the_node_of_pods_that_hold_no_gpu():
+    # The extender's fleet only indexes GPU pods; an exporter's pod is remembered by name alone.
+    store = FleetStore()
+    watcher = Watcher(None, store, "pods", ["nvidia.com/gpu"])
+    for line in (_event("ADDED", EXPORTER, "n1"), _event("ADDED", "train-0", "n1", gpus=1),
+                 _event("ADDED", "pending", None)):
+        watcher._apply(_event_decoder.decode(line))
+    assert store.pod_nodes() == {EXPORTER: "n1"}
+    watcher._apply(_event_decoder.decode(_event("DELETED", EXPORTER, "n1")))
+    assert store.pod_nodes() == {}
