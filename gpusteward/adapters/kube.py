@@ -126,8 +126,11 @@ class Watcher:
             self.store.replace_all(nodes, None)
         else:
             # Listed pods' binding time comes from their PodScheduled condition.
-            pods = (self._decoded_pod(_pod_decoder.decode(r), None) for r in items)
-            self.store.replace_all(None, [p for p in pods if p is not None])
+            wires = [_pod_decoder.decode(r) for r in items]
+            decoded = [(w, self._decoded_pod(w, None)) for w in wires]
+            self.store.replace_all(None, [p for _, p in decoded if p is not None])
+            self.store.replace_gpuless((w.metadata.uid, w.metadata.name, w.spec.node_name)
+                                       for w, p in decoded if p is None and w.spec.node_name)
         self.synced.set()
         log.info("listed %d %s at resourceVersion %s", len(items), self.kind, version)
         return version
@@ -173,6 +176,9 @@ class Watcher:
             self.store.delete_pod(wire.metadata.uid)
         else:
             self.store.upsert_pod(pod)
+        gone = event.type == "DELETED" or pod is not None
+        self.store.note_gpuless(wire.metadata.uid, wire.metadata.name,
+                                None if gone else wire.spec.node_name)
         return wire.metadata.resource_version
 
     def _decoded_pod(self, wire: WirePod, seen_at: float | None) -> Pod | None:

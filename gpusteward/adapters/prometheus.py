@@ -12,7 +12,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,13 +28,21 @@ from urllib3.util.retry import Retry
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.promconnection import PrometheusConnection
+from gpusteward.core.attribution import (
+    POD_LABELS,
+    SCRAPE_NODE_LABELS,
+    VIRTUAL_GPU_LABEL,
+    claimed_pod,
+    honor_mode,
+    is_per_pod,
+    node_of,
+)
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import Health
 from gpusteward.core.policy import Telemetry as TelemetryPolicy
 
 log = logging.getLogger("gpusteward.telemetry")
 
-POD_LABELS = (("namespace", "pod"), ("exported_namespace", "exported_pod"))
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 # Series that identify one GPU (or one MIG instance) on a node.
 _GPU_KEY = ("gpu", "GPU_I_ID")
@@ -50,9 +58,17 @@ def _tls_reason(error: Exception) -> str:
     return found.group(1).strip() if found else str(error)
 
 
+# What ``node_of`` may fall back on: the scrape's node label, the exporter's own pod.
+_LOCATING = (*SCRAPE_NODE_LABELS, "pod")
+# (node names known, pod name -> node): lets a series whose node label names no node (an older
+# exporter's Hostname is its pod's name) find its node; see core.attribution.node_of.
+Locator = Callable[[], tuple[Collection[str], Mapping[str, str]]]
+
+
 def gpu_labels(node_labels: Sequence[str]) -> list[str]:
-    """The labels that name one GPU (or MIG instance) and the pod holding it."""
-    return [*dict.fromkeys([*node_labels, *_GPU_KEY, *(x for pair in POD_LABELS for x in pair)])]
+    """The labels that name one GPU (or MIG instance), its node and the pod holding it."""
+    return [*dict.fromkeys([*node_labels, *_GPU_KEY, *POD_LABELS, VIRTUAL_GPU_LABEL,
+                            *_LOCATING])]
 
 
 def keeping(labels: Sequence[str]) -> str:
@@ -87,7 +103,7 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
         "temp": by + "(DCGM_FI_DEV_GPU_TEMP)",
         "fb_used": by + "(DCGM_FI_DEV_FB_USED)",
         "xid": by + f"(max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:{step}]))",
-        "xid_nodes": f"count by ({', '.join(node_labels)}) ({XID_COUNT})",
+        "xid_nodes": f"count by ({', '.join([*node_labels, *_LOCATING])}) ({XID_COUNT})",
         "xid_counted": keeping([*labels, "xid"])
                        + f"(max_over_time({XID_COUNT}{{{', '.join(counted)}}}[{window}]) > 0)",
     }
@@ -95,12 +111,16 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
 
 class PrometheusSource:
     def __init__(self, connection: PrometheusConnection | str, policy: TelemetryPolicy,
-                 health: Health, clock: Callable[[], float] = time.time, attempts: int = 3):
+                 health: Health, clock: Callable[[], float] = time.time, attempts: int = 3,
+                 locate: Locator | None = None):
         """``connection``: how to reach Prometheus (a bare URL: no credentials, TLS verified)."""
         if isinstance(connection, str):
             connection = PrometheusConnection(connection)
         self.url = connection.url
         self.node_labels = tuple(policy.node_labels)
+        self.honor = honor_mode(policy.honor_labels)
+        self.locate = locate
+        self._where: tuple[Collection[str], Mapping[str, str]] | None = None
         self.timeout = float(policy.query_timeout)
         self.queries = queries(health, self.node_labels)
         self.clock = clock
@@ -197,6 +217,8 @@ class PrometheusSource:
         bad: set[tuple[str, ...]] = set()
         dropped: dict[str, int] = {}
         counting: set[str] = set()
+        copies: dict[tuple[str, ...], dict[str, Any]] = {}  # per-pod copies of shared GPUs
+        self._where = self.locate() if self.locate else None
         try:
             for name, series in results.items():
                 for s in series:
@@ -210,7 +232,10 @@ class PrometheusSource:
                         continue
                     if name == "xid_nodes":
                         counting.add(key[0])
-                    elif self._merge(gpus, key, name, labels, value):
+                        continue
+                    per_pod = is_per_pod(labels)
+                    if self._merge(copies if per_pod else gpus, key, name, labels, value) \
+                            and not per_pod:
                         dropped["duplicate"] = dropped.get("duplicate", 0) + 1
         except (AttributeError, TypeError) as e:
             raise TelemetryUnavailable(f"unexpected query result shape: {e}") from e
@@ -218,6 +243,10 @@ class PrometheusSource:
         if dropped:
             log.warning("telemetry series dropped this refresh (their GPUs read as unknown): %s",
                         ", ".join(f"{r}={n}" for r, n in sorted(dropped.items())))
+        for key, fields in copies.items():  # a GPU seen only through its per-pod copies
+            device = gpus.setdefault(key, fields)
+            if "pod" in fields:  # a shared GPU is held: name one of its pods, always the same
+                device.setdefault("pod", fields["pod"])
         now = self.clock()
         by_node: dict[str, list[GpuReading]] = {}
         for key, fields in sorted(gpus.items()):  # GPU order, not series order
@@ -235,7 +264,8 @@ class PrometheusSource:
         return Telemetry(nodes={n: tuple(r) for n, r in by_node.items()}, fetched_at=now)
 
     def _node_of(self, labels: dict[str, str]) -> str | None:
-        return next((labels[k] for k in self.node_labels if labels.get(k)), None)
+        known, pod_nodes = self._where or (None, None)
+        return node_of(labels, self.node_labels, known, pod_nodes)
 
     def _parse_series(self, name: str, series: Any) -> tuple[tuple[str, ...], dict[str, str],
                                                                 float]:
@@ -271,8 +301,8 @@ class PrometheusSource:
         gpu = gpus.get(key)
         if gpu is None:
             gpu = gpus[key] = {"node": key[0], "gpu": _gpu_name(labels)}
-        pod = _pod_of(labels)
-        if pod:
+        pod = claimed_pod(labels, self.honor)
+        if pod and pod < gpu.get("pod", "\uffff"):  # copies of a shared GPU: the same one always
             gpu["pod"] = pod
         field = _FIELDS.get(name)
         if field is None:
@@ -314,11 +344,3 @@ _FIELDS = {"util": "util", "util_at": "sampled_at", "temp": "temp_c", "fb_used":
 def _gpu_name(labels: dict[str, str]) -> str:
     gpu = labels.get("gpu", "")
     return f"{gpu}/mig{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else gpu
-
-
-def _pod_of(labels: dict[str, str]) -> str | None:
-    for ns_label, pod_label in POD_LABELS:
-        if labels.get(pod_label):
-            return f"{labels.get(ns_label, '')}/{labels[pod_label]}"
-    return None
-

@@ -13,7 +13,8 @@ from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
-from gpusteward.adapters.prometheus import POD_LABELS, PrometheusSource, gpu_labels, keeping
+from gpusteward.adapters.prometheus import PrometheusSource, gpu_labels, keeping
+from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Pod
@@ -58,6 +59,7 @@ class SnapshotReader:
         self.clock = clock
         self.tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
         self.api_calls = 0
+        self.who: Attribution | None = None  # the last read's attribution (the report's too)
 
     async def read(self, recent: Sequence[PastAction] = ()) -> Snapshot:
         now = self.clock()
@@ -66,11 +68,15 @@ class SnapshotReader:
             self._list("/api/v1/namespaces"),
             *(self._list(path) for path in WORKLOAD_PATHS.values()))
         names = self.policy.resources
-        pods = tuple(p for p in (_pod(w, names) for w in _decode(pods_raw, WirePod))
-                     if p is not None)
+        wires = _decode(pods_raw, WirePod)
+        pods = tuple(p for p in (_pod(w, names) for w in wires) if p is not None)
         nodes = {n.name: n for n in (to_node(w, names) for w in _decode(nodes_raw, WireNode))}
         owned = dict(zip(WORKLOAD_PATHS, (_decode(w, Workload) for w in workloads), strict=True))
-        evidence, ok, problem = await self._evidence(pods, now)
+        # Every pod's node, the exporters' too: an older exporter's series name its pod, not
+        # its node (core.attribution.node_of).
+        pod_nodes = {w.metadata.name: w.spec.node_name for w in wires if w.spec.node_name}
+        self.who = self.attribution(nodes, pods, pod_nodes)
+        evidence, ok, problem = await self._evidence(pods, now, self.who)
         return Snapshot(
             now=now, pods=pods, nodes=nodes, owners=resolve_owners(pods, owned),
             namespace_labels={n.metadata.name: n.metadata.labels or {}
@@ -85,14 +91,20 @@ class SnapshotReader:
         items, _ = await list_raw(self.api, path)
         return items
 
-    async def _evidence(self, pods: tuple[Pod, ...],
-                        now: float) -> tuple[dict[float, dict[str, Evidence]], bool, str]:
+    def attribution(self, nodes: Iterable[str], pods: Iterable[Pod],
+                    pod_nodes: Mapping[str, str] | None = None) -> Attribution:
+        t = self.policy.telemetry
+        return Attribution.of(t.node_labels, t.honor_labels, nodes, pods, pod_nodes)
+
+    async def _evidence(self, pods: tuple[Pod, ...], now: float, who: Attribution | None = None,
+                        ) -> tuple[dict[float, dict[str, Evidence]], bool, str]:
         needed = sorted(windows(self.policy, tuple(p for p in pods if p.node)))
+        who = who or self.attribution({p.node for p in pods if p.node}, pods)
         try:
             age = await self._telemetry_age(now)
             if age > float(self.policy.telemetry.stale_after):
                 return {}, False, f"newest GPU sample is {age:.0f}s old"
-            found = await asyncio.gather(*(self._window(w) for w in needed))
+            found = await asyncio.gather(*(self._window(w, who) for w in needed))
         except TelemetryUnavailable as e:
             return {}, False, str(e)
         return dict(zip(needed, found, strict=True)), True, ""
@@ -103,23 +115,34 @@ class SnapshotReader:
             raise TelemetryUnavailable("no DCGM_FI_DEV_GPU_UTIL series at all")
         return now - float(result[0]["value"][1])
 
-    async def _window(self, window: float) -> dict[str, Evidence]:
+    async def _window(self, window: float, who: Attribution) -> dict[str, Evidence]:
         peak_q, count_q = evidence_queries(window, self.policy.telemetry.node_labels)
         peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
                                              self.prometheus.query(count_q))
         expected = window / float(self.policy.telemetry.scrape_interval)
-        return per_pod(window, peaks, counts, expected)
+        return per_pod(window, peaks, counts, expected, who)
+
+
+# The agent's per-pod readings of a shared GPU, marked like dcgm-exporter's per-pod copies.
+AGENT_POD_UTIL = "gpusteward_pod_gpu_util"
 
 
 def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, str]:
     """(peak utilization %, samples) per GPU over the window, keeping its UUID, node, index and
-    pod: the same series in both, so per_pod can pair them by their whole label set."""
+    pod: the same series in both, so per_pod can pair them by their whole label set. The agent's
+    per-pod series of shared GPUs come along, labelled ``vgpu="agent"``."""
     w = f"{int(window)}s"
     by = keeping(["UUID", *gpu_labels(node_labels)])
+
+    def agent(expr: str) -> str:
+        return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
+
     peak = by + (f"({_checked_peak('DCGM_FI_DEV_GPU_UTIL', w)} or "
-                 f"({_checked_peak('DCGM_FI_PROF_GR_ENGINE_ACTIVE', w)} * 100))")
+                 f"({_checked_peak('DCGM_FI_PROF_GR_ENGINE_ACTIVE', w)} * 100) or "
+                 f"{agent(_checked_peak(AGENT_POD_UTIL, w))})")
     count = by + (f"(count_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
-                  f"count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]))")
+                  f"count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]) or "
+                  f"{agent(f'count_over_time({AGENT_POD_UTIL}[{w}])')})")
     return peak, count
 
 
@@ -137,29 +160,33 @@ GpuKey = tuple[tuple[str, str], ...]  # every label of an aggregated evidence se
 
 
 def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, Any]],
-            expected: float) -> dict[str, Evidence]:
-    """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage."""
-    gpu_peak: dict[str, dict[GpuKey, float]] = {}
-    gpu_count: dict[GpuKey, float] = {}
-    for s in counts:
-        gpu_count[_gpu_key(s["metric"])] = float(s["value"][1])
+            expected: float, who: Attribution) -> dict[str, Evidence]:
+    """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage.
+
+    Only series whose pod the API server shows holding GPUs on that node count. On a shared GPU
+    a pod's own per-pod series stand for it, whatever else names it there (order-independent).
+    """
+    gpu_count = {_gpu_key(s["metric"]): float(s["value"][1]) for s in counts}
+    # pod -> GPU -> per-pod series? -> series -> peak
+    found: dict[str, dict[tuple[str, ...], dict[bool, dict[GpuKey, float]]]] = {}
     for s in peaks:
-        pod = _pod_key(s["metric"])
+        labels = s["metric"]
+        node = who.node(labels)
+        pod = who.pod(labels, node)
         if pod is not None:
-            gpu_peak.setdefault(pod, {})[_gpu_key(s["metric"])] = float(s["value"][1])
+            gpu = (node or "", labels.get("UUID") or labels.get("gpu", ""),
+                   labels.get("GPU_I_ID", ""))
+            kinds = found.setdefault(pod, {}).setdefault(gpu, {})
+            kinds.setdefault(is_per_pod(labels), {})[_gpu_key(labels)] = float(s["value"][1])
     out = {}
-    for pod, gpus in gpu_peak.items():
-        coverage = min(min(1.0, gpu_count.get(k, 0.0) / max(expected, 1.0)) for k in gpus)
-        out[pod] = Evidence(window=window, peak_percent=peak_of(gpus.values()), coverage=coverage,
-                            gpus_seen=len(gpus))
+    for pod, gpus in found.items():
+        chosen = [kinds.get(True) or kinds[False] for kinds in gpus.values()]
+        coverage = min(min(1.0, gpu_count.get(k, 0.0) / max(expected, 1.0))
+                       for series in chosen for k in series)
+        out[pod] = Evidence(window=window,
+                            peak_percent=peak_of(v for c in chosen for v in c.values()),
+                            coverage=coverage, gpus_seen=len(gpus))
     return out
-
-
-def _pod_key(labels: Mapping[str, str]) -> str | None:
-    for ns_label, pod_label in POD_LABELS:
-        if labels.get(pod_label):
-            return f"{labels.get(ns_label, '')}/{labels[pod_label]}"
-    return None
 
 
 def _gpu_key(labels: Mapping[str, str]) -> GpuKey:

@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpusteward.adapters.errors import TelemetryUnavailable
-from gpusteward.adapters.prometheus import POD_LABELS, PrometheusSource
-from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import AGENT_POD_UTIL, SnapshotReader
+from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.report.model import ReportInput, Series, Window
 
@@ -23,7 +24,9 @@ def utilization_query(step: float, scrape_interval: float) -> str:
     """Peak utilization per slot: the lookback spans two scrapes, so no slot falls between them."""
     look = f"{int(max(step, 2 * scrape_interval))}s"
     return (f"max_over_time(DCGM_FI_DEV_GPU_UTIL[{look}]) or "
-            f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{look}]) * 100)")
+            f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{look}]) * 100) or "
+            f'label_replace(max_over_time({AGENT_POD_UTIL}[{look}]), '
+            f'"{VIRTUAL_GPU_LABEL}", "agent", "", "")')
 
 
 def chunks(window: Window) -> list[tuple[float, float]]:
@@ -39,7 +42,6 @@ class UsageReader:
         self.snapshots = snapshots
         self.prometheus = prometheus
         self.policy = policy
-        self.node_labels = tuple(policy.telemetry.node_labels)
 
     async def read(self, window: float, step: float,
                    progress: Progress = lambda done, total: None) -> ReportInput:
@@ -56,30 +58,27 @@ class UsageReader:
                 progress(i + 1, len(parts))
         except TelemetryUnavailable as e:
             return ReportInput(snap, grid, (), range_ok=False, range_problem=str(e))
-        return ReportInput(snap, grid, tuple(series(results, self.node_labels)))
+        who = self.snapshots.who or self.snapshots.attribution(snap.nodes, snap.pods)
+        return ReportInput(snap, grid, tuple(series(results, who)))
 
 
-def series(results: Sequence[Mapping[str, Any]], node_labels: Sequence[str]) -> list[Series]:
-    """Pod-attributed GPU series, one per (pod, GPU), chunks joined; free GPUs are left out."""
-    points: dict[tuple[str, str, str], dict[float, float]] = {}
+def series(results: Sequence[Mapping[str, Any]], who: Attribution) -> list[Series]:
+    """Pod-attributed GPU series, one per (pod, GPU), chunks joined; free GPUs and pods the API
+    server does not show holding GPUs there are left out. On a shared GPU a pod's own per-pod
+    series stand for it (see core.attribution)."""
+    points: dict[tuple[str, str, str], dict[bool, dict[float, float]]] = {}
     for s in results:
         labels = s["metric"]
-        pod = _pod_key(labels)
-        node = next((labels[k] for k in node_labels if labels.get(k)), "")
+        node = who.node(labels) or ""
+        pod = who.pod(labels, node)
         if pod is None:
             continue
-        merged = points.setdefault((pod, node, _gpu_id(labels)), {})
-        for t, v in s["values"]:  # one GPU in several series (virtual GPUs): its peak
+        kinds = points.setdefault((pod, node, _gpu_id(labels)), {})
+        merged = kinds.setdefault(is_per_pod(labels), {})
+        for t, v in s["values"]:  # one GPU in several series: its peak
             merged[float(t)] = max(float(v), merged.get(float(t), 0.0))
-    return [Series(pod, node, gpu, tuple(sorted(p.items())))
-            for (pod, node, gpu), p in sorted(points.items())]
-
-
-def _pod_key(labels: Mapping[str, str]) -> str | None:
-    for ns_label, pod_label in POD_LABELS:
-        if labels.get(pod_label):
-            return f"{labels.get(ns_label, '')}/{labels[pod_label]}"
-    return None
+    return [Series(pod, node, gpu, tuple(sorted((k.get(True) or k[False]).items())))
+            for (pod, node, gpu), k in sorted(points.items())]
 
 
 def _gpu_id(labels: Mapping[str, str]) -> str:

@@ -58,6 +58,8 @@ class AgentGpu:
     error: str | None = None
     missing: frozenset[str] = frozenset()
     pod_utils: tuple[PodUtil, ...] = ()
+    shares: tuple[()] = ()  # SimGpu's per-pod copies: the agent exports gpusteward_pod_gpu_util
+    vgpu: str = ""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,13 @@ and value formats, not against a friendlier shape of our own:
   fields (``DCGM_FI_DRIVER_VERSION``), then the attributes in sorted key order
   (``container, err_code, err_msg, namespace, pod``); pod attributes only on GPUs
   bound to a pod, ``err_code``/``err_msg`` only on ``DCGM_FI_DEV_XID_ERRORS``;
-* integer fields printed like Go's ``%d``, double fields like ``%f``.
+* integer fields printed like Go's ``%d``, double fields like ``%f``;
+* a time-sliced GPU whose exporter runs with ``--kubernetes-virtual-gpus`` (``shares``): one copy
+  of each of its series per pod sharing it, in place of the device's, each with that pod's
+  attributes and ``vgpu`` (the replica id after ``::`` in the device plugin's device id), as
+  ``PodMapper.Process`` writes them (``internal/pkg/transformation/kubernetes.go``); the
+  utilization families read the pod's own share (per-process metrics, PR #594), the others the
+  device's. Simplification: a free GPU keeps its device series (the exporter drops it).
 
 Optionally (``xid_count_window_ms``) also the exporter's own ``DCGM_EXP_XID_ERRORS_COUNT``,
 commented out of its default CSV: per GPU one series per XID seen within the window, labelled
@@ -26,14 +32,16 @@ exporter's XID table and other codes print ``Unknown Error``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 __all__ = [
     "XID_GPU_LOST",
     "PodRef",
+    "Share",
     "SimGpu",
     "model_name_for_product",
     "render_exposition",
@@ -55,6 +63,15 @@ class PodRef:
 
 
 @dataclass(frozen=True)
+class Share:
+    """One pod's replica of a time-sliced GPU and its own utilization."""
+
+    pod: PodRef
+    vgpu: str  # the replica id: ``n`` of the device plugin's ``<uuid>::<n>``
+    util_percent: float
+
+
+@dataclass(frozen=True)
 class SimGpu:
     """One simulated GPU at one instant; units as the exporter reports them."""
 
@@ -69,6 +86,8 @@ class SimGpu:
     xid: int = 0  # the gauge: dcgm-exporter keeps the last XID, however old
     xid_count: int = 0  # XIDs within the exporter's count window (all of code ``xid``)
     pod: PodRef | None = None
+    shares: tuple[Share, ...] = ()  # per-pod copies (--kubernetes-virtual-gpus) in its place
+    vgpu: str = ""  # on a per-pod copy: its replica id
 
     @property
     def uuid(self) -> str:
@@ -186,7 +205,7 @@ _XID_TEXT = {
 
 _EXPORTER_LABELS = frozenset(
     {"gpu", "UUID", "pci_bus_id", "device", "modelName", "DCGM_FI_DRIVER_VERSION"}
-    | {"container", "namespace", "pod", "err_code", "err_msg", "window_size_in_ms", "xid"}
+    | {"container", "namespace", "pod", "vgpu", "err_code", "err_msg", "window_size_in_ms", "xid"}
 )
 
 
@@ -217,7 +236,19 @@ def _labels(
         attributes["err_msg"] = _XID_TEXT.get(gpu.xid, "Unknown Error")
     if (pod := gpu.pod) is not None:
         attributes |= {"container": pod.container, "namespace": pod.namespace, "pod": pod.name}
+    if gpu.vgpu:
+        attributes["vgpu"] = gpu.vgpu
     return labels + sorted(attributes.items())
+
+
+def _entities(gpus: Iterable[SimGpu]) -> Iterator[SimGpu]:
+    """What the exporter prints series for: each GPU, or its per-pod copies."""
+    for gpu in gpus:
+        if not gpu.shares:
+            yield gpu
+        for s in gpu.shares:
+            yield dataclasses.replace(gpu, pod=s.pod, vgpu=s.vgpu, util_percent=s.util_percent,
+                                      shares=())
 
 
 def _series(labels: Iterable[tuple[str, str]]) -> str:
@@ -237,7 +268,7 @@ def render_exposition(
     dcgm-exporter main since May 2026. ``xid_count_window_ms``: the exporter's
     ``--xid-count-window-size`` with ``DCGM_EXP_XID_ERRORS_COUNT`` enabled.
     """
-    gpus = list(gpus)
+    gpus = list(_entities(gpus))
     lines: list[str] = []
     for family in _families(xid_count_window_ms):
         lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
@@ -255,20 +286,24 @@ def render_openmetrics_history(
     node_label: str = DEFAULT_NODE_LABEL,
     extra_labels: dict[str, str] | None = None,
     xid_count_window_ms: int | None = None,
+    scrape: Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]] | None = None,
 ) -> str:
     """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
     ``samples`` are ``(unix_seconds, gpus)`` frames in any order. OpenMetrics wants
     each family contiguous, so the output is grouped by family, then by series
     (first-seen order), each series' samples in time order. ``extra_labels`` (say
-    ``instance``/``job``) stand in for the target labels a scrape would add.
+    ``instance``/``job``) stand in for the target labels a scrape would add; ``scrape(node,
+    labels)``, if given, turns each series' labels into what Prometheus stores from that node's
+    exporter (target labels, ``honor_labels``).
     Timestamps are written to the millisecond, the resolution Prometheus stores.
     """
     extra = sorted((extra_labels or {}).items())
     clash = {name for name, _ in extra} & (_EXPORTER_LABELS | {node_label})
     if clash:
         raise ValueError(f"extra_labels would replace exporter labels: {sorted(clash)}")
-    frames = sorted(((ts, list(gpus)) for ts, gpus in samples), key=lambda frame: frame[0])
+    frames = sorted(((ts, list(_entities(gpus))) for ts, gpus in samples),
+                    key=lambda frame: frame[0])
     lines: list[str] = []
     for family in _families(xid_count_window_ms):
         lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
@@ -277,6 +312,8 @@ def render_openmetrics_history(
             for gpu in gpus:
                 labels = _labels(gpu, family, driver_version, node_label,
                                  xid_count_window_ms) + extra
+                if scrape is not None:
+                    labels = scrape(gpu.node, labels)
                 series = family.name + _series(labels)
                 by_series.setdefault(series, []).append(f"{series} {family.value(gpu)} {ts:.3f}")
         lines += [line for series_lines in by_series.values() for line in series_lines]

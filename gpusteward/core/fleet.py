@@ -21,6 +21,9 @@ class FleetStore:
         self.pods: dict[str, Pod] = {}
         self._by_node: dict[str, dict[str, Pod]] = {}
         self._listeners: list[Listener] = []
+        # Bound pods that hold no GPU, uid -> (name, node): an exporter whose series name its
+        # pod instead of its node is placed by it (core.attribution.node_of).
+        self._gpuless: dict[str, tuple[str, str]] = {}
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -81,6 +84,21 @@ class FleetStore:
                     self._by_node.setdefault(p.node, {})[p.uid] = p
             touched |= {p.node for p in self.pods.values() if p.node}
         self._changed(touched)
+
+    def note_gpuless(self, uid: str, name: str, node: str | None) -> None:
+        """A pod that holds no GPU (or no longer exists, ``node`` None)."""
+        if node:
+            self._gpuless[uid] = (name, node)
+        else:
+            self._gpuless.pop(uid, None)
+
+    def replace_gpuless(self, pods: Iterable[tuple[str, str, str]]) -> None:
+        """After a re-list: (uid, name, node) of every bound pod that holds no GPU."""
+        self._gpuless = {uid: (name, node) for uid, name, node in pods}
+
+    def pod_nodes(self) -> dict[str, str]:
+        """Pod name -> node, for the pods that hold no GPU."""
+        return dict(self._gpuless.values())
 
     def _unindex(self, pod: Pod | None) -> None:
         if pod is not None and pod.node:

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from gpusteward.core.attribution import held_only
 from gpusteward.core.model import GpuReading, Node, Pod
 from gpusteward.core.policy import Health
 
@@ -62,7 +63,8 @@ def build_node_state(
     """
     bound = [p for p in pods if not p.deleting and p.phase not in ("Succeeded", "Failed")]
     allocated = sum(p.gpus for p in bound)
-    fresh = tuple(r for r in readings if now - r.sampled_at <= stale_after)
+    fresh = held_only((r for r in readings if now - r.sampled_at <= stale_after),
+                      {p.key for p in bound if p.gpus > 0})
     if not fresh:
         return NodeState(node, tier, allocated, None, None, inflight=inflight)
     young_after = min(min(r.sampled_at for r in fresh), now - warmup)

@@ -61,6 +61,9 @@ class Telemetry(Config, frozen=True):
     # A pod bound this recently counts as busy on its GPUs whatever they read: a starting pod
     # reads idle while it pulls its image and loads, and a burst would pile onto its node.
     pod_warmup: Annotated[Duration, Between(0, HOUR)] = Duration(60)
+    # Whether the scrape keeps the exporter's pod labels over the target's (the ServiceMonitor's
+    # honorLabels); `auto` reads both shapes. See core/attribution.py and docs/policy.md.
+    honor_labels: bool | Literal["auto"] = "auto"
 
 
 class Health(Config, frozen=True):

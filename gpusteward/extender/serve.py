@@ -46,7 +46,8 @@ async def serve(policy: Policy, args: argparse.Namespace,
     view = PlacementView(policy, fleet)
     telemetry = None
     if prometheus:
-        telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health)
+        telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health,
+                                     locate=lambda: (fleet.nodes, fleet.pod_nodes()))
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")

@@ -16,6 +16,9 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--telemetry", choices=("simulator", "agent"), default="simulator",
                     help="GPU metrics from the DCGM simulator (default) or from a real "
                          "`gpusteward agent` per node over the NVML test library")
+    up.add_argument("--honor-labels", action="store_true",
+                    help="scrape GPU metrics with honor_labels: true (default false, like "
+                         "dcgm-exporter's ServiceMonitor): the exporter's pod labels win")
     up.add_argument("--policy", help="policy for the extender/reclaimer (default: the example)")
     up.add_argument("--state-dir", help="where the sandbox keeps its files and logs")
     for name, text in (("down", "stop every process the sandbox started"),

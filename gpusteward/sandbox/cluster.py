@@ -5,13 +5,18 @@ extender behind the scheduler — all on loopback, all stopped by `stop()` or `s
 GPU telemetry comes from one of two sources (``SandboxConfig.telemetry``): ``simulator``, the
 DCGM simulator's own dcgm-exporter endpoint, or ``agent``, one real ``gpusteward agent`` per GPU
 node reading the NVML test library and a kubelet PodResources socket that the simulator keeps
-true to the same GPUs (``gpusteward.sandbox.gpuhosts``). Prometheus scrapes whichever is chosen.
+true to the same GPUs (``gpusteward.sandbox.gpuhosts``). Prometheus scrapes whichever is chosen
+the way a Prometheus Operator ServiceMonitor does: one target per node's exporter, labelled with
+the exporter pod's namespace/service/pod/container/endpoint/job (``gpusteward.sandbox.scrape``),
+``honor_labels`` false unless ``SandboxConfig.honor_labels``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 import ssl
 import subprocess
 import sys
@@ -26,11 +31,12 @@ import yaml
 
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
-from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, node_objects
+from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
 from gpusteward.sandbox.procs import Proc, free_port, stop_pid
+from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simulator_path
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
@@ -66,6 +72,10 @@ class SandboxConfig:
     scrape_interval: str = "1s"
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
     telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
+    # The ServiceMonitor's honorLabels: false (dcgm-exporter's chart default) stores the
+    # workload's pod labels as exported_*; true keeps them, and puts the exporter's own pod on
+    # GPUs no pod holds.
+    honor_labels: bool = False
     # True for `sandbox up`: the processes outlive the command. Otherwise they die with it,
     # so a killed test run or demo leaves nothing behind.
     detach: bool = False
@@ -113,11 +123,20 @@ class Sandbox:
         return {name.removeprefix(AGENT_PREFIX): f"http://127.0.0.1:{port}"
                 for name, port in self.ports.items() if name.startswith(AGENT_PREFIX)}
 
-    def telemetry_targets(self) -> list[str]:
-        """What Prometheus scrapes as job dcgm-exporter."""
+    def gpu_nodes(self) -> list[str]:
+        return [name for pool in self.cfg.fleet.pools if pool.gpus > 0
+                for name in pool.node_names()]
+
+    def telemetry_scrape(self) -> dict[str, Any]:
+        """Prometheus's job over every GPU node's exporter: the simulator's per-node endpoint,
+        or the node's agent."""
         if self.cfg.telemetry == "agent":
-            return [url.removeprefix("http://") for url in self.agent_urls().values()]
-        return [f"127.0.0.1:{self.ports['simulator']}"]
+            targets = {node: (url.removeprefix("http://"), "/metrics")
+                       for node, url in self.agent_urls().items()}
+            return scrape_config(AGENT, targets, self.cfg.honor_labels)
+        address = f"127.0.0.1:{self.ports['simulator']}"
+        return scrape_config(DCGM_EXPORTER, {n: (address, simulator_path(n))
+                                             for n in self.gpu_nodes()}, self.cfg.honor_labels)
 
     def api(self) -> KubeHTTP:
         return KubeHTTP(self.api_url, self.token)
@@ -292,8 +311,7 @@ class Sandbox:
 
     def _start_agents(self) -> None:
         """One `gpusteward agent` per GPU node, all started before any is waited for."""
-        nodes = [name for pool in self.cfg.fleet.pools if pool.gpus > 0
-                 for name in pool.node_names()]
+        nodes = self.gpu_nodes()
         self.procs["simulator"].wait_ready(
             lambda: all(config_path(self.hosts_dir, n).exists()
                         and socket_path(self.hosts_dir, n).exists() for n in nodes), timeout=30)
@@ -316,14 +334,36 @@ class Sandbox:
         for proc, health in started:
             proc.wait_ready(partial(_http_ok, health))
 
-    def start_prometheus(self) -> None:
+    def _write_prometheus_config(self) -> Path:
         config = self.dir / "prometheus.yml"
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": self.cfg.scrape_interval,
                        "evaluation_interval": self.cfg.scrape_interval},
-            "scrape_configs": [{"job_name": "dcgm-exporter", "static_configs": [
-                {"targets": self.telemetry_targets()}]}],
+            "scrape_configs": [self.telemetry_scrape()],
         }))
+        return config
+
+    def add_pool(self, pool: Pool) -> None:
+        """More GPU nodes in a running sandbox (simulator telemetry): created, Ready, and their
+        exporters scraped (Prometheus reloads its config on SIGHUP)."""
+        self.cfg.fleet = Fleet(pools=[*self.cfg.fleet.pools, pool])
+        self.create_fleet(Fleet(pools=[pool]))
+        self._reload_prometheus()
+
+    def remove_pool(self, name: str) -> None:
+        pool = next(p for p in self.cfg.fleet.pools if p.name == name)
+        self.cfg.fleet = Fleet(pools=[p for p in self.cfg.fleet.pools if p is not pool])
+        api = self.api()
+        for node in pool.node_names():
+            api.delete(f"/api/v1/nodes/{node}")
+        self._reload_prometheus()
+
+    def _reload_prometheus(self) -> None:
+        self._write_prometheus_config()
+        os.kill(self.procs["prometheus"].pid, signal.SIGHUP)
+
+    def start_prometheus(self) -> None:
+        config = self._write_prometheus_config()
         self._run("prometheus", [
             "prometheus", f"--config.file={config}",
             f"--storage.tsdb.path={self.dir / 'prometheus-data'}",

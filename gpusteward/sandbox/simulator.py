@@ -7,6 +7,11 @@ from its annotation `sandbox.gpusteward.io/gpu-util`:
     "85"              85 % on every GPU of the pod, all the time
     "90:5m,0:25m"     a repeating profile: 90 % for 5 minutes, then 0 % for 25, from binding
 
+A time-sliced node (GFD's ``nvidia.com/gpu.replicas`` R > 1, allocatable = GPUs x R) folds
+every R slots onto one physical GPU, which reads the sum of its pods' use and is named for the
+pod on its lowest slot; labelled ``sandbox.gpusteward.io/virtual-gpus: "true"`` its exporter runs
+with ``--kubernetes-virtual-gpus`` and prints a copy per pod instead (``core.dcgm.Share``).
+
 Free GPUs read 0 %. Node labels `sandbox.gpusteward.io/xid` and `sandbox.gpusteward.io/gpu-temp`
 make every GPU of that node report that XID / temperature (health tests). Like dcgm-exporter,
 `/metrics` keeps showing a GPU's last XID after the label goes (NVIDIA/dcgm-exporter#500); with
@@ -31,14 +36,16 @@ from pathlib import Path
 from aiohttp import web
 
 from gpusteward.adapters.kube import Watcher, connect
-from gpusteward.core.dcgm import PodRef, SimGpu, model_name_for_product, render_exposition
+from gpusteward.core.dcgm import PodRef, Share, SimGpu, model_name_for_product, render_exposition
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.fleet import TEMP_LABEL, XID_LABEL
 from gpusteward.sandbox.gpuhosts import GpuHosts
+from gpusteward.sandbox.scrape import simulator_path
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
+VIRTUAL_GPUS_LABEL = "sandbox.gpusteward.io/virtual-gpus"
 IDLE_TEMP_C, BUSY_TEMP_C = 34, 71
 
 
@@ -96,16 +103,36 @@ class GpuAssigner:
         return held
 
 
-def simulate(fleet: FleetStore, assigner: GpuAssigner, now: float) -> list[SimGpu]:
+def simulate(fleet: FleetStore, assigner: GpuAssigner, now: float,
+             only: str | None = None) -> list[SimGpu]:
+    """Every GPU of the fleet, or of node ``only``."""
     gpus: list[SimGpu] = []
-    for node in fleet.nodes.values():
+    nodes = fleet.nodes.values() if only is None else [n for n in [fleet.nodes.get(only)] if n]
+    for node in nodes:
         if not node.product or node.gpus <= 0:
             continue
         pods = {p.uid: p for p in fleet.pods_on(node.name) if not p.deleting}
         owner = {i: pods[uid] for uid, idx in assigner.assign(node, pods.values()).items()
                  for i in idx}
-        gpus += [_gpu(node, i, owner.get(i), now) for i in range(node.gpus)]
+        slots = [_gpu(node, i, owner.get(i), now) for i in range(node.gpus)]
+        replicas = int(node.labels.get("nvidia.com/gpu.replicas") or 1)
+        gpus += _time_sliced(node, slots, replicas) if replicas > 1 else slots
     return gpus
+
+
+def _time_sliced(node: Node, slots: list[SimGpu], replicas: int) -> list[SimGpu]:
+    """Every ``replicas`` slots of a time-sliced node as the one GPU they share."""
+    virtual = node.labels.get(VIRTUAL_GPUS_LABEL) == "true"
+    out = []
+    for index in range(len(slots) // replicas):
+        mine = slots[index * replicas:(index + 1) * replicas]
+        held = [(str(n), s) for n, s in enumerate(mine) if s.pod is not None]
+        device = held[0][1] if held else mine[0]
+        shares = tuple(Share(s.pod, n, s.util_percent) for n, s in held if s.pod) if virtual else ()
+        out.append(dataclasses.replace(
+            device, index=index, util_percent=min(100.0, sum(s.util_percent for _, s in held)),
+            shares=shares))
+    return out
 
 
 def _gpu(node: Node, index: int, pod: Pod | None, now: float) -> SimGpu:
@@ -157,8 +184,9 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
     window_ms = int(xids.window * 1000) or None
 
     async def metrics(request: web.Request) -> web.Response:
+        """Every node's GPUs, or (``/nodes/{node}/metrics``) one node's, as its exporter."""
         now = clock()
-        gpus = xids.apply(simulate(fleet, assigner, now), now)
+        gpus = xids.apply(simulate(fleet, assigner, now, request.match_info.get("node")), now)
         text = render_exposition(gpus, xid_count_window_ms=window_ms)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -166,7 +194,8 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
         return web.Response(text="ok")
 
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics), web.get("/health", health)])
+    app.add_routes([web.get("/metrics", metrics), web.get(simulator_path("{node}"), metrics),
+                    web.get("/health", health)])
     return app
 
 

@@ -1,4 +1,5 @@
-"""The extender against a real Prometheus holding dcgm-exporter-shaped history.
+"""The extender against a real Prometheus holding dcgm-exporter-shaped history, stored as a
+Prometheus Operator ServiceMonitor scrape stores it, in both honorLabels modes.
 
 The fleet is fed into the watch cache directly (this tier has no API server); telemetry comes
 from Prometheus for real, through PrometheusSource.
@@ -18,7 +19,9 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender.app import Extender, create_app
 from gpusteward.extender.view import PlacementView
+from gpusteward.sandbox.scrape import DCGM_EXPORTER
 from tests.factories import A100, H100, L4, node, pod
+from tests.support.prometheus import servicemonitor
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
 
@@ -35,14 +38,15 @@ def gpus_at(now: float, t: float) -> list[SimGpu]:
     return out
 
 
-def history(now: float, minutes: int = 10, step: float = 15.0, node_label: str = "Hostname"):
+def history(now: float, minutes: int = 10, step: float = 15.0, node_label: str = "Hostname",
+            honor: bool = False, gpus=gpus_at, scrape=None):
     frames = []
     t = now - minutes * 60
     while t <= now - 5:
-        frames.append((t, gpus_at(now, t)))
+        frames.append((t, gpus(now, t)))
         t += step
     return render_openmetrics_history(frames, node_label=node_label,
-                                      extra_labels={"job": "dcgm", "instance": "dcgm:9400"})
+                                      scrape=scrape or servicemonitor(honor))
 
 
 def fleet() -> FleetStore:
@@ -71,15 +75,21 @@ def now() -> float:
     return time.time()
 
 
+@pytest.fixture(params=[False, True], ids=["honorLabels-false", "honorLabels-true"])
+def honor(request) -> bool:
+    return bool(request.param)
+
+
 @pytest.fixture
-def prometheus(prometheus_factory, now):
-    return prometheus_factory(history_openmetrics=history(now))
+def prometheus(prometheus_factory, now, honor):
+    return prometheus_factory(history_openmetrics=history(now, honor=honor))
 
 
 async def client_for(url: str, policy_data: dict | None = None):
     policy = parse_policy(policy_data or {})
     view = PlacementView(policy, fleet())
-    source = PrometheusSource(url, policy.telemetry, policy.health, attempts=1)
+    source = PrometheusSource(url, policy.telemetry, policy.health, attempts=1,
+                              locate=lambda: (view.fleet.nodes, view.fleet.pod_nodes()))  # serve.py
     extender = Extender(view, source)
     await extender.refresh()
     return extender, TestClient(TestServer(create_app(extender)))
@@ -148,12 +158,48 @@ async def test_a_refresh_runs_a_fixed_number_of_queries(prometheus):
 async def test_readings_carry_sample_time_and_pod_attribution(prometheus, now):
     extender, _ = await client_for(prometheus.url)
     readings = {r.gpu: r for r in extender.view.telemetry.for_node("h-hot")}
-    assert readings["0"].pod == "ml/busy0" and readings["7"].pod is None
+    assert readings["0"].pod == "ml/busy0"  # the workload's labels win in both modes
+    # A free GPU names only the exporter's own pod, in either mode (the target's `pod`, or the
+    # one Prometheus fills in); the node state drops it (that pod holds no GPU): it stays free.
+    assert readings["7"].pod == "gpu-operator/" + DCGM_EXPORTER.pod("h-hot")
+    state = extender.view.book.states["h-hot"]
+    assert state.allocated == 4 and state.free == 4
     assert readings["0"].util == pytest.approx(0.9)
     assert now - 30 < readings["0"].sampled_at <= now
     stale = extender.view.telemetry.for_node("l-stale")
     assert stale and all(r.sampled_at < now - 170 for r in stale)
     assert extender.view.telemetry.for_node("l-missing") == ()
+
+
+def old_exporter_gpus(now: float, t: float) -> list[SimGpu]:
+    """An exporter without NODE_NAME: its Hostname is its own pod's name."""
+    return [SimGpu(DCGM_EXPORTER.pod("h-cool"), i, H100_NAME, util_percent=80) for i in range(8)]
+
+
+async def test_an_older_exporters_series_find_their_node_by_the_scrapes_node_label(
+        prometheus_factory, now, honor):
+    # NVIDIA/gpu-operator#472: Hostname="nvidia-dcgm-exporter-57pvc", node="aks-..." stored.
+    prom = prometheus_factory(history_openmetrics=history(
+        now, gpus=old_exporter_gpus, scrape=servicemonitor(
+            honor, node_label="node", node_of={DCGM_EXPORTER.pod("h-cool"): "h-cool"})))
+    extender, _ = await client_for(prom.url)
+    assert [r.util for r in extender.view.telemetry.for_node("h-cool")] == [0.8] * 8
+    assert extender.view.book.states["h-cool"].util == pytest.approx(0.8)
+
+
+async def test_an_older_exporters_series_find_their_node_by_the_exporter_pods_node(
+        prometheus_factory, now, honor):
+    # No node label in the scrape: the watch saw the exporter pod (no GPU) bound to h-cool.
+    prom = prometheus_factory(history_openmetrics=history(
+        now, gpus=old_exporter_gpus, scrape=servicemonitor(
+            honor, node_of={DCGM_EXPORTER.pod("h-cool"): "h-cool"})))
+    policy = parse_policy({})
+    view = PlacementView(policy, fleet())
+    view.fleet.note_gpuless("uid-exporter", DCGM_EXPORTER.pod("h-cool"), "h-cool")
+    source = PrometheusSource(prom.url, policy.telemetry, policy.health, attempts=1,
+                              locate=lambda: (view.fleet.nodes, view.fleet.pod_nodes()))
+    telemetry = await source.fetch()
+    assert [r.util for r in telemetry.for_node("h-cool")] == [0.8] * 8
 
 
 async def test_the_node_label_is_configurable(prometheus_factory, now):

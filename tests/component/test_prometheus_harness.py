@@ -8,14 +8,20 @@ from typing import Any
 
 import pytest
 
-from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history
+from gpusteward.core.dcgm import PodRef, SimGpu, render_exposition, render_openmetrics_history
+from gpusteward.sandbox.scrape import DCGM_EXPORTER, scrape_config
 from tests.support.fixtures import (  # noqa: F401 - fixtures
     DcgmEndpoint,
     PrometheusFactory,
     dcgm_endpoint,
     prometheus_factory,
 )
-from tests.support.prometheus import SCRAPE_JOB, PrometheusError, PrometheusServer
+from tests.support.prometheus import (
+    SCRAPE_JOB,
+    PrometheusError,
+    PrometheusServer,
+    stored_labels,
+)
 
 NODE = "gpu-node-1"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -211,6 +217,39 @@ def test_live_scrapes_continue_the_backfilled_series(
     (series,) = prometheus.api("query", query=query, time=time.time())["result"]
 
     assert int(series["value"][1]) > len(history.times)  # one series: history, then live
+
+
+@pytest.mark.parametrize("honor", [pytest.param(False, id="honorLabels-false"),
+                                   pytest.param(True, id="honorLabels-true")])
+def test_a_servicemonitor_shaped_scrape_stores_what_stored_labels_says(
+    prometheus_factory: PrometheusFactory,  # noqa: F811
+    dcgm_endpoint: DcgmEndpoint,  # noqa: F811
+    honor: bool,
+) -> None:
+    # The sandbox's scrape job (gpusteward.sandbox.scrape: the Operator's target labels) against
+    # a real Prometheus: what it stores is what the backfill helper writes for component tests.
+    dcgm_endpoint.gpus = gpus(util=61)
+    job = scrape_config(DCGM_EXPORTER, {NODE: (dcgm_endpoint.target, "/metrics")}, honor)
+    prometheus = prometheus_factory(scrape_configs=[job])
+
+    stored = by_gpu(wait_for_series(prometheus, "DCGM_FI_DEV_GPU_UTIL"))
+
+    target = {**DCGM_EXPORTER.target_labels(NODE), "instance": dcgm_endpoint.target}
+    for gpu in dcgm_endpoint.gpus:
+        (line,) = [x for x in render_exposition([gpu]).splitlines()
+                   if x.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+        exposed = [tuple(kv.split("=", 1)) for kv in line[line.index("{") + 1:line.index("}")]
+                   .replace('"', "").split(",")]
+        expected = dict(stored_labels(exposed, target, honor), __name__="DCGM_FI_DEV_GPU_UTIL")
+        assert stored[str(gpu.index)]["metric"] == expected
+    trainer, free = stored["0"]["metric"], stored["1"]["metric"]
+    if honor:  # the workload's labels kept; the free GPU gets the exporter's own pod
+        assert (trainer["namespace"], trainer["pod"]) == ("ml", "train-0")
+        assert free["pod"] == DCGM_EXPORTER.pod(NODE)
+    else:  # the workload's labels moved to exported_*; every series names the exporter's pod
+        assert (trainer["exported_namespace"], trainer["exported_pod"]) == ("ml", "train-0")
+        assert trainer["pod"] == free["pod"] == DCGM_EXPORTER.pod(NODE)
+        assert "exported_pod" not in free
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Reclaim evidence from a real Prometheus holding 40 minutes of DCGM history (15 s samples)."""
+"""Reclaim evidence from a real Prometheus holding 40 minutes of DCGM history (15 s samples),
+stored as a Prometheus Operator ServiceMonitor scrape stores it, in both honorLabels modes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.rules import judge, rule_for
+from gpusteward.sandbox.scrape import DCGM_EXPORTER
+from tests.support.prometheus import servicemonitor
 from tests.unit.test_reclaim_decide import gpu_pod
 
 STEP = 15.0
@@ -31,17 +34,21 @@ def gpus_at(now: float, t: float, i: int) -> list[SimGpu]:
     return out
 
 
-def history(now: float, end: float) -> str:
+def history(now: float, end: float, honor: bool = False) -> str:
     frames, t, i = [], now - 40 * 60, 0
     while t <= end:
         frames.append((t, gpus_at(now, t, i)))
         t += STEP
         i += 1
-    return render_openmetrics_history(frames, extra_labels={"job": "dcgm", "instance": "d:9400"})
+    return render_openmetrics_history(frames, scrape=servicemonitor(honor))
 
 
 def reader(url: str) -> SnapshotReader:
     return SnapshotReader(None, PrometheusSource(url, POLICY.telemetry, POLICY.health), POLICY)
+
+
+def on_node(pod: str, gpus: int = 1):
+    return gpu_pod(pod, gpus=gpus, node="n2" if pod in ("half", "sparse") else "n1")
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +56,9 @@ def now() -> float:
     return time.time()
 
 
-@pytest.fixture
-def prometheus(prometheus_factory, now):
-    return prometheus_factory(history_openmetrics=history(now, now - 5))
+@pytest.fixture(params=[False, True], ids=["honorLabels-false", "honorLabels-true"])
+def prometheus(request, prometheus_factory, now):
+    return prometheus_factory(history_openmetrics=history(now, now - 5, request.param))
 
 
 @pytest.mark.parametrize(
@@ -66,7 +73,7 @@ def prometheus(prometheus_factory, now):
     ],
 )
 async def test_evidence_over_the_window(prometheus, now, pod, gpus, state):
-    pods = (gpu_pod(pod, gpus=gpus),)
+    pods = (on_node(pod, gpus),)
     evidence, ok, problem = await reader(prometheus.url)._evidence(pods, now)
     assert ok, problem
     rule = rule_for(pods[0], POLICY)
@@ -74,11 +81,23 @@ async def test_evidence_over_the_window(prometheus, now, pod, gpus, state):
 
 
 async def test_peak_and_coverage_are_measured(prometheus, now):
-    evidence, _, _ = await reader(prometheus.url)._evidence((gpu_pod("idle", gpus=2),), now)
+    pods = (on_node("idle", 2), on_node("sparse"))
+    evidence, _, _ = await reader(prometheus.url)._evidence(pods, now)
     ev = evidence[1800.0]["ml/idle"]
     assert ev.peak_percent == 2.0 and ev.gpus_seen == 2
     assert 0.95 <= ev.coverage <= 1.0
     assert evidence[1800.0]["ml/sparse"].coverage == pytest.approx(0.25, abs=0.03)
+
+
+async def test_only_pods_holding_gpus_on_the_node_get_evidence(prometheus, now):
+    # The exporter's own pod (every series' `pod` under honorLabels: false, the free GPUs' under
+    # true) holds no GPU; a pod the API server places on another node is not the holder either.
+    exporter = gpu_pod(DCGM_EXPORTER.pod("n1"), ns=DCGM_EXPORTER.namespace, gpus=0)
+    moved = gpu_pod("busy", node="n2")
+    evidence, ok, _ = await reader(prometheus.url)._evidence(
+        (on_node("idle", 2), exporter, moved), now)
+    assert ok
+    assert set(evidence[1800.0]) == {"ml/idle"}
 
 
 async def test_queries_per_cycle_do_not_grow_with_the_pods(prometheus, now):

@@ -10,6 +10,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from gpusteward.core.attribution import claimed_pod
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.kubehttp import KubeHTTP, KubeHTTPError, wait_for
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
@@ -98,11 +99,19 @@ def wait_for_gpu_samples(prometheus_url: str, namespace: str, pods: list[str],
     pods by what they read rather than as just-started."""
 
     def present() -> bool:
-        result = promql(prometheus_url, f'DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}')
-        return set(pods) <= {r["metric"].get("pod") for r in result}
+        return {f"{namespace}/{p}" for p in pods} <= set(pods_sampled(prometheus_url, namespace))
 
     wait_for(f"GPU samples for {pods}", present, timeout=60)
     time.sleep(settle)
+
+
+def pods_sampled(prometheus_url: str, namespace: str) -> dict[str, str]:
+    """``namespace/pod`` -> its node, for the pods of ``namespace`` holding sampled GPUs, in
+    either label mode of the scrape (``exported_*`` under honor_labels false)."""
+    query = (f'DCGM_FI_DEV_GPU_UTIL{{exported_namespace="{namespace}"}} or '
+             f'DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}')
+    return {pod: r["metric"].get("Hostname", "") for r in promql(prometheus_url, query)
+            if (pod := claimed_pod(r["metric"])) is not None}
 
 
 async def cycle_until(rec: Reclaimer, what: str, check, timeout: float = 75.0) -> None:

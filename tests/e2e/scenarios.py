@@ -1,5 +1,7 @@
-"""Scenarios that must hold whichever source feeds GPU telemetry: the DCGM simulator
-(test_placement, test_reclaim) or one NVML agent per node (test_agent_telemetry).
+"""Scenarios that must hold whichever source feeds GPU telemetry and whichever way Prometheus
+stores it: the DCGM simulator scraped as dcgm-exporter's ServiceMonitor does, honorLabels false
+(test_placement, test_reclaim, test_report), or one NVML agent per node scraped as our agent's
+ServiceMonitor does, honorLabels true (test_agent_telemetry).
 
 Default sandbox fleet: h100-0/1 (8 GPUs each), a100-0/1 (8), l4-0/1/2 (4).
 """
@@ -8,15 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
+import subprocess
+import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
 
 from gpusteward.core.reclaim.decide import stamp
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
 from gpusteward.reclaimer.loop import Reclaimer
-from gpusteward.sandbox.cluster import Sandbox
+from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox
 from gpusteward.sandbox.fleet import XID_LABEL
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
@@ -32,6 +41,34 @@ from tests.e2e.kube import (
 )
 
 H100S, A100S, L4S = {"h100-0", "h100-1"}, {"a100-0", "a100-1"}, {"l4-0", "l4-1", "l4-2"}
+
+
+def pods_land_only_on_cards_they_accept_in_preference_order(ns: Namespace) -> None:
+    # 4-GPU pods preferring A100 over H100: A100s hold 4 of them, the rest spill to H100s.
+    for i in range(6):
+        ns.create_pod(gpu_pod(f"p{i}", 4, cards="NVIDIA-A100*,NVIDIA-H100*", cls="batch"))
+        ns.node_of(f"p{i}")  # one at a time, so the order is the preference order
+    nodes = [ns.pod(f"p{i}")["spec"]["nodeName"] for i in range(6)]
+    assert set(nodes[:4]) <= A100S, nodes
+    assert set(nodes[4:]) <= H100S, nodes
+    # An L4-only pod never lands on the big cards, even though they have room.
+    ns.create_pod(gpu_pod("small", 1, cards="NVIDIA-L4"))
+    assert ns.node_of("small") in L4S
+
+
+def a_burst_does_not_all_land_on_the_node_that_looked_idlest(box: Sandbox,
+                                                             ns: Namespace) -> None:
+    # Both H100s hold 4 busy GPUs; h100-0's read 0 %, h100-1's 40 %: h100-0 looks idlest.
+    ns.create_pod(gpu_pod("load-0", 4, node="h100-0", util="0"))
+    ns.create_pod(gpu_pod("load-1", 4, node="h100-1", util="40"))
+    ns.running("load-0")
+    ns.running("load-1")
+    wait_for_gpu_samples(box.prometheus_url, ns.name, ["load-0", "load-1"])
+    for i in range(4):  # all at once
+        ns.create_pod(gpu_pod(f"burst-{i}", 1, cards="NVIDIA-H100*", cls="interactive"))
+    placed = Counter(ns.node_of(f"burst-{i}") for i in range(4))
+    assert set(placed) <= H100S
+    assert placed["h100-0"] < 4, placed
 
 
 def spread_class_prefers_the_cooler_node(box: Sandbox, ns: Namespace) -> None:
@@ -105,3 +142,89 @@ async def a_busy_pod_is_left_alone_and_its_marks_cleared(ns: Namespace, rec: Rec
     assert not gone(ns, "busy")
     cleared = [message for reason, message in events(ns, "busy") if reason == "GPUActive"]
     assert any("peak 80%" in m for m in cleared), cleared
+
+
+WINDOW_S = 20
+PREMIUM, ECONOMY = 90.0, 36.0  # $ per GPU-hour: 20 s of one GPU costs 0.50 and 0.20
+HARNESS = ("import argparse, sys\n"
+           "from gpusteward.report.cli import add_report_parser, run_report\n"
+           "p = argparse.ArgumentParser(prog='gpusteward')\n"
+           "add_report_parser(p.add_subparsers(dest='command'))\n"
+           "sys.exit(run_report(p.parse_args(sys.argv[1:])))\n")
+
+
+class Workload:
+    def __init__(self, sandbox, ns: Namespace, team: str, policy: Path):
+        self.sandbox, self.ns, self.team, self.policy = sandbox, ns, team, policy
+
+    def report(self, *flags: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-c", HARNESS, "report", f"--policy={self.policy}",
+               f"--window={WINDOW_S}s", "--step=1s", f"--kubeconfig={self.sandbox.kubeconfig}",
+               f"--prometheus-url={self.sandbox.prometheus_url}", *flags]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out
+
+    def json(self, by: str) -> dict:
+        return json.loads(self.report("--format=json", f"--by={by}").stdout)
+
+
+@contextmanager
+def report_workload(sandbox: Sandbox, tmp: Path) -> Iterator[Workload]:
+    """The report's known workload on ``sandbox``, running for the whole window."""
+    team = f"report-{secrets.token_hex(3)}"
+    policy = yaml.safe_load(SANDBOX_POLICY.read_text())
+    policy["cardTiers"] = [
+        {"name": "premium", "products": ["NVIDIA-H100*"], "costPerGpuHour": PREMIUM},
+        {"name": "standard", "products": ["NVIDIA-A100*"]},
+        {"name": "economy", "products": ["NVIDIA-L4"], "costPerGpuHour": ECONOMY}]
+    policy["teams"][team] = {"quotaGpus": 2}
+    path = tmp / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    ns = Namespace(sandbox.api(), team)
+    ns.create()
+    labels = {"gpusteward.io/team": team}
+    ns.create_pod(gpu_pod("busy", 2, node="h100-0", util="80", labels=labels))
+    ns.running("busy")
+    time.sleep(1.5)  # created a second before the others: it holds the quota, they borrow
+    ns.create_pod(gpu_pod("idle", 1, node="h100-0", util="0", labels=labels))
+    ns.create_pod(gpu_pod("cheap", 1, node="l4-0", util="0", labels=labels))
+    ns.create_pod(gpu_pod("waiting", 9, labels=labels))  # no node has 9 GPUs: it queues
+    for name in ("busy", "idle", "cheap"):
+        ns.running(name)
+    wait_for_gpu_samples(sandbox.prometheus_url, team, ["busy", "idle", "cheap"], settle=0)
+    time.sleep(WINDOW_S + 4)  # the whole window after the pods started, plus scrape slack
+    try:
+        yield Workload(sandbox, ns, team, path)
+    finally:
+        ns.delete()
+
+
+def hours(gpus: float) -> float:
+    return round(gpus * WINDOW_S / 3600, 4)
+
+
+def a_known_workload_gives_exact_numbers_by_team(workload: Workload) -> None:
+    doc = workload.json("team")
+    assert doc["telemetry"] == {"ok": True, "problem": ""}
+    (mine,) = [g for g in doc["groups"] if g["name"] == workload.team]
+    assert {k: mine[k] for k in ("allocatable", "allocated", "used", "idle", "unknown", "free",
+                                 "active_ratio", "allocated_gpu_hours", "idle_gpu_hours",
+                                 "unknown_gpu_hours", "idle_cost")} == {
+        "allocatable": None, "allocated": 4.0, "used": 2.0, "idle": 2.0, "unknown": 0.0,
+        "free": None, "active_ratio": 0.5, "allocated_gpu_hours": hours(4),
+        "idle_gpu_hours": hours(2), "unknown_gpu_hours": 0.0, "idle_cost": 0.7}
+    assert mine["mean_util_percent"] == 40.0  # 2 GPUs at 80 %, 2 at 0 %
+    idle = {p["pod"]: p for p in doc["top_idle_pods"] if p["namespace"] == workload.team}
+    assert set(idle) == {"idle", "cheap"}
+    assert idle["idle"]["idle_cost"] == 0.5 and idle["cheap"]["idle_cost"] == 0.2
+    for p in idle.values():
+        assert (p["owner"], p["state"], p["idle_gpu_hours"]) == (
+            f"Pod/{p['pod']}", "idle", hours(1))
+        assert p["reclaimer"]["state"] == "idle" and p["reclaimer"]["action"] == "mark"
+        assert "peak 0% < 5%" in p["reclaimer"]["why"]
+    (queued,) = [g for g in doc["queue"]["by_team_class"] if g["team"] == workload.team]
+    assert (queued["class"], queued["pods"], queued["gpus"]) == ("batch", 1, 9)
+    (quota,) = [q for q in doc["quotas"] if q["team"] == workload.team]
+    assert quota == {"team": workload.team, "quota": 2, "used": 4.0, "borrowed": 2.0,
+                     "idle_within_quota": 0.0, "idle_borrowed": 2.0}

@@ -8,8 +8,11 @@ and Prometheus scrapes the agents instead of the simulator. Then:
 * the agents export the simulator's DCGM series, series for series and value for value;
 * for the same workload the extender gives the same filter and prioritize replies, byte for
   byte, whether the simulator (the session sandbox) or the agents feed it;
-* the placement and reclaim scenarios the simulator's tests run hold with the agents too,
-  unhealthy GPUs both lost (XID 79) and reported by an NVML XID event (XID 48).
+* every placement, reclaim and report scenario the simulator's tests run holds with the agents
+  too, unhealthy GPUs both lost (XID 79) and reported by an NVML XID event (XID 48). This
+  sandbox's Prometheus keeps the exporter's labels (honor_labels: true, as our agent's
+  ServiceMonitor sets it) where the session sandbox's stores dcgm-exporter's chart default
+  (false): so each scenario runs in both label modes.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.scrape import AGENT
 from tests.e2e import scenarios
 from tests.e2e.kube import Namespace, gpu_pod, promql, wait_for_gpu_samples
 from tests.e2e.scenarios import A100S, H100S, L4S
@@ -41,7 +45,10 @@ Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 @pytest.fixture(scope="module")
 def agent_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     state = Path(tmp_path_factory.mktemp("agent-sandbox"))
-    box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, telemetry="agent")).start()
+    # honor_labels: true, as our agent's ServiceMonitor sets it (the session sandbox scrapes the
+    # simulator with dcgm-exporter's chart default, false): every scenario runs in both modes.
+    box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, telemetry="agent",
+                                honor_labels=True)).start()
     try:
         yield box
     finally:
@@ -116,12 +123,17 @@ def test_the_agents_export_the_simulators_series(agent_sandbox, agent_ns):
     wait_for_gpu_samples(agent_sandbox.prometheus_url, agent_ns.name,
                          [name for name, *_ in WORKLOAD], settle=0)
     wait_for("Prometheus to scrape every agent", lambda: sorted(
-        r["value"][1] for r in promql(agent_sandbox.prometheus_url, 'up{job="dcgm-exporter"}'))
+        r["value"][1] for r in promql(agent_sandbox.prometheus_url, 'up{job="gpusteward-agent"}'))
         == ["1"] * len(NODES))
     query = f'max by (pod, Hostname) (DCGM_FI_DEV_GPU_UTIL{{namespace="{agent_ns.name}"}})'
     placed = {r["metric"]["pod"]: (r["metric"]["Hostname"], r["value"][1])
               for r in promql(agent_sandbox.prometheus_url, query)}
     assert placed == {name: (node, util) for name, node, _, util in WORKLOAD}
+    # honor_labels: true: a free GPU carries the agent's own pod, as the Operator's target label.
+    free = promql(agent_sandbox.prometheus_url,
+                  'count by (pod) (DCGM_FI_DEV_GPU_UTIL{Hostname="l4-0", namespace="gpusteward"})')
+    assert [r["metric"]["pod"] for r in free] == [AGENT.pod("l4-0")]
+    assert free[0]["value"][1] == "2"  # 4 GPUs, 2 held by "busy"
 
 
 PROBES = (
@@ -162,6 +174,14 @@ def test_the_extender_answers_alike_from_either_source(sandbox, agent_sandbox):
     assert scores["l4-1"] >= scores["l4-2"] >= scores["l4-0"], scores
 
 
+def test_pods_land_only_on_cards_they_accept_in_preference_order(agent_sandbox, agent_ns):
+    scenarios.pods_land_only_on_cards_they_accept_in_preference_order(agent_ns)
+
+
+def test_a_burst_does_not_all_land_on_the_node_that_looked_idlest(agent_sandbox, agent_ns):
+    scenarios.a_burst_does_not_all_land_on_the_node_that_looked_idlest(agent_sandbox, agent_ns)
+
+
 def test_spread_class_prefers_the_cooler_node(agent_sandbox, agent_ns):
     scenarios.spread_class_prefers_the_cooler_node(agent_sandbox, agent_ns)
 
@@ -181,3 +201,8 @@ async def test_an_idle_pod_is_warned_then_evicted(agent_sandbox, agent_ns, recla
 async def test_a_busy_pod_is_left_alone(agent_sandbox, agent_ns, reclaimer):
     rec = await reclaimer("enforce", box=agent_sandbox)
     await scenarios.a_busy_pod_is_left_alone_and_its_marks_cleared(agent_ns, rec)
+
+
+def test_a_known_workload_gives_exact_report_numbers(agent_sandbox, tmp_path):
+    with scenarios.report_workload(agent_sandbox, tmp_path) as workload:
+        scenarios.a_known_workload_gives_exact_numbers_by_team(workload)

@@ -18,11 +18,22 @@ import pytest
 
 from gpusteward.adapters.ledger import LedgerError
 from gpusteward.core.policy import load_policy
-from gpusteward.core.reclaim.model import RECLAIM_AT, REPLICAS_BEFORE
+from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, REPLICAS_BEFORE
+from gpusteward.sandbox.fleet import Pool
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.procs import Proc, free_port
+from gpusteward.sandbox.simulator import VIRTUAL_GPUS_LABEL
 from tests.e2e import scenarios
-from tests.e2e.kube import annotations, cycle_for, cycle_until, gone, gpu_pod, reasons
+from tests.e2e.kube import (
+    annotations,
+    cycle_for,
+    cycle_until,
+    gone,
+    gpu_pod,
+    promql,
+    reasons,
+    wait_for_gpu_samples,
+)
 from tests.e2e.scenarios import due_pod
 
 PRIORITIES = {"gpu-low": 100, "gpu-mid": 5000, "gpu-high": 10000, "gpu-critical": 2_000_000}
@@ -43,6 +54,43 @@ async def test_an_idle_bare_pod_is_warned_then_evicted(ns, reclaimer):
 
 async def test_a_busy_pod_is_left_alone_and_its_marks_cleared(ns, reclaimer):
     await scenarios.a_busy_pod_is_left_alone_and_its_marks_cleared(ns, await reclaimer("enforce"))
+
+
+# One time-sliced T4 (GFD: nvidia.com/gpu.replicas 2, product -SHARED, allocatable 2) whose
+# exporter runs with --kubernetes-virtual-gpus: a copy of the GPU's series per pod (vgpu label).
+SHARED_POOL = Pool(name="ts", product="Tesla-T4", count=1, gpus=2, memory_mi_b=15360, labels={
+    "nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.replicas": "2",
+    "nvidia.com/gpu.count": "1", "nvidia.com/gpu.sharing-strategy": "time-slicing",
+    VIRTUAL_GPUS_LABEL: "true"})
+
+
+@pytest.fixture
+def shared_gpu(sandbox, ns):
+    sandbox.add_pool(SHARED_POOL)
+    try:
+        yield "ts-0"
+    finally:  # its pods first, or they would outlive their node
+        ns.api.delete(ns.path())
+        wait_for("pods on the shared GPU to go", lambda: not ns.pods(), timeout=60)
+        sandbox.remove_pool("ts")
+
+
+async def test_on_a_shared_gpu_only_the_idle_pod_is_reclaimed(sandbox, ns, reclaimer, shared_gpu):
+    ns.create_pod(gpu_pod("busy", 1, node=shared_gpu, util="80"))
+    ns.create_pod(gpu_pod("idle", 1, node=shared_gpu, util="0"))
+    for name in ("busy", "idle"):
+        ns.running(name)
+    wait_for_gpu_samples(sandbox.prometheus_url, ns.name, ["busy", "idle"], settle=0)
+    # One physical GPU holds both: their series are copies of its own, one per pod.
+    uuids = promql(sandbox.prometheus_url, f'count by (UUID) (DCGM_FI_DEV_GPU_UTIL{{'
+                                           f'Hostname="{shared_gpu}"}})')
+    assert [r["value"][1] for r in uuids] == ["2"]
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "idle mark", lambda: IDLE_SINCE in annotations(ns, "idle"))
+    await cycle_until(rec, "eviction", lambda: gone(ns, "idle"))
+    assert not gone(ns, "busy")
+    assert IDLE_SINCE not in annotations(ns, "busy")
+    assert "GPUReclaimed" not in reasons(ns, "busy")
 
 
 async def test_the_per_hour_limit_outlives_the_reclaimer_that_counted(sandbox, ns, reclaimer):

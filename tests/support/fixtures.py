@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,12 +34,14 @@ def prometheus_factory(tmp_path: Path) -> Iterator[PrometheusFactory]:
         history_openmetrics: str | None = None,
         scrape_targets: Sequence[str] = (),
         scrape_interval: str = "1s",
+        scrape_configs: Sequence[dict[str, Any]] = (),
     ) -> PrometheusServer:
         server = PrometheusServer(
             tmp_path / f"prometheus-{len(servers)}",
             history_openmetrics=history_openmetrics,
             scrape_targets=scrape_targets,
             scrape_interval=scrape_interval,
+            scrape_configs=scrape_configs,
         )
         servers.append(server)  # before start(), so a half-started one is still stopped
         server.start()

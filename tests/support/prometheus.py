@@ -42,7 +42,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -50,9 +50,13 @@ from typing import Any
 
 import bcrypt
 
+from gpusteward.sandbox.scrape import DCGM_EXPORTER, Exporter
 from tests.support.tls import Pki
 
-__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer", "WebConfig"]
+__all__ = ["SCRAPE_JOB", "PrometheusError", "PrometheusServer", "WebConfig", "servicemonitor",
+           "stored_labels"]
+
+Scrape = Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]]
 
 #: ``job`` label of every scrape target the harness configures.
 SCRAPE_JOB = "dcgm"
@@ -81,6 +85,7 @@ class PrometheusServer:
         history_openmetrics: str | None = None,
         scrape_targets: Sequence[str] = (),
         scrape_interval: str = "1s",
+        scrape_configs: Sequence[dict[str, Any]] = (),
         prometheus_bin: str = "prometheus",
         promtool_bin: str = "promtool",
         web: WebConfig | None = None,
@@ -90,6 +95,7 @@ class PrometheusServer:
         self.history_openmetrics = history_openmetrics
         self.scrape_targets = list(scrape_targets)
         self.scrape_interval = scrape_interval
+        self.scrape_configs = list(scrape_configs)  # jobs of their own, as they are
         self.prometheus_bin = prometheus_bin
         self.promtool_bin = promtool_bin
         self.url = ""
@@ -204,7 +210,9 @@ class PrometheusServer:
             "static_configs": [{"targets": self.scrape_targets}],
         }
         scrape_configs = [job] if self.scrape_targets else []
-        return json.dumps({"scrape_configs": scrape_configs}, indent=2)
+        return json.dumps({"global": {"scrape_interval": self.scrape_interval,
+                                      "scrape_timeout": self.scrape_interval},
+                           "scrape_configs": scrape_configs + self.scrape_configs}, indent=2)
 
     def _wait_ready(self) -> None:
         assert self._process is not None
@@ -261,6 +269,44 @@ class WebConfig:
         user, password = next(iter(self.users.items()))
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         return {"Authorization": f"Basic {token}"}
+
+
+def stored_labels(exposed: Sequence[tuple[str, str]], target: Mapping[str, str],
+                  honor_labels: bool) -> list[tuple[str, str]]:
+    """The labels Prometheus stores for one scraped series with these target labels.
+
+    Prometheus's scrape loop (``mutateSampleLabels``, scrape/scrape.go): with ``honor_labels``
+    the series keeps its own value of a label both carry and gains the target's others; without
+    it, each clashing label of the series is renamed ``exported_<name>`` and the target's value
+    set. An empty label is no label. Checked live against this Prometheus in
+    tests/component/test_prometheus_harness.py.
+    """
+    out = {k: v for k, v in exposed if v}
+    for name, value in target.items():
+        if name not in out:
+            out[name] = value
+        elif not honor_labels:
+            out[f"exported_{name}"] = out[name]
+            out[name] = value
+    return list(out.items())
+
+
+def servicemonitor(honor_labels: bool, exporter: Exporter = DCGM_EXPORTER,
+                   node_label: str | None = None,
+                   node_of: Mapping[str, str] | None = None) -> Scrape:
+    """``render_openmetrics_history(scrape=...)``: what Prometheus stores from each node's
+    exporter pod under a Prometheus Operator ServiceMonitor (gpusteward.sandbox.scrape), plus
+    the target's ``node_label`` where a relabeling adds one (as in NVIDIA/gpu-operator#472).
+    ``node_of``: the node of an exporter whose series name another (its Hostname)."""
+
+    def scrape(hostname: str, labels: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        node = (node_of or {}).get(hostname, hostname)
+        target = {**exporter.target_labels(node), "instance": f"{node}:9400"}
+        if node_label:
+            target[node_label] = node
+        return stored_labels(labels, target, honor_labels)
+
+    return scrape
 
 
 def _require(binary: str) -> str:

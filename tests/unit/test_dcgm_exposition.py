@@ -11,6 +11,7 @@ import pytest
 
 from gpusteward.core.dcgm import (
     PodRef,
+    Share,
     SimGpu,
     model_name_for_product,
     render_exposition,
@@ -290,3 +291,24 @@ def test_the_xid_count_has_one_series_per_xid_or_a_zero_without_one() -> None:
         f'container="trainer",{POD}}} 0',
         f'DCGM_EXP_XID_ERRORS_COUNT{{{GPU1},window_size_in_ms="300000",xid="79"}} 2',
     ]
+
+
+def test_a_shared_gpu_under_virtual_gpus_prints_one_copy_per_pod_in_its_place() -> None:
+    # dcgm-exporter --kubernetes-virtual-gpus (internal/pkg/transformation/kubernetes.go,
+    # PodMapper.Process): every series of the device is replaced by a copy per pod sharing it,
+    # with the pod's attributes and `vgpu`, the replica id after `::` of `<uuid>::<n>`.
+    shared = SimGpu("t4-0", 0, "Tesla T4", util_percent=80, shares=(
+        Share(PodRef("ml", "busy", "main"), "0", 80.0),
+        Share(PodRef("ml", "idle", "main"), "1", 0.0)))
+    util = [line for line in render_exposition([shared]).splitlines()
+            if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+    uuid = shared.uuid
+    assert util == [
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{uuid}",pci_bus_id="00000000:07:00.0",'
+        f'device="nvidia0",modelName="Tesla T4",Hostname="t4-0",'
+        f'DCGM_FI_DRIVER_VERSION="550.90.07",container="main",namespace="ml",pod="{pod}",'
+        f'vgpu="{vgpu}"}} {value}'
+        for pod, vgpu, value in (("busy", "0", 80), ("idle", "1", 0))]
+    temps = [line for line in render_exposition([shared]).splitlines()
+             if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
+    assert len(temps) == 2  # the other families: the device's value on each copy

@@ -4,6 +4,7 @@ GPU hosts tell the NVML agents."""
 from __future__ import annotations
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from gpusteward.core.dcgm import PodRef, SimGpu
 from gpusteward.core.fleet import FleetStore
@@ -11,10 +12,13 @@ from gpusteward.core.model import Node, Pod
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, FleetError, load_fleet, node_objects
 from gpusteward.sandbox.gpuhosts import holders, nvml_gpu
 from gpusteward.sandbox.podresources import Holder
+from gpusteward.sandbox.scrape import simulator_path
 from gpusteward.sandbox.simulator import (
+    VIRTUAL_GPUS_LABEL,
     ExporterXids,
     GpuAssigner,
     ProfileError,
+    create_app,
     parse_profile,
     simulate,
     util_at,
@@ -63,6 +67,33 @@ def test_simulated_gpus_carry_pod_labels_and_utilization():
     assert [(g.index, g.util_percent, g.pod and g.pod.name) for g in gpus] == [
         (0, 70.0, "a"), (1, 0.0, None)]
     assert gpus[0].model_name == "NVIDIA L4"
+
+
+def test_a_time_sliced_gpu_is_one_device_or_per_pod_copies():
+    # GFD's time-slicing labels: nvidia.com/gpu.replicas, product -SHARED; allocatable GPUs x R.
+    labels = {"nvidia.com/gpu.replicas": "2", "nvidia.com/gpu.count": "1"}
+    util = "sandbox.gpusteward.io/gpu-util"
+    pods = [pod("busy", 1, 1.0, annotations={util: "80"}),
+            pod("idle", 1, 2.0, annotations={util: "0"})]
+    for virtual, expected in ((False, ()), (True, (("busy", "0", 80.0), ("idle", "1", 0.0)))):
+        store = FleetStore()
+        node_labels = {**labels, VIRTUAL_GPUS_LABEL: "true"} if virtual else labels
+        store.replace_all([Node("n", "Tesla-T4-SHARED", 2, labels=node_labels)], pods)
+        (gpu,) = simulate(store, GpuAssigner(), now=100.0)
+        assert (gpu.index, gpu.util_percent, gpu.pod and gpu.pod.name) == (0, 80.0, "busy")
+        assert tuple((s.pod.name, s.vgpu, s.util_percent) for s in gpu.shares) == expected
+
+
+async def test_the_simulator_serves_each_nodes_exporter_on_its_own_path():
+    store = FleetStore()
+    store.replace_all([Node("a", "NVIDIA-L4", 1), Node("b", "NVIDIA-L4", 2)], [])
+    async with TestClient(TestServer(create_app(store))) as client:
+        for node, gpus in (("a", 1), ("b", 2)):
+            text = await (await client.get(simulator_path(node))).text()
+            util = [x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_GPU_UTIL{")]
+            assert len(util) == gpus and all(f'Hostname="{node}"' in x for x in util)
+        everything = await (await client.get("/metrics")).text()
+    assert everything.count("DCGM_FI_DEV_GPU_UTIL{") == 3
 
 
 def test_the_default_fleet_is_mixed():
