@@ -1,4 +1,4 @@
-"""dcgm-exporter's exposition, rendered from simulated GPUs (stdlib only).
+"""dcgm-exporter's exposition, rendered from simulated GPUs (stdlib and core only).
 
 The sandbox and the component tests feed Prometheus with what a real
 dcgm-exporter 4.x (release 4.5.3-4.8.2, default-counters.csv) would print, so
@@ -30,6 +30,8 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from gpusteward.core.cards import physical_card
 
 __all__ = [
     "XID_GPU_LOST",
@@ -83,7 +85,6 @@ class SimGpu:
 
 
 _FORM_FACTOR = re.compile(r"SXM\d*|PCIE")
-_GFD_SUFFIX = re.compile(r"-(?:MIG-.*|SHARED)$")
 
 
 def model_name_for_product(product: str) -> str:
@@ -96,7 +97,7 @@ def model_name_for_product(product: str) -> str:
     ``NVIDIA-A100-SXM4-80GB`` -> ``NVIDIA A100-SXM4-80GB``, but
     ``NVIDIA-A100-80GB-PCIe`` -> ``NVIDIA A100 80GB PCIe``.
     """
-    tokens = _GFD_SUFFIX.sub("", product).split("-")
+    tokens = physical_card(product).split("-")
     name = tokens[0]
     for left, right in zip(tokens, tokens[1:], strict=False):
         dashed = _FORM_FACTOR.fullmatch(left) or _FORM_FACTOR.fullmatch(right)

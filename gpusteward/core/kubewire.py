@@ -124,6 +124,21 @@ def pod_gpus(spec: PodSpec, names: Sequence[str]) -> int:
     return max(regular, init)
 
 
+def pod_resources(spec: PodSpec, names: Sequence[str]) -> dict[str, int]:
+    """The effective request per GPU resource name (the same rule as pod_gpus, name by name)."""
+    out = {}
+    for name in names:
+        count = pod_gpus(spec, (name,))
+        if count:
+            out[name] = count
+    return out
+
+
+def _allocatable(amounts: dict[str, str | int | float] | None,
+                 names: Sequence[str]) -> dict[str, int]:
+    return {n: parse_count(amounts[n]) for n in names if amounts and n in amounts}
+
+
 def parse_time(text: str | None) -> float | None:
     if not text:
         return None
@@ -132,13 +147,15 @@ def parse_time(text: str | None) -> float | None:
 
 def to_node(w: WireNode, names: Sequence[str]) -> Node:
     labels = w.metadata.labels or {}
+    resources = _allocatable(w.status.allocatable, names)
     return Node(
         name=w.metadata.name,
         product=labels.get(PRODUCT_LABEL),
-        gpus=_sum_resources(w.status.allocatable, names),
+        gpus=sum(resources.values()),
         labels=labels,
         taints=tuple(w.spec.taints or ()),
         unschedulable=w.spec.unschedulable,
+        resources=resources,
     )
 
 
@@ -163,11 +180,13 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
     annotations = m.annotations or {}
     if bound_at is None and s.node_name:
         bound_at = _scheduled_at(conditions)
+    gpus = pod_gpus(s, names)
     return Pod(
         namespace=m.namespace,
         name=m.name,
         uid=m.uid,
-        gpus=pod_gpus(s, names),
+        gpus=gpus,
+        resources=pod_resources(s, names) if gpus else {},
         node=s.node_name or None,
         phase=(w.status.phase if w.status else None) or "Pending",
         priority=s.priority or 0,

@@ -22,6 +22,8 @@ Score: a weighted mean of four terms, each clamped to [0, 1], with the class's w
   packing   u = (allocated + in flight + requested) / allocatable after placing the pod;
             binpack: u, spread: 1 - u.
   health    1 - faulty GPUs / GPUs.                                  Unknown: 0.5 (neutral).
+  Load and health count physical GPUs: a time-sliced node's allocatable is GPUs x replicas, but
+  each GPU reports once and a lost one takes all its replicas away (core/sharing.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import msgspec
 from gpusteward.core.cards import preference_rank
 from gpusteward.core.nodestate import NodeState
 from gpusteward.core.policy import Weights, WorkloadClass
+from gpusteward.core.sharing import replicas
 
 NEUTRAL = 0.5
 MAX_PRIORITY = 10
@@ -110,7 +113,7 @@ def packing_term(state: NodeState, demand: Demand, placement: str) -> float:
 def health_term(state: NodeState) -> float:
     if state.faulty is None:
         return NEUTRAL
-    return _clamp(1.0 - state.faulty / max(state.node.gpus, 1))
+    return _clamp(1.0 - state.faulty / max(state.node.gpus / replicas(state.node), 1))
 
 
 def raw_score(state: NodeState, demand: Demand, rule: ClassRule) -> float:
