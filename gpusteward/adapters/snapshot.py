@@ -13,7 +13,15 @@ from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
-from gpusteward.adapters.prometheus import POD_LABELS, PrometheusSource, gpu_labels, keeping
+from gpusteward.adapters.prometheus import (
+    ENGINE_ACTIVE,
+    GPU_UTIL,
+    NEWEST_SAMPLE,
+    POD_LABELS,
+    PrometheusSource,
+    gpu_labels,
+    keeping,
+)
 from gpusteward.core.cards import TierTable
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Pod
@@ -98,9 +106,10 @@ class SnapshotReader:
         return dict(zip(needed, found, strict=True)), True, ""
 
     async def _telemetry_age(self, now: float) -> float:
-        result = await self.prometheus.query("max(timestamp(DCGM_FI_DEV_GPU_UTIL))")
+        result = await self.prometheus.query(NEWEST_SAMPLE)
         if not result:
-            raise TelemetryUnavailable("no DCGM_FI_DEV_GPU_UTIL series at all")
+            raise TelemetryUnavailable(f"no DCGM_FI_DEV_GPU_UTIL series and no {ENGINE_ACTIVE} "
+                                      "series (MIG) at all")
         return now - float(result[0]["value"][1])
 
     async def _window(self, window: float) -> dict[str, Evidence]:
@@ -116,10 +125,10 @@ def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, st
     pod: the same series in both, so per_pod can pair them by their whole label set."""
     w = f"{int(window)}s"
     by = keeping(["UUID", *gpu_labels(node_labels)])
-    peak = by + (f"(max_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
-                 f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]) * 100))")
-    count = by + (f"(count_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
-                  f"count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]))")
+    peak = by + (f"(max_over_time({GPU_UTIL}[{w}]) or "
+                 f"(max_over_time({ENGINE_ACTIVE}[{w}]) * 100))")
+    count = by + (f"(count_over_time({GPU_UTIL}[{w}]) or "
+                  f"count_over_time({ENGINE_ACTIVE}[{w}]))")
     return peak, count
 
 

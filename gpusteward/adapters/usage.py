@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpusteward.adapters.errors import TelemetryUnavailable
-from gpusteward.adapters.prometheus import POD_LABELS, PrometheusSource
+from gpusteward.adapters.prometheus import ENGINE_ACTIVE, GPU_UTIL, POD_LABELS, PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy
 from gpusteward.core.report.model import ReportInput, Series, Window
@@ -22,8 +22,8 @@ Progress = Callable[[int, int], None]  # (range queries done, range queries in a
 def utilization_query(step: float, scrape_interval: float) -> str:
     """Peak utilization per slot: the lookback spans two scrapes, so no slot falls between them."""
     look = f"{int(max(step, 2 * scrape_interval))}s"
-    return (f"max_over_time(DCGM_FI_DEV_GPU_UTIL[{look}]) or "
-            f"(max_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{look}]) * 100)")
+    return (f"max_over_time({GPU_UTIL}[{look}]) or "
+            f"(max_over_time({ENGINE_ACTIVE}[{look}]) * 100)")
 
 
 def chunks(window: Window) -> list[tuple[float, float]]:

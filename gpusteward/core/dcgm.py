@@ -12,7 +12,11 @@ and value formats, not against a friendlier shape of our own:
   fields (``DCGM_FI_DRIVER_VERSION``), then the attributes in sorted key order
   (``container, err_code, err_msg, namespace, pod``); pod attributes only on GPUs
   bound to a pod, ``err_code``/``err_msg`` only on ``DCGM_FI_DEV_XID_ERRORS``;
-* integer fields printed like Go's ``%d``, double fields like ``%f``.
+* integer fields printed like Go's ``%d``, double fields like ``%f``;
+* a MIG instance (``mig``) is its own entity: the parent's ``gpu``/``UUID``/``device``, then
+  ``GPU_I_PROFILE`` and ``GPU_I_ID`` before the node label (``gpuMetricsFormat`` in
+  ``internal/pkg/rendermetrics/render_metrics.go``), and no ``DCGM_FI_DEV_GPU_UTIL`` -- or, as
+  some versions print it, a 0 (``mig_gpu_util="zero"``; NVIDIA/dcgm-exporter#50, #216, #430).
 
 Optionally (``xid_count_window_ms``) also the exporter's own ``DCGM_EXP_XID_ERRORS_COUNT``,
 commented out of its default CSV: per GPU one series per XID seen within the window, labelled
@@ -35,6 +39,8 @@ from gpusteward.core.cards import physical_card
 
 __all__ = [
     "XID_GPU_LOST",
+    "MIG_GPU_UTIL",
+    "MigInstance",
     "PodRef",
     "SimGpu",
     "model_name_for_product",
@@ -57,6 +63,14 @@ class PodRef:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG GPU instance: NVML's instance id and its profile name (``1g.10gb``)."""
+
+    id: int
+    profile: str
+
+
+@dataclass(frozen=True)
 class SimGpu:
     """One simulated GPU at one instant; units as the exporter reports them."""
 
@@ -71,6 +85,7 @@ class SimGpu:
     xid: int = 0  # the gauge: dcgm-exporter keeps the last XID, however old
     xid_count: int = 0  # XIDs within the exporter's count window (all of code ``xid``)
     pod: PodRef | None = None
+    mig: MigInstance | None = None  # an instance of GPU ``index``, not the whole GPU
 
     @property
     def uuid(self) -> str:
@@ -187,6 +202,7 @@ _XID_TEXT = {
 
 _EXPORTER_LABELS = frozenset(
     {"gpu", "UUID", "pci_bus_id", "device", "modelName", "DCGM_FI_DRIVER_VERSION"}
+    | {"GPU_I_PROFILE", "GPU_I_ID"}
     | {"container", "namespace", "pod", "err_code", "err_msg", "window_size_in_ms", "xid"}
 )
 
@@ -205,6 +221,7 @@ def _labels(
         ("pci_bus_id", gpu.pci_bus_id),
         ("device", f"nvidia{gpu.index}"),
         ("modelName", gpu.model_name),
+        *((("GPU_I_PROFILE", gpu.mig.profile), ("GPU_I_ID", str(gpu.mig.id))) if gpu.mig else ()),
         (node_label, gpu.node),
         ("DCGM_FI_DRIVER_VERSION", driver_version),
     ]
@@ -221,6 +238,16 @@ def _labels(
     return labels + sorted(attributes.items())
 
 
+MIG_GPU_UTIL = ("absent", "zero")  # how an exporter prints GPU_UTIL for a MIG instance
+
+
+def _value(family: _Family, gpu: SimGpu, mig_gpu_util: str) -> str | None:
+    """The printed value, or None where the exporter prints no series."""
+    if gpu.mig is not None and family.name == "DCGM_FI_DEV_GPU_UTIL":
+        return None if mig_gpu_util == "absent" else "0"
+    return family.value(gpu)
+
+
 def _series(labels: Iterable[tuple[str, str]]) -> str:
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
 
@@ -231,21 +258,26 @@ def render_exposition(
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
+    mig_gpu_util: str = "absent",
 ) -> str:
     """One scrape of ``/metrics`` (text format 0.0.4) for the given GPUs.
 
     ``node_label`` is ``Hostname`` in released exporters and ``hostname`` on
     dcgm-exporter main since May 2026. ``xid_count_window_ms``: the exporter's
     ``--xid-count-window-size`` with ``DCGM_EXP_XID_ERRORS_COUNT`` enabled.
+    ``mig_gpu_util``: ``absent`` or ``zero`` (see MIG in the module docstring).
     """
     gpus = list(gpus)
     lines: list[str] = []
     for family in _families(xid_count_window_ms):
         lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
         for gpu in gpus:
+            value = _value(family, gpu, mig_gpu_util)
+            if value is None:
+                continue
             series = _series(_labels(gpu, family, driver_version, node_label,
                                      xid_count_window_ms))
-            lines.append(f"{family.name}{series} {family.value(gpu)}")
+            lines.append(f"{family.name}{series} {value}")
     return "\n".join(lines) + "\n"
 
 
@@ -256,6 +288,7 @@ def render_openmetrics_history(
     node_label: str = DEFAULT_NODE_LABEL,
     extra_labels: dict[str, str] | None = None,
     xid_count_window_ms: int | None = None,
+    mig_gpu_util: str = "absent",
 ) -> str:
     """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
@@ -276,10 +309,13 @@ def render_openmetrics_history(
         by_series: dict[str, list[str]] = {}
         for ts, gpus in frames:
             for gpu in gpus:
+                value = _value(family, gpu, mig_gpu_util)
+                if value is None:
+                    continue
                 labels = _labels(gpu, family, driver_version, node_label,
                                  xid_count_window_ms) + extra
                 series = family.name + _series(labels)
-                by_series.setdefault(series, []).append(f"{series} {family.value(gpu)} {ts:.3f}")
+                by_series.setdefault(series, []).append(f"{series} {value} {ts:.3f}")
         lines += [line for series_lines in by_series.values() for line in series_lines]
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
