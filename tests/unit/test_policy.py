@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpusteward.cli import main
 from gpusteward.core.policy import PolicyError, load_policy, parse_policy
@@ -112,3 +113,13 @@ def test_unreadable_policy_files_are_clear_errors(tmp_path, text, message):
 def test_a_missing_policy_file_is_a_clear_error(tmp_path):
     with pytest.raises(PolicyError, match="cannot read file"):
         load_policy(tmp_path / "missing.yaml")
+
+
+def test_the_scheduler_sends_the_extender_every_gpu_resource_the_policies_count():
+    """kube-scheduler calls an extender with managedResources only for pods requesting one of
+    them (`IsInterested`, k8s.io/kubernetes pkg/scheduler/extender.go): a MIG or shared-GPU
+    resource missing there would never be placed by gpusteward."""
+    config = yaml.safe_load((ROOT / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
+    managed = [r["name"] for r in config["extenders"][0]["managedResources"]]
+    for path in (EXAMPLE, ROOT / "sandbox" / "policy.yaml"):
+        assert load_policy(path).resources == managed, path
