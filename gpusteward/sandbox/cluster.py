@@ -66,6 +66,7 @@ class SandboxConfig:
     scrape_interval: str = "1s"
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
     telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
+    mig_gpu_util: str = "absent"  # or "zero": how the simulated exporter prints MIG GPU_UTIL
     # True for `sandbox up`: the processes outlive the command. Otherwise they die with it,
     # so a killed test run or demo leaves nothing behind.
     detach: bool = False
@@ -282,7 +283,8 @@ class Sandbox:
         port = self.ports["simulator"]
         argv = [sys.executable, "-m", "gpusteward.sandbox.simulator",
                 f"--kubeconfig={self.kubeconfig}", f"--listen=127.0.0.1:{port}",
-                f"--xid-count-window={EXPORTER_XID_COUNT_WINDOW_S}"]
+                f"--xid-count-window={EXPORTER_XID_COUNT_WINDOW_S}",
+                f"--mig-gpu-util={self.cfg.mig_gpu_util}"]
         if self.cfg.telemetry == "agent":
             longest = max((n for pool in self.cfg.fleet.pools for n in pool.node_names()),
                           key=len, default="")
@@ -292,7 +294,8 @@ class Sandbox:
 
     def _start_agents(self) -> None:
         """One `gpusteward agent` per GPU node, all started before any is waited for."""
-        nodes = [name for pool in self.cfg.fleet.pools if pool.gpus > 0
+        # MIG pools have no agent: it reads whole GPUs (docs/agent.md); dcgm-exporter serves MIG.
+        nodes = [name for pool in self.cfg.fleet.pools if pool.gpus > 0 and pool.mig is None
                  for name in pool.node_names()]
         self.procs["simulator"].wait_ready(
             lambda: all(config_path(self.hosts_dir, n).exists()
