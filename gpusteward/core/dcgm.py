@@ -16,7 +16,7 @@ and value formats, not against a friendlier shape of our own:
 * a MIG instance (``mig``) is its own entity: the parent's ``gpu``/``UUID``/``device``, then
   ``GPU_I_PROFILE`` and ``GPU_I_ID`` before the node label (``gpuMetricsFormat`` in
   ``internal/pkg/rendermetrics/render_metrics.go``), and no ``DCGM_FI_DEV_GPU_UTIL`` -- or, as
-  some versions print it, a 0 (``mig_gpu_util="zero"``; NVIDIA/dcgm-exporter#50, #216, #430).
+  some versions print it, a 0 (``MigInstance.gpu_util``; NVIDIA/dcgm-exporter#50, #216, #430).
 
 Optionally (``xid_count_window_ms``) also the exporter's own ``DCGM_EXP_XID_ERRORS_COUNT``,
 commented out of its default CSV: per GPU one series per XID seen within the window, labelled
@@ -39,7 +39,6 @@ from gpusteward.core.cards import physical_card
 
 __all__ = [
     "XID_GPU_LOST",
-    "MIG_GPU_UTIL",
     "MigInstance",
     "PodRef",
     "SimGpu",
@@ -64,10 +63,12 @@ class PodRef:
 
 @dataclass(frozen=True)
 class MigInstance:
-    """One MIG GPU instance: NVML's instance id and its profile name (``1g.10gb``)."""
+    """One MIG GPU instance: NVML's instance id and its profile name (``1g.10gb``);
+    ``gpu_util``: ``absent`` or ``zero``, how the exporter prints its DCGM_FI_DEV_GPU_UTIL."""
 
     id: int
     profile: str
+    gpu_util: str = "absent"
 
 
 @dataclass(frozen=True)
@@ -238,13 +239,10 @@ def _labels(
     return labels + sorted(attributes.items())
 
 
-MIG_GPU_UTIL = ("absent", "zero")  # how an exporter prints GPU_UTIL for a MIG instance
-
-
-def _value(family: _Family, gpu: SimGpu, mig_gpu_util: str) -> str | None:
+def _value(family: _Family, gpu: SimGpu) -> str | None:
     """The printed value, or None where the exporter prints no series."""
     if gpu.mig is not None and family.name == "DCGM_FI_DEV_GPU_UTIL":
-        return None if mig_gpu_util == "absent" else "0"
+        return None if gpu.mig.gpu_util == "absent" else "0"
     return family.value(gpu)
 
 
@@ -258,21 +256,19 @@ def render_exposition(
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
-    mig_gpu_util: str = "absent",
 ) -> str:
     """One scrape of ``/metrics`` (text format 0.0.4) for the given GPUs.
 
     ``node_label`` is ``Hostname`` in released exporters and ``hostname`` on
     dcgm-exporter main since May 2026. ``xid_count_window_ms``: the exporter's
     ``--xid-count-window-size`` with ``DCGM_EXP_XID_ERRORS_COUNT`` enabled.
-    ``mig_gpu_util``: ``absent`` or ``zero`` (see MIG in the module docstring).
     """
     gpus = list(gpus)
     lines: list[str] = []
     for family in _families(xid_count_window_ms):
         lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
         for gpu in gpus:
-            value = _value(family, gpu, mig_gpu_util)
+            value = _value(family, gpu)
             if value is None:
                 continue
             series = _series(_labels(gpu, family, driver_version, node_label,
@@ -288,7 +284,6 @@ def render_openmetrics_history(
     node_label: str = DEFAULT_NODE_LABEL,
     extra_labels: dict[str, str] | None = None,
     xid_count_window_ms: int | None = None,
-    mig_gpu_util: str = "absent",
 ) -> str:
     """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
@@ -309,7 +304,7 @@ def render_openmetrics_history(
         by_series: dict[str, list[str]] = {}
         for ts, gpus in frames:
             for gpu in gpus:
-                value = _value(family, gpu, mig_gpu_util)
+                value = _value(family, gpu)
                 if value is None:
                     continue
                 labels = _labels(gpu, family, driver_version, node_label,

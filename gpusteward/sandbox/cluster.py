@@ -66,7 +66,6 @@ class SandboxConfig:
     scrape_interval: str = "1s"
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
     telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
-    mig_gpu_util: str = "absent"  # or "zero": how the simulated exporter prints MIG GPU_UTIL
     # True for `sandbox up`: the processes outlive the command. Otherwise they die with it,
     # so a killed test run or demo leaves nothing behind.
     detach: bool = False
@@ -283,8 +282,7 @@ class Sandbox:
         port = self.ports["simulator"]
         argv = [sys.executable, "-m", "gpusteward.sandbox.simulator",
                 f"--kubeconfig={self.kubeconfig}", f"--listen=127.0.0.1:{port}",
-                f"--xid-count-window={EXPORTER_XID_COUNT_WINDOW_S}",
-                f"--mig-gpu-util={self.cfg.mig_gpu_util}"]
+                f"--xid-count-window={EXPORTER_XID_COUNT_WINDOW_S}"]
         if self.cfg.telemetry == "agent":
             longest = max((n for pool in self.cfg.fleet.pools for n in pool.node_names()),
                           key=len, default="")

@@ -40,6 +40,9 @@ XID_LABEL = "sandbox.gpusteward.io/xid"
 TEMP_LABEL = "sandbox.gpusteward.io/gpu-temp"
 # Only these physical GPUs (comma-separated indices) report the XID, when set.
 XID_GPUS_LABEL = "sandbox.gpusteward.io/xid-gpus"
+# `zero`: the node's MIG instances print DCGM_FI_DEV_GPU_UTIL 0 (NVIDIA/dcgm-exporter#216)
+# instead of leaving it out (#50, #430).
+MIG_GPU_UTIL_LABEL = "sandbox.gpusteward.io/mig-gpu-util"
 # The GPU resources the sandbox's nodes offer (sandbox/policy.yaml counts them all).
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb",
                  "nvidia.com/mig-1g.20gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb",

@@ -16,7 +16,8 @@ Shared and partitioned GPUs are reported as dcgm-exporter reports them: a time-s
 reads the sum of its pods' utilizations and is attributed to the pod on its lowest slot (the
 exporter maps replica ids `<uuid>::<n>` to the GPU and keeps one pod per device); a MIG node
 (mixed strategy, `nvidia.com/mig-<profile>` allocatable) one series per instance, with no
-`DCGM_FI_DEV_GPU_UTIL` or, with ``--mig-gpu-util zero``, a 0. Like dcgm-exporter,
+`DCGM_FI_DEV_GPU_UTIL` or, where the node is labelled `sandbox.gpusteward.io/mig-gpu-util: zero`,
+a 0. Like dcgm-exporter,
 `/metrics` keeps showing a GPU's last XID after the label goes (NVIDIA/dcgm-exporter#500); with
 ``--xid-count-window`` it also exports ``DCGM_EXP_XID_ERRORS_COUNT``, which does drop back.
 
@@ -40,7 +41,6 @@ from aiohttp import web
 
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.core.dcgm import (
-    MIG_GPU_UTIL,
     MigInstance,
     PodRef,
     SimGpu,
@@ -51,7 +51,13 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.sharing import MIG_RESOURCE_PREFIX, replicas
 from gpusteward.core.typedconfig import Duration
-from gpusteward.sandbox.fleet import GPU_RESOURCES, TEMP_LABEL, XID_GPUS_LABEL, XID_LABEL
+from gpusteward.sandbox.fleet import (
+    GPU_RESOURCES,
+    MIG_GPU_UTIL_LABEL,
+    TEMP_LABEL,
+    XID_GPUS_LABEL,
+    XID_LABEL,
+)
 from gpusteward.sandbox.gpuhosts import GpuHosts
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
@@ -135,8 +141,9 @@ def _node_gpus(node: Node, owner: dict[int, Pod], now: float) -> list[SimGpu]:
     if profile is not None:
         per_gpu = max(1, node.gpus // max(1, int(node.labels.get("nvidia.com/gpu.count", "1"))))
         memory = int(node.labels.get(f"{MIG_RESOURCE_PREFIX}{profile}.memory", "10240"))
+        gpu_util = node.labels.get(MIG_GPU_UTIL_LABEL, "absent")
         return [_gpu(node, slot // per_gpu, [owner[slot]] if slot in owner else [], now,
-                     memory, MigInstance(slot % per_gpu + 1, profile))
+                     memory, MigInstance(slot % per_gpu + 1, profile, gpu_util))
                 for slot in range(node.gpus)]
     shares = replicas(node)
     memory = int(node.labels.get("nvidia.com/gpu.memory", "81559"))
@@ -199,8 +206,7 @@ class ExporterXids:
 
 def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
                assigner: GpuAssigner | None = None,
-               xids: ExporterXids | None = None,
-               mig_gpu_util: str = "absent") -> web.Application:
+               xids: ExporterXids | None = None) -> web.Application:
     assigner = assigner or GpuAssigner()
     xids = xids or ExporterXids()
     window_ms = int(xids.window * 1000) or None
@@ -208,7 +214,7 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
     async def metrics(request: web.Request) -> web.Response:
         now = clock()
         gpus = xids.apply(simulate(fleet, assigner, now), now)
-        text = render_exposition(gpus, xid_count_window_ms=window_ms, mig_gpu_util=mig_gpu_util)
+        text = render_exposition(gpus, xid_count_window_ms=window_ms)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def health(request: web.Request) -> web.Response:
@@ -233,8 +239,7 @@ async def _main(args: argparse.Namespace) -> None:
 
         tasks.append(asyncio.create_task(hosts.run(model, args.hosts_tick)))
     host, _, port = args.listen.rpartition(":")
-    app = create_app(fleet, assigner=assigner, xids=ExporterXids(args.xid_count_window),
-                     mig_gpu_util=args.mig_gpu_util)
+    app = create_app(fleet, assigner=assigner, xids=ExporterXids(args.xid_count_window))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, int(port)).start()
@@ -252,9 +257,6 @@ def main() -> None:
     parser.add_argument("--xid-count-window", type=float, default=0.0,
                         help="also export DCGM_EXP_XID_ERRORS_COUNT over this many seconds "
                         "(dcgm-exporter's --xid-count-window-size; 0: off, as in its default CSV)")
-    parser.add_argument("--mig-gpu-util", choices=MIG_GPU_UTIL, default="absent",
-                        help="DCGM_FI_DEV_GPU_UTIL of a MIG instance: absent, as dcgm-exporter "
-                        "documents, or 0, as some versions print (NVIDIA/dcgm-exporter#216)")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(_main(parser.parse_args()))
 

@@ -27,13 +27,14 @@ POLICY = parse_policy({"telemetry": {"scrapeInterval": "15s"}})
 A100_NAME = "NVIDIA A100-SXM4-80GB"
 
 
-def instances() -> list[SimGpu]:
+def instances(gpu_util: str) -> list[SimGpu]:
     """GPU 0 of node m1 as 7 x 1g.10gb: instance 7 busy, instance 8 idle, the rest free."""
     busy = {7: ("busy", 85.0), 8: ("idle", 1.0)}
     out = []
     for gi in range(7, 14):
         pod, util = busy.get(gi, (None, 0.0))
-        out.append(SimGpu("m1", 0, A100_NAME, util_percent=util, mig=MigInstance(gi, "1g.10gb"),
+        out.append(SimGpu("m1", 0, A100_NAME, util_percent=util,
+                          mig=MigInstance(gi, "1g.10gb", gpu_util),
                           pod=PodRef("ml", pod, "main") if pod else None))
     return out
 
@@ -41,10 +42,9 @@ def instances() -> list[SimGpu]:
 def history(now: float, mig_gpu_util: str) -> str:
     frames, t = [], now - 40 * 60
     while t <= now - 5:
-        frames.append((t, instances()))
+        frames.append((t, instances(mig_gpu_util)))
         t += STEP
-    return render_openmetrics_history(frames, mig_gpu_util=mig_gpu_util,
-                                      extra_labels={"job": "dcgm", "instance": "d:9400"})
+    return render_openmetrics_history(frames, extra_labels={"job": "dcgm", "instance": "d:9400"})
 
 
 @pytest.fixture(scope="module")

@@ -308,5 +308,5 @@ def test_a_mig_instance_carries_profile_and_id_before_the_node_label() -> None:
 @pytest.mark.parametrize(("variant", "lines"), [("absent", []), ("zero", ["0"])])
 def test_a_mig_instance_prints_no_gpu_util_or_a_zero(variant: str, lines: list[str]) -> None:
     """NVIDIA/dcgm-exporter#50/#430 (not reported for MIG) and #216 (printed as 0)."""
-    text = render_exposition([busy_gpu(mig=MigInstance(1, "1g.10gb"))], mig_gpu_util=variant)
+    text = render_exposition([busy_gpu(mig=MigInstance(1, "1g.10gb", gpu_util=variant))])
     assert [ln.rsplit(" ", 1)[1] for ln in sample_lines(text, "DCGM_FI_DEV_GPU_UTIL")] == lines
