@@ -18,7 +18,8 @@ from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 def gpu_pod(name: str, gpus: int = 1, *, cards: str | None = None, cls: str | None = None,
             util: str | None = None, node: str | None = None,
             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-            priority_class: str | None = None) -> dict[str, Any]:
+            priority_class: str | None = None, resource: str = "nvidia.com/gpu",
+            tolerate: str | None = None) -> dict[str, Any]:
     meta_labels = dict(labels or {})
     meta_annotations = dict(annotations or {})
     if cls:
@@ -29,13 +30,15 @@ def gpu_pod(name: str, gpus: int = 1, *, cards: str | None = None, cls: str | No
         meta_annotations[UTIL_ANNOTATION] = util
     spec: dict[str, Any] = {
         "containers": [{"name": "main", "image": "registry.invalid/cuda-job:1",
-                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+                        "resources": {"limits": {resource: str(gpus)}}}],
         "terminationGracePeriodSeconds": 1,
     }
     if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     if priority_class:
         spec["priorityClassName"] = priority_class
+    if tolerate:
+        spec["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": meta_labels, "annotations": meta_annotations},
             "spec": spec}
@@ -91,14 +94,15 @@ def promql(prometheus_url: str, query: str) -> list[dict[str, Any]]:
 
 
 def wait_for_gpu_samples(prometheus_url: str, namespace: str, pods: list[str],
-                         settle: float = 4.0) -> None:
+                         settle: float = 4.0, metric: str = "DCGM_FI_DEV_GPU_UTIL") -> None:
     """Until Prometheus holds utilization samples for these pods; then let the extender refresh.
 
     The default settle outlasts the sandbox policy's podWarmup (3 s), so the extender judges the
-    pods by what they read rather than as just-started."""
+    pods by what they read rather than as just-started. ``metric``: MIG instances have no
+    DCGM_FI_DEV_GPU_UTIL, only DCGM_FI_PROF_GR_ENGINE_ACTIVE."""
 
     def present() -> bool:
-        result = promql(prometheus_url, f'DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}')
+        result = promql(prometheus_url, f'{metric}{{namespace="{namespace}"}}')
         return set(pods) <= {r["metric"].get("pod") for r in result}
 
     wait_for(f"GPU samples for {pods}", present, timeout=60)
