@@ -17,9 +17,12 @@ import pytest
 from gpusteward.core.cards import TierTable, mig_profile, physical_card, preference_rank
 from gpusteward.core.kubewire import WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import GpuReading
+from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.scoring import Demand, filter_node, health_term
 from gpusteward.core.sharing import node_physical_gpus, physical, unit_share
+from gpusteward.reclaimer.metrics import ReclaimerMetrics
 from tests.factories import A100, NOW, node, pod, readings, state
+from tests.unit.test_reclaim_decide import POLICY, gpu_pod, snapshot
 
 T4_SHARED = "Tesla-T4-SHARED"
 REPLICAS_4 = {"nvidia.com/gpu.replicas": "4"}
@@ -171,3 +174,17 @@ def test_mig_instances_are_one_reading_each():
     s = state(node(product=A100, gpus=7, resources={"nvidia.com/mig-1g.10gb": 7}),
               gpu_readings=mig)
     assert s.util == pytest.approx(1 / 7)
+
+
+def test_the_reclaimers_gpu_gauge_counts_physical_gpus_like_the_report():
+    nodes = [node("m1", A100, 7, resources={"nvidia.com/mig-1g.10gb": 7}),
+             node("t1", T4_SHARED, 8, labels=REPLICAS_4)]
+    pods = [gpu_pod("slice", node="m1", gpus=2, resources={"nvidia.com/mig-1g.10gb": 2}),
+            gpu_pod("replica", node="t1", gpus=1)]
+    snap = snapshot(pods, nodes=nodes)
+    metrics = ReclaimerMetrics()
+    metrics.observe(snap, plan(snap, POLICY), 1.0)
+    held = {s.labels["card"]: s.value for family in metrics.registry.collect()
+            if family.name == "gpusteward_gpus" for s in family.samples
+            if s.labels["state"] == "allocated"}
+    assert held == pytest.approx({A100: 2 / 7, T4_SHARED: 0.25})
