@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from gpusteward.core.cards import CARD_TYPES_ANNOTATION, TierTable, parse_card_types
 from gpusteward.core.fleet import FleetStore
-from gpusteward.core.kubewire import WireNode, WirePod, pod_gpus, to_node
+from gpusteward.core.kubewire import WireNode, WirePod, pod_gpus, pod_resources, to_node
 from gpusteward.core.model import Node, Telemetry, class_of
 from gpusteward.core.nodestate import NodeState, build_node_state
 from gpusteward.core.policy import Policy
@@ -98,6 +98,7 @@ class PlacementView:
             gpus=pod_gpus(pod.spec, self.policy.resources),
             card_patterns=parse_card_types(annotations.get(CARD_TYPES_ANNOTATION)),
             class_name=class_of(labels, annotations, self.policy.default_class),
+            resources=tuple(sorted(pod_resources(pod.spec, self.policy.resources).items())),
         )
 
     def state_from_request(self, wire: WireNode) -> NodeState:

@@ -25,6 +25,7 @@ from tests.factories import A100, NOW, node, pod, readings, state
 from tests.unit.test_reclaim_decide import POLICY, gpu_pod, snapshot
 
 T4_SHARED = "Tesla-T4-SHARED"
+SLICE = "nvidia.com/mig-1g.10gb"
 REPLICAS_4 = {"nvidia.com/gpu.replicas": "4"}
 MIXED = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb",
          "nvidia.com/mig-3g.40gb")
@@ -188,3 +189,23 @@ def test_the_reclaimers_gpu_gauge_counts_physical_gpus_like_the_report():
             if family.name == "gpusteward_gpus" for s in family.samples
             if s.labels["state"] == "allocated"}
     assert held == pytest.approx({A100: 2 / 7, T4_SHARED: 0.25})
+
+
+@pytest.mark.parametrize(
+    ("resources", "node_resources", "reason"),
+    [
+        pytest.param({SLICE: 1}, {"nvidia.com/gpu": 8}, f"pod needs 1 {SLICE}, node has 0",
+                     id="mig-pod-on-a-whole-gpu-node"),
+        pytest.param({"nvidia.com/gpu": 1}, {"nvidia.com/gpu": 0, SLICE: 14},
+                     "pod needs 1 nvidia.com/gpu, node has 0", id="whole-gpu-pod-on-a-mig-node"),
+        pytest.param({SLICE: 2}, {SLICE: 14}, "", id="mig-pod-on-its-mig-node"),
+    ],
+)
+def test_the_filter_checks_each_gpu_resource_the_node_offers(resources, node_resources, reason):
+    """GFD's mixed strategy: allocatable per MIG profile, `nvidia.com/gpu` 0 (mig-strategy.go)."""
+    n = node(product=A100, gpus=sum(node_resources.values()), resources=node_resources)
+    demand = Demand(sum(resources.values()), (), "training", tuple(sorted(resources.items())))
+    verdict = filter_node(state(n, gpu_readings=None), demand)
+    assert (verdict.ok, verdict.reason) == (not reason, reason)
+    if reason:
+        assert not verdict.resolvable
