@@ -209,3 +209,24 @@ def test_the_filter_checks_each_gpu_resource_the_node_offers(resources, node_res
     assert (verdict.ok, verdict.reason) == (not reason, reason)
     if reason:
         assert not verdict.resolvable
+
+
+@pytest.mark.parametrize(
+    ("containers", "init", "wanted"),
+    [
+        pytest.param([{"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "1"}], [], {"nvidia.com/gpu": 3},
+                     id="containers-add-up"),
+        pytest.param([{"nvidia.com/gpu": "1"}], [{"nvidia.com/gpu": "4"}], {"nvidia.com/gpu": 4},
+                     id="a-larger-init-container-wins"),
+        pytest.param([{SLICE: "2"}], [{"nvidia.com/gpu": "1"}], {SLICE: 2},
+                     id="a-smaller-init-container-does-not"),
+        pytest.param([{"cpu": "1"}], [], {}, id="no-gpu"),
+    ],
+)
+def test_the_effective_request_per_resource(containers, init, wanted):
+    """The kubelet's effective request (the larger of the containers' sum and any one init
+    container: k8s.io/component-helpers resource/helpers.go `PodRequests`)."""
+    spec = {"containers": [{"resources": {"limits": c}} for c in containers],
+            "initContainers": [{"resources": {"limits": c}} for c in init]}
+    p = to_pod(msgspec.convert({"spec": spec}, WirePod), MIXED)
+    assert (dict(p.resources), p.gpus) == (wanted, sum(wanted.values()))
