@@ -23,7 +23,6 @@ from gpusteward.core.cards import mig_profile, physical_card
 from gpusteward.core.model import Node
 
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
-MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 FULL_GPU = "nvidia.com/gpu"
 # Compute slices of a whole card; A30 is the one MIG card with 4 (NVIDIA MIG user guide).
