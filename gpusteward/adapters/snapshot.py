@@ -13,7 +13,14 @@ from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
-from gpusteward.adapters.prometheus import PrometheusSource, gpu_labels, keeping
+from gpusteward.adapters.prometheus import (
+    ENGINE_ACTIVE,
+    GPU_UTIL,
+    NEWEST_SAMPLE,
+    PrometheusSource,
+    gpu_labels,
+    keeping,
+)
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
@@ -110,9 +117,10 @@ class SnapshotReader:
         return dict(zip(needed, found, strict=True)), True, ""
 
     async def _telemetry_age(self, now: float) -> float:
-        result = await self.prometheus.query("max(timestamp(DCGM_FI_DEV_GPU_UTIL))")
+        result = await self.prometheus.query(NEWEST_SAMPLE)
         if not result:
-            raise TelemetryUnavailable("no DCGM_FI_DEV_GPU_UTIL series at all")
+            raise TelemetryUnavailable(f"no DCGM_FI_DEV_GPU_UTIL series and no {ENGINE_ACTIVE} "
+                                      "series (MIG) at all")
         return now - float(result[0]["value"][1])
 
     async def _window(self, window: float, who: Attribution) -> dict[str, Evidence]:
@@ -137,11 +145,11 @@ def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, st
     def agent(expr: str) -> str:
         return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
 
-    peak = by + (f"({_checked_peak('DCGM_FI_DEV_GPU_UTIL', w)} or "
-                 f"({_checked_peak('DCGM_FI_PROF_GR_ENGINE_ACTIVE', w)} * 100) or "
+    peak = by + (f"({_checked_peak(GPU_UTIL, w)} or "
+                 f"({_checked_peak(ENGINE_ACTIVE, w)} * 100) or "
                  f"{agent(_checked_peak(AGENT_POD_UTIL, w))})")
-    count = by + (f"(count_over_time(DCGM_FI_DEV_GPU_UTIL[{w}]) or "
-                  f"count_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE[{w}]) or "
+    count = by + (f"(count_over_time({GPU_UTIL}[{w}]) or "
+                  f"count_over_time({ENGINE_ACTIVE}[{w}]) or "
                   f"{agent(f'count_over_time({AGENT_POD_UTIL}[{w}])')})")
     return peak, count
 

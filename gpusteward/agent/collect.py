@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpusteward.agent.model import DeviceAssignment, GpuSample, NvmlSnapshot, PidOwner, PodRef
-from gpusteward.core.dcgm import XID_GPU_LOST
+from gpusteward.core.dcgm import XID_GPU_LOST, MigInstance
 
 __all__ = ["AgentGpu", "AgentView", "PodUtil", "collect", "shared", "unavailable_view"]
 
@@ -55,6 +55,7 @@ class AgentGpu:
     power_w: float = 0.0
     xid: int = 0
     pod: PodRef | None = None
+    mig: MigInstance | None = None  # always None: the agent reads whole GPUs (docs/agent.md)
     error: str | None = None
     missing: frozenset[str] = frozenset()
     pod_utils: tuple[PodUtil, ...] = ()

@@ -2,6 +2,13 @@
 
 Patterns match the *whole* product name (`NVIDIA-A10` never matches `NVIDIA-A100-SXM4-80GB`);
 matching is case-sensitive like the label itself.
+
+GFD names a shared or partitioned card by appending to the card's name
+(k8s-device-plugin `internal/lm/resource.go`, `productLabel`): `-MIG-<profile>` for a MIG
+device under the single strategy, then `-SHARED` when time-slicing replicates the resource
+without renaming it (`NVIDIA-A100-SXM4-80GB-MIG-1g.10gb-SHARED`). A pattern matches a product
+when it matches the whole label or the physical card the label names, so `Tesla-T4` accepts a
+`Tesla-T4-SHARED` node while `Tesla-T4-SHARED` accepts only the time-sliced one.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from functools import lru_cache
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 CARD_TYPES_ANNOTATION = "gpusteward.io/card-types"
 _ALLOWED = re.compile(r"^[A-Za-z0-9_.*?\[\]!-]+$")
+_GFD_SUFFIXES = re.compile(r"^(?P<card>.+?)(?:-MIG-(?P<profile>[^-]+))?(?:-SHARED)?$")
 
 
 class CardPatternError(ValueError):
@@ -33,6 +41,26 @@ def compile_patterns(patterns: Sequence[str]) -> tuple[re.Pattern[str], ...]:
     return tuple(_compile(p) for p in patterns)
 
 
+def physical_card(product: str) -> str:
+    """`NVIDIA-A100-SXM4-80GB-MIG-1g.10gb-SHARED` -> `NVIDIA-A100-SXM4-80GB`."""
+    m = _GFD_SUFFIXES.match(product)
+    return m.group("card") if m else product
+
+
+def mig_profile(product: str) -> str | None:
+    """The MIG profile a single-strategy product label names (`1g.10gb`), else None."""
+    m = _GFD_SUFFIXES.match(product)
+    return m.group("profile") if m else None
+
+
+def matches(pattern: re.Pattern[str], product: str) -> bool:
+    """The whole label, or the physical card it names (see the module docstring)."""
+    if pattern.match(product):
+        return True
+    card = physical_card(product)
+    return card != product and pattern.match(card) is not None
+
+
 def parse_card_types(annotation: str | None) -> tuple[str, ...]:
     """`NVIDIA-H100*, NVIDIA-A100-SXM4-80GB` -> ('NVIDIA-H100*', 'NVIDIA-A100-SXM4-80GB')."""
     if not annotation:
@@ -47,7 +75,7 @@ def preference_rank(product: str | None, patterns: Sequence[str]) -> int | None:
     if product is None:
         return None
     for i, pattern in enumerate(patterns):
-        if _compile(pattern).match(product):
+        if matches(_compile(pattern), product):
             return i
     return None
 
@@ -68,6 +96,6 @@ class TierTable:
         if product is None:
             return None
         for name, patterns in self._tiers:
-            if any(p.match(product) for p in patterns):
+            if any(matches(p, product) for p in patterns):
                 return name
         return None

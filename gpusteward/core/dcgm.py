@@ -1,4 +1,4 @@
-"""dcgm-exporter's exposition, rendered from simulated GPUs (stdlib only).
+"""dcgm-exporter's exposition, rendered from simulated GPUs (stdlib and core only).
 
 The sandbox and the component tests feed Prometheus with what a real
 dcgm-exporter 4.x (release 4.5.3-4.8.2, default-counters.csv) would print, so
@@ -19,6 +19,10 @@ and value formats, not against a friendlier shape of our own:
   ``PodMapper.Process`` writes them (``internal/pkg/transformation/kubernetes.go``); the
   utilization families read the pod's own share (per-process metrics, PR #594), the others the
   device's. Simplification: a free GPU keeps its device series (the exporter drops it).
+* a MIG instance (``mig``) is its own entity: the parent's ``gpu``/``UUID``/``device``, then
+  ``GPU_I_PROFILE`` and ``GPU_I_ID`` before the node label (``gpuMetricsFormat`` in
+  ``internal/pkg/rendermetrics/render_metrics.go``), and no ``DCGM_FI_DEV_GPU_UTIL`` -- or, as
+  some versions print it, a 0 (``MigInstance.gpu_util``; NVIDIA/dcgm-exporter#50, #216, #430).
 
 Optionally (``xid_count_window_ms``) also the exporter's own ``DCGM_EXP_XID_ERRORS_COUNT``,
 commented out of its default CSV: per GPU one series per XID seen within the window, labelled
@@ -38,8 +42,11 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from gpusteward.core.cards import physical_card
+
 __all__ = [
     "XID_GPU_LOST",
+    "MigInstance",
     "PodRef",
     "Share",
     "SimGpu",
@@ -72,6 +79,16 @@ class Share:
 
 
 @dataclass(frozen=True)
+class MigInstance:
+    """One MIG GPU instance: NVML's instance id and its profile name (``1g.10gb``);
+    ``gpu_util``: ``absent`` or ``zero``, how the exporter prints its DCGM_FI_DEV_GPU_UTIL."""
+
+    id: int
+    profile: str
+    gpu_util: str = "absent"
+
+
+@dataclass(frozen=True)
 class SimGpu:
     """One simulated GPU at one instant; units as the exporter reports them."""
 
@@ -88,6 +105,7 @@ class SimGpu:
     pod: PodRef | None = None
     shares: tuple[Share, ...] = ()  # per-pod copies (--kubernetes-virtual-gpus) in its place
     vgpu: str = ""  # on a per-pod copy: its replica id
+    mig: MigInstance | None = None  # an instance of GPU ``index``, not the whole GPU
 
     @property
     def uuid(self) -> str:
@@ -102,7 +120,6 @@ class SimGpu:
 
 
 _FORM_FACTOR = re.compile(r"SXM\d*|PCIE")
-_GFD_SUFFIX = re.compile(r"-(?:MIG-.*|SHARED)$")
 
 
 def model_name_for_product(product: str) -> str:
@@ -115,7 +132,7 @@ def model_name_for_product(product: str) -> str:
     ``NVIDIA-A100-SXM4-80GB`` -> ``NVIDIA A100-SXM4-80GB``, but
     ``NVIDIA-A100-80GB-PCIe`` -> ``NVIDIA A100 80GB PCIe``.
     """
-    tokens = _GFD_SUFFIX.sub("", product).split("-")
+    tokens = physical_card(product).split("-")
     name = tokens[0]
     for left, right in zip(tokens, tokens[1:], strict=False):
         dashed = _FORM_FACTOR.fullmatch(left) or _FORM_FACTOR.fullmatch(right)
@@ -205,6 +222,7 @@ _XID_TEXT = {
 
 _EXPORTER_LABELS = frozenset(
     {"gpu", "UUID", "pci_bus_id", "device", "modelName", "DCGM_FI_DRIVER_VERSION"}
+    | {"GPU_I_PROFILE", "GPU_I_ID"}
     | {"container", "namespace", "pod", "vgpu", "err_code", "err_msg", "window_size_in_ms", "xid"}
 )
 
@@ -223,6 +241,7 @@ def _labels(
         ("pci_bus_id", gpu.pci_bus_id),
         ("device", f"nvidia{gpu.index}"),
         ("modelName", gpu.model_name),
+        *((("GPU_I_PROFILE", gpu.mig.profile), ("GPU_I_ID", str(gpu.mig.id))) if gpu.mig else ()),
         (node_label, gpu.node),
         ("DCGM_FI_DRIVER_VERSION", driver_version),
     ]
@@ -251,6 +270,13 @@ def _entities(gpus: Iterable[SimGpu]) -> Iterator[SimGpu]:
                                       shares=())
 
 
+def _value(family: _Family, gpu: SimGpu) -> str | None:
+    """The printed value, or None where the exporter prints no series."""
+    if gpu.mig is not None and family.name == "DCGM_FI_DEV_GPU_UTIL":
+        return None if gpu.mig.gpu_util == "absent" else "0"
+    return family.value(gpu)
+
+
 def _series(labels: Iterable[tuple[str, str]]) -> str:
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
 
@@ -273,9 +299,12 @@ def render_exposition(
     for family in _families(xid_count_window_ms):
         lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
         for gpu in gpus:
+            value = _value(family, gpu)
+            if value is None:
+                continue
             series = _series(_labels(gpu, family, driver_version, node_label,
                                      xid_count_window_ms))
-            lines.append(f"{family.name}{series} {family.value(gpu)}")
+            lines.append(f"{family.name}{series} {value}")
     return "\n".join(lines) + "\n"
 
 
@@ -310,12 +339,15 @@ def render_openmetrics_history(
         by_series: dict[str, list[str]] = {}
         for ts, gpus in frames:
             for gpu in gpus:
+                value = _value(family, gpu)
+                if value is None:
+                    continue
                 labels = _labels(gpu, family, driver_version, node_label,
                                  xid_count_window_ms) + extra
                 if scrape is not None:
                     labels = scrape(gpu.node, labels)
                 series = family.name + _series(labels)
-                by_series.setdefault(series, []).append(f"{series} {family.value(gpu)} {ts:.3f}")
+                by_series.setdefault(series, []).append(f"{series} {value} {ts:.3f}")
         lines += [line for series_lines in by_series.values() for line in series_lines]
     lines.append("# EOF")
     return "\n".join(lines) + "\n"

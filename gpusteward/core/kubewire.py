@@ -116,26 +116,36 @@ def parse_count(value: str | int | float) -> int:
     return count
 
 
-def _sum_resources(amounts: dict[str, str | int | float] | None, names: Sequence[str]) -> int:
-    if not amounts:
-        return 0
-    return sum(parse_count(amounts[n]) for n in names if n in amounts)
-
-
-def _container_gpus(c: Container, names: Sequence[str]) -> int:
+def _container_request(c: Container, names: Sequence[str]) -> dict[str, int]:
     if c.resources is None:
-        return 0
+        return {}
     # Extended resources must have requests == limits; an API-server-defaulted pod has both.
-    return max(
-        _sum_resources(c.resources.requests, names), _sum_resources(c.resources.limits, names)
-    )
+    requests, limits = c.resources.requests or {}, c.resources.limits or {}
+    out = {}
+    for n in names:
+        if n in requests or n in limits:
+            out[n] = max(parse_count(requests[n]) if n in requests else 0,
+                         parse_count(limits[n]) if n in limits else 0)
+    return out
 
 
-def pod_gpus(spec: PodSpec, names: Sequence[str]) -> int:
-    """Effective GPU request: the larger of the sum over containers and any one init container."""
-    regular = sum(_container_gpus(c, names) for c in spec.containers)
-    init = max((_container_gpus(c, names) for c in spec.init_containers or ()), default=0)
-    return max(regular, init)
+def pod_request(spec: PodSpec, names: Sequence[str]) -> dict[str, int]:
+    """Effective request per GPU resource: the containers' sum, or one init container's request
+    where it is larger. One pass over the containers: a 10,000-pod LIST decodes through here."""
+    total: dict[str, int] = {}
+    for c in spec.containers:
+        for n, count in _container_request(c, names).items():
+            total[n] = total.get(n, 0) + count
+    for c in spec.init_containers or ():
+        init = _container_request(c, names)
+        if sum(init.values()) > sum(total.values()):
+            total = init
+    return {n: count for n, count in total.items() if count}
+
+
+def _allocatable(amounts: dict[str, str | int | float] | None,
+                 names: Sequence[str]) -> dict[str, int]:
+    return {n: parse_count(amounts[n]) for n in names if amounts and n in amounts}
 
 
 def parse_time(text: str | None) -> float | None:
@@ -146,13 +156,15 @@ def parse_time(text: str | None) -> float | None:
 
 def to_node(w: WireNode, names: Sequence[str]) -> Node:
     labels = w.metadata.labels or {}
+    resources = _allocatable(w.status.allocatable, names)
     return Node(
         name=w.metadata.name,
         product=labels.get(PRODUCT_LABEL),
-        gpus=_sum_resources(w.status.allocatable, names),
+        gpus=sum(resources.values()),
         labels=labels,
         taints=tuple(w.spec.taints or ()),
         unschedulable=w.spec.unschedulable,
+        resources=resources,
     )
 
 
@@ -177,11 +189,13 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
     annotations = m.annotations or {}
     if bound_at is None and s.node_name:
         bound_at = _scheduled_at(conditions)
+    resources = pod_request(s, names)
     return Pod(
         namespace=m.namespace,
         name=m.name,
         uid=m.uid,
-        gpus=pod_gpus(s, names),
+        gpus=sum(resources.values()),
+        resources=resources,
         node=s.node_name or None,
         phase=(w.status.phase if w.status else None) or "Pending",
         priority=s.priority or 0,

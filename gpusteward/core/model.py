@@ -43,6 +43,9 @@ class Node(msgspec.Struct, frozen=True):
     labels: Mapping[str, str] = msgspec.field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
+    # The allocatable behind `gpus`, per resource name (MIG profiles and shared GPUs weigh
+    # differently: core/sharing.py); empty means all `gpus` are of `nvidia.com/gpu`.
+    resources: Mapping[str, int] = msgspec.field(default_factory=dict)
 
 
 class OwnerRef(msgspec.Struct, frozen=True):
@@ -73,6 +76,8 @@ class Pod(msgspec.Struct, frozen=True):
     tolerations: tuple[Toleration, ...] = ()
     unschedulable_since: float | None = None
     mirror: bool = False
+    # The request behind `gpus`, per resource name; empty means all of `nvidia.com/gpu`.
+    resources: Mapping[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def key(self) -> str:

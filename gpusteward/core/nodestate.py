@@ -13,6 +13,7 @@ import msgspec
 from gpusteward.core.attribution import held_only
 from gpusteward.core.model import GpuReading, Node, Pod
 from gpusteward.core.policy import Health
+from gpusteward.core.sharing import replicas
 
 
 class NodeState(msgspec.Struct, frozen=True):
@@ -69,14 +70,18 @@ def build_node_state(
         return NodeState(node, tier, allocated, None, None, inflight=inflight)
     young_after = min(min(r.sampled_at for r in fresh), now - warmup)
     young = [p for p in bound if p.bound_at is not None and p.bound_at > young_after]
-    faulty, unhealthy_free, reason = _faults(fresh, health)
-    util = _burst_util(fresh, node.gpus, young, inflight)
+    shares = replicas(node)
+    faulty, unhealthy_free, reason = _faults(fresh, health, shares)
+    util = _burst_util(fresh, node.gpus / shares, young, inflight / shares, shares)
     return NodeState(node, tier, allocated, util, unhealthy_free, faulty, reason, inflight)
 
 
-def _burst_util(readings: tuple[GpuReading, ...], gpus: int, young: list[Pod],
-                inflight: int) -> float | None:
+def _burst_util(readings: tuple[GpuReading, ...], gpus: float, young: list[Pod],
+                inflight: float, shares: int) -> float | None:
     """Mean utilization, counting the GPUs of young and in-flight pods as fully busy.
+
+    Per reported GPU: a time-sliced GPU (`shares` replicas) is one reading and one GPU, so
+    `gpus` and `inflight` come in GPUs and a young pod counts its replicas' share.
 
     Young pods were bound after the sample, or so recently that their GPUs still read idle while
     they pull images and load: every pod of a burst would otherwise see the same idle node. Their
@@ -91,14 +96,16 @@ def _burst_util(readings: tuple[GpuReading, ...], gpus: int, young: list[Pod],
     young_keys = {p.key for p in young}
     measured = sum(r.util or 0.0 for r in utils if r.pod not in young_keys)
     total = max(gpus, len(readings), 1)
-    return min(1.0, (measured + sum(p.gpus for p in young) + inflight) / total)
+    return min(1.0, (measured + sum(p.gpus for p in young) / shares + inflight) / total)
 
 
-def _faults(readings: tuple[GpuReading, ...], health: Health) -> tuple[int, int, str]:
-    """(faulty GPUs, faulty GPUs no pod holds, reasons).
+def _faults(readings: tuple[GpuReading, ...], health: Health,
+            shares: int) -> tuple[int, int, str]:
+    """(faulty GPUs, free slots they take away, reasons).
 
-    Only a faulty GPU that no pod holds takes a free slot away: one the exporter attributes to a
-    pod is already counted as allocated.
+    A faulty GPU takes all its `shares` slots (time-slicing replicas) away, less the one the
+    exporter attributes to a pod, which is already counted as allocated. Other pods sharing that
+    GPU are not visible in its one series, so this may take away too much, never too little.
     """
     reasons = []
     free = 0
@@ -106,7 +113,7 @@ def _faults(readings: tuple[GpuReading, ...], health: Health) -> tuple[int, int,
         why = gpu_fault(r, health)
         if why:
             reasons.append(f"gpu {r.gpu}: {why}")
-            free += r.pod is None
+            free += shares - (r.pod is not None)
     return len(reasons), free, "; ".join(reasons)
 
 

@@ -4,6 +4,8 @@ Filter (first failing rule wins, each with a reason the scheduler logs):
   * the node has no GPU resource or no product label        -> unresolvable
   * the pod names card types and the product matches none   -> unresolvable (preemption cannot
     change a node's card)
+  * the node offers less of a GPU resource the pod asks for  -> unresolvable (a MIG profile, a
+    shared GPU: kube-scheduler rejects it too, so it must not take the best score)
   * healthy free GPUs < GPUs requested                      -> failed (resolvable: pods may leave)
   Health is only held against a node when its telemetry is fresh: missing telemetry never fails
   scheduling.
@@ -22,6 +24,8 @@ Score: a weighted mean of four terms, each clamped to [0, 1], with the class's w
   packing   u = (allocated + in flight + requested) / allocatable after placing the pod;
             binpack: u, spread: 1 - u.
   health    1 - faulty GPUs / GPUs.                                  Unknown: 0.5 (neutral).
+  Load and health count physical GPUs: a time-sliced node's allocatable is GPUs x replicas, but
+  each GPU reports once and a lost one takes all its replicas away (core/sharing.py).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import msgspec
 from gpusteward.core.cards import preference_rank
 from gpusteward.core.nodestate import NodeState
 from gpusteward.core.policy import Weights, WorkloadClass
+from gpusteward.core.sharing import replicas
 
 NEUTRAL = 0.5
 MAX_PRIORITY = 10
@@ -44,6 +49,8 @@ class Demand(msgspec.Struct, frozen=True):
     gpus: int
     card_patterns: tuple[str, ...]
     class_name: str
+    # (resource name, count) behind `gpus`, sorted; empty: not known, `gpus` alone is checked.
+    resources: tuple[tuple[str, int], ...] = ()
 
 
 class ClassRule(msgspec.Struct, frozen=True):
@@ -75,6 +82,11 @@ def filter_node(state: NodeState, demand: Demand) -> Verdict:
             return Verdict(False, False, f"card {node.product} not accepted (pod wants {wanted})")
     if demand.gpus > node.gpus:
         return Verdict(False, False, f"pod needs {demand.gpus} GPUs, node has {node.gpus}")
+    if node.resources:
+        for name, count in demand.resources:
+            if node.resources.get(name, 0) < count:
+                return Verdict(False, False, f"pod needs {count} {name}, node has "
+                                             f"{node.resources.get(name, 0)}")
     if state.healthy_free < demand.gpus:
         return Verdict(False, True, _capacity_reason(state, demand))
     return PASS
@@ -110,7 +122,7 @@ def packing_term(state: NodeState, demand: Demand, placement: str) -> float:
 def health_term(state: NodeState) -> float:
     if state.faulty is None:
         return NEUTRAL
-    return _clamp(1.0 - state.faulty / max(state.node.gpus, 1))
+    return _clamp(1.0 - state.faulty / max(state.node.gpus / replicas(state.node), 1))
 
 
 def raw_score(state: NodeState, demand: Demand, rule: ClassRule) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from gpusteward.core.cards import CARD_TYPES_ANNOTATION, TierTable, parse_card_types
 from gpusteward.core.fleet import FleetStore
-from gpusteward.core.kubewire import WireNode, WirePod, pod_gpus, to_node
+from gpusteward.core.kubewire import WireNode, WirePod, pod_request, to_node
 from gpusteward.core.model import Node, Telemetry, class_of
 from gpusteward.core.nodestate import NodeState, build_node_state
 from gpusteward.core.policy import Policy
@@ -134,10 +134,12 @@ class PlacementView:
         """Raises ValueError (bad card-types annotation, bad quantity) for a 400 reply."""
         labels = pod.metadata.labels or {}
         annotations = pod.metadata.annotations or {}
+        resources = pod_request(pod.spec, self.policy.resources)
         return Demand(
-            gpus=pod_gpus(pod.spec, self.policy.resources),
+            gpus=sum(resources.values()),
             card_patterns=parse_card_types(annotations.get(CARD_TYPES_ANNOTATION)),
             class_name=class_of(labels, annotations, self.policy.default_class),
+            resources=tuple(sorted(resources.items())),
         )
 
     def state_from_request(self, wire: WireNode) -> NodeState:

@@ -9,13 +9,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpusteward.core.reclaim.model import RECLAIM_AT, Plan, Snapshot
 from gpusteward.core.reclaim.quota import team
+from gpusteward.core.sharing import physical
 
 
 class ReclaimerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        self.gpus = Gauge("gpusteward_gpus", "GPUs held by running pods, by team, card and state "
-                          "(allocated, idle).", ["team", "card", "state"], registry=r)
+        self.gpus = Gauge("gpusteward_gpus", "Physical GPUs held by running pods (a MIG slice or a "
+                          "time-sliced replica counts as its share of the card), by team, card "
+                          "and state (allocated, idle).", ["team", "card", "state"], registry=r)
         self.pods = Gauge("gpusteward_reclaimer_pods", "GPU pods by reclaim stage.", ["stage"],
                           registry=r)
         self.actions = Counter("gpusteward_reclaimer_actions_total",
@@ -50,16 +52,17 @@ class ReclaimerMetrics:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)
         self.held_back.inc(len(plan.held_back))
         cards = {n.name: n.product or "unknown" for n in snap.nodes.values()}
-        gpus: Tally[tuple[str, str, str]] = Tally()
+        gpus: dict[tuple[str, str, str], float] = {}
         stages: Tally[str] = Tally()
         by_key = {p.key: p for p in snap.pods}
         for v in plan.verdicts:
             pod = by_key[v.pod]
             card = cards.get(pod.node or "", "unknown")
-            gpus[(v.team, card, "allocated")] += v.gpus
+            held = physical(pod.resources, pod.gpus, snap.nodes.get(pod.node or ""))
+            gpus[(v.team, card, "allocated")] = gpus.get((v.team, card, "allocated"), 0.0) + held
             if v.state == "idle":
-                gpus[(v.team, card, "idle")] += v.gpus
-                self.idle_seconds.labels(v.team).inc(v.gpus * interval)
+                gpus[(v.team, card, "idle")] = gpus.get((v.team, card, "idle"), 0.0) + held
+                self.idle_seconds.labels(v.team).inc(held * interval)
             stages["warned" if v.state == "idle" and RECLAIM_AT in pod.annotations
                    else v.state] += 1
         self.gpus.clear()

@@ -311,7 +311,9 @@ class Sandbox:
 
     def _start_agents(self) -> None:
         """One `gpusteward agent` per GPU node, all started before any is waited for."""
-        nodes = self.gpu_nodes()
+        # MIG pools have no agent: it reads whole GPUs (docs/agent.md); dcgm-exporter serves MIG.
+        nodes = [name for pool in self.cfg.fleet.pools if pool.gpus > 0 and pool.mig is None
+                 for name in pool.node_names()]
         self.procs["simulator"].wait_ready(
             lambda: all(config_path(self.hosts_dir, n).exists()
                         and socket_path(self.hosts_dir, n).exists() for n in nodes), timeout=30)

@@ -2,7 +2,8 @@
 
 Starts the sandbox (building the control plane on first use), runs the extender behind the real
 kube-scheduler, submits training, inference and experiment pods with card preferences and
-different utilizations, and shows where each pod landed and why. Set KEEP=1 to leave the
+different utilizations -- on whole GPUs, on MIG slices of the MIG-mixed A100 node and on replicas
+of the time-sliced T4 node -- and shows where each pod landed and why. Set KEEP=1 to leave the
 sandbox running afterwards.
 """
 
@@ -21,9 +22,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from gpusteward.core.kubewire import WireNode, to_node
+from gpusteward.core.sharing import physical
 from gpusteward.sandbox.build import SandboxBuildError
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.commands import default_state_dir
+from gpusteward.sandbox.fleet import GPU_RESOURCES
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.procs import SandboxError
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
@@ -38,9 +44,16 @@ class Job:
     gpus: int
     cards: str | None
     util: str  # what the simulator makes its GPUs read
+    resource: str = "nvidia.com/gpu"
+    shared: bool = False  # tolerates the time-sliced node's taint
 
 
-# First the long-running background load, then pods whose placement shows the rules at work.
+MIG_SLICE = "nvidia.com/mig-1g.10gb"
+TIME_SLICED_TAINT = "gpusteward.io/time-sliced"
+
+# First the long-running background load, then pods whose placement shows the rules at work;
+# then MIG slices, and replicas of the time-sliced T4s: four saturate its GPU 0 together, the
+# idle notebook gets GPU 1 to itself.
 WORKLOAD = [
     Job("llm-pretrain", "training", 8, "NVIDIA-H100*", "97"),
     Job("vision-finetune", "training", 4, "NVIDIA-H100*,NVIDIA-A100*", "88"),
@@ -51,6 +64,10 @@ WORKLOAD = [
     Job("ranking-batch", "batch", 4, None, "70"),
     Job("speech-finetune", "training", 4, "NVIDIA-H100*,NVIDIA-A100*", "91"),
     Job("notebook-bob", "experiment", 1, None, "0"),
+    Job("mig-serving", "inference", 1, "NVIDIA-A100*", "75", MIG_SLICE),
+    Job("mig-notebook", "experiment", 1, None, "0", MIG_SLICE),
+    *(Job(f"t4-infer-{i}", "inference", 1, "Tesla-T4", "25", shared=True) for i in range(4)),
+    Job("t4-notebook", "experiment", 1, "Tesla-T4", "0", shared=True),
 ]
 
 
@@ -58,14 +75,16 @@ def manifest(job: Job) -> dict[str, Any]:
     annotations = {UTIL_ANNOTATION: job.util}
     if job.cards:
         annotations["gpusteward.io/card-types"] = job.cards
+    tolerations = [{"key": TIME_SLICED_TAINT, "operator": "Exists",
+                    "effect": "NoSchedule"}] if job.shared else []
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": job.name, "labels": {"gpusteward.io/class": job.cls,
                                                   "gpusteward.io/team": "demo"},
                      "annotations": annotations},
-        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+        "spec": {"terminationGracePeriodSeconds": 1, "tolerations": tolerations, "containers": [{
             "name": "main", "image": "registry.invalid/cuda-job:1",
-            "resources": {"limits": {"nvidia.com/gpu": str(job.gpus)}}}]},
+            "resources": {"limits": {job.resource: str(job.gpus)}}}]},
     }
 
 
@@ -77,7 +96,8 @@ def _post(url: str, body: dict[str, Any]) -> Any:
 
 
 def node_utilization(prometheus_url: str) -> dict[str, float]:
-    query = "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
+    # Engine activity: MIG instances report no DCGM_FI_DEV_GPU_UTIL.
+    query = "100 * avg by (Hostname) (DCGM_FI_PROF_GR_ENGINE_ACTIVE)"
     url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
     with urllib.request.urlopen(url, timeout=5) as resp:
         result = json.load(resp)["data"]["result"]
@@ -101,9 +121,9 @@ def run_workload(box: Sandbox) -> list[dict[str, Any]]:
     api = box.api()
     api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                       "metadata": {"name": NS}})
-    nodes = sorted(n["metadata"]["name"] for n in api.get("/api/v1/nodes")["items"])
-    products = {n["metadata"]["name"]: n["metadata"]["labels"].get("nvidia.com/gpu.product", "")
-                for n in api.get("/api/v1/nodes")["items"]}
+    objects = {n.name: n for n in (to_node(msgspec.convert(o, WireNode), GPU_RESOURCES)
+                                   for o in api.get("/api/v1/nodes")["items"])}
+    nodes = sorted(objects)
     rows = []
     for job in WORKLOAD:
         util = node_utilization(box.prometheus_url)
@@ -112,8 +132,9 @@ def run_workload(box: Sandbox) -> list[dict[str, Any]]:
         node = wait_for(f"{job.name} to be scheduled",
                         partial(_node_of, api, job.name), timeout=60)
         rows.append({"pod": job.name, "class": job.cls, "gpus": job.gpus,
+                     "physical": physical({job.resource: job.gpus}, job.gpus, objects[node]),
                      "wants": job.cards or "(class tiers)", "node": node,
-                     "card": products[node], "node_util": util.get(node, 0.0),
+                     "card": objects[node].product or "", "node_util": util.get(node, 0.0),
                      "score": scores.get(node), "best_other": max(
                          (s for n, s in scores.items() if n != node and n not in rejected),
                          default=None),
@@ -124,13 +145,14 @@ def run_workload(box: Sandbox) -> list[dict[str, Any]]:
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    header = (f"{'pod':<17}{'class':<11}{'gpus':>4}  {'wants':<27}{'landed on':<10}"
+    header = (f"{'pod':<17}{'class':<11}{'gpus':>5}  {'wants':<27}{'landed on':<12}"
               f"{'card':<23}{'util':>5}{'score':>6}{'next':>5}{'ruled out':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
         other = "-" if r["best_other"] is None else str(r["best_other"])
-        print(f"{r['pod']:<17}{r['class']:<11}{r['gpus']:>4}  {r['wants']:<27}{r['node']:<10}"
+        gpus = f"{r['physical']:.2g}" if r["physical"] != r["gpus"] else str(r["gpus"])
+        print(f"{r['pod']:<17}{r['class']:<11}{gpus:>5}  {r['wants']:<27}{r['node']:<12}"
               f"{r['card']:<23}{r['node_util']:>4.0f}%{r['score']:>6}{other:>5}"
               f"{r['rejected']:>10}")
 
@@ -149,7 +171,8 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         f"{ok}/{len(rows)} landed on a card they accept; "
         f"{top}/{len(rows)} on a node gpusteward scored highest among those allowed.",
         "score = gpusteward's 0-10 placement score (card fit, live GPU load, packing, health);",
-        "next = best score among the other allowed nodes; util = node GPU utilization before.",
+        "next = best score among the other allowed nodes; util = node GPU utilization before;",
+        "gpus = physical GPUs: a 1g.10gb MIG slice is 1/7 of an A100, a T4 replica 1/4 of a T4.",
     ]
 
 
@@ -159,10 +182,12 @@ def gpu_events(box: Sandbox) -> list[dict[str, Any]]:
                   key=lambda e: (e.get("lastTimestamp") or "", e["metadata"]["name"]))
 
 
-def watch_reclaimer(box: Sandbox, rows: list[dict[str, Any]], timeout: float = 150) -> int:
-    """Print the reclaimer's Events as they come; return the GPUs it gave back."""
+def watch_reclaimer(box: Sandbox, rows: list[dict[str, Any]],
+                    timeout: float = 150) -> tuple[float, set[str]]:
+    """Print the reclaimer's Events as they come; return the physical GPUs it gave back and the
+    pods it reclaimed."""
     idle = {j.name for j in WORKLOAD if j.util == "0"}
-    gpus = {r["pod"]: r["gpus"] for r in rows}
+    gpus = {r["pod"]: r["physical"] for r in rows}
     seen: set[str] = set()
     reclaimed: set[str] = set()
     started = time.monotonic()
@@ -177,7 +202,7 @@ def watch_reclaimer(box: Sandbox, rows: list[dict[str, Any]], timeout: float = 1
             if e["reason"] == "GPUReclaimed":
                 reclaimed.add(pod)
         time.sleep(1)
-    return sum(gpus[p] for p in reclaimed)
+    return sum(gpus[p] for p in reclaimed), reclaimed
 
 
 def print_report(box: Sandbox) -> bool:
@@ -213,11 +238,12 @@ def main() -> int:
         print("\nStarting the reclaimer. The sandbox policy runs it in enforce mode with a 15 s"
               "\nidle window and a 4 s grace (shipped default: observe, 30 min, 15 min).\n")
         box.start_reclaimer()
-        returned = watch_reclaimer(box, rows)
-        allocated = sum(r["gpus"] for r in rows)
-        print(f"\nReclaimer: {returned} of {allocated} allocated GPUs were held by idle pods and "
-              f"given back; busy pods were left alone.")
-        ok = all(r["node"] for r in rows) and returned > 0
+        returned, reclaimed = watch_reclaimer(box, rows)
+        allocated = sum(r["physical"] for r in rows)
+        idle = {j.name for j in WORKLOAD if j.util == "0"}
+        print(f"\nReclaimer: {returned:.3g} of {allocated:.3g} allocated GPUs were held by idle "
+              f"pods and given back ({', '.join(sorted(reclaimed))}); busy pods were left alone.")
+        ok = all(r["node"] for r in rows) and reclaimed == idle
         ok = print_report(box) and ok
     finally:
         if keep:

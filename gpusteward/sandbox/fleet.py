@@ -8,6 +8,20 @@
         memoryMiB: 81559
         labels: {topology.kubernetes.io/zone: zone-a}
         taints: [{key: dedicated, value: training, effect: NoSchedule}]
+      - name: t4                       # time-slicing: allocatable nvidia.com/gpu = 2 x 4,
+        product: Tesla-T4              # product Tesla-T4-SHARED, nvidia.com/gpu.replicas=4
+        gpus: 2
+        replicas: 4
+      - name: a100-mig                 # MIG mixed strategy: allocatable nvidia.com/mig-1g.10gb
+        product: NVIDIA-A100-SXM4-80GB # = 2 x 7, the nvidia.com/mig-1g.10gb.* labels
+        gpus: 2
+        mig: {profile: 1g.10gb, perGpu: 7}
+
+Labels are GFD's (k8s-device-plugin `internal/lm/resource.go`, `mig-strategy.go`): the shared
+pool's product gets `-SHARED` and its replicas label; the MIG pool keeps the parent card's
+product, `nvidia.com/gpu.replicas: 0` (GFD labels MIG-enabled GPUs without sharing),
+`nvidia.com/mig.strategy: mixed` and per profile `nvidia.com/mig-<profile>.{count,product,
+memory,replicas,slices.gi,slices.ci}`.
 """
 
 from __future__ import annotations
@@ -24,6 +38,15 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 # Sandbox knobs on Nodes: every GPU of the node reports this XID / temperature.
 XID_LABEL = "sandbox.gpusteward.io/xid"
 TEMP_LABEL = "sandbox.gpusteward.io/gpu-temp"
+# Only these physical GPUs (comma-separated indices) report the XID, when set.
+XID_GPUS_LABEL = "sandbox.gpusteward.io/xid-gpus"
+# `zero`: the node's MIG instances print DCGM_FI_DEV_GPU_UTIL 0 (NVIDIA/dcgm-exporter#216)
+# instead of leaving it out (#50, #430).
+MIG_GPU_UTIL_LABEL = "sandbox.gpusteward.io/mig-gpu-util"
+# The GPU resources the sandbox's nodes offer (sandbox/policy.yaml counts them all).
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb",
+                 "nvidia.com/mig-1g.20gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb",
+                 "nvidia.com/mig-4g.40gb", "nvidia.com/mig-7g.80gb")
 
 _FAMILY = {"H100": "hopper", "H200": "hopper", "A100": "ampere", "A10": "ampere",
            "L4": "ada-lovelace",
@@ -36,6 +59,11 @@ class TaintSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     value: str = ""
 
 
+class MigSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
+    profile: Annotated[str, msgspec.Meta(pattern=r"^\d+g\.\d+gb$")]
+    per_gpu: Annotated[int, msgspec.Meta(ge=1, le=7)] = 7
+
+
 class Pool(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
     name: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
     product: str
@@ -44,6 +72,8 @@ class Pool(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=Tr
     memory_mi_b: Annotated[int, msgspec.Meta(ge=0)] = 81559
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     taints: list[TaintSpec] = msgspec.field(default_factory=list)
+    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1  # time-slicing replicas per GPU
+    mig: MigSpec | None = None  # every GPU partitioned alike (mixed strategy)
 
     def node_names(self) -> list[str]:
         return [f"{self.name}-{i}" for i in range(self.count)]
@@ -57,6 +87,11 @@ DEFAULT_FLEET = Fleet(pools=[
     Pool(name="h100", product="NVIDIA-H100-80GB-HBM3", count=2, gpus=8, memory_mi_b=81559),
     Pool(name="a100", product="NVIDIA-A100-SXM4-80GB", count=2, gpus=8, memory_mi_b=81920),
     Pool(name="l4", product="NVIDIA-L4", count=3, gpus=4, memory_mi_b=23034),
+    # Tainted so that only pods meant for them land there: the shared and partitioned pools.
+    Pool(name="t4", product="Tesla-T4", count=1, gpus=2, memory_mi_b=15360, replicas=4,
+         taints=[TaintSpec(key="gpusteward.io/time-sliced", effect="NoSchedule")]),
+    Pool(name="a100-mig", product="NVIDIA-A100-SXM4-80GB", count=1, gpus=2, memory_mi_b=81920,
+         mig=MigSpec(profile="1g.10gb", per_gpu=7)),
 ])
 
 
@@ -73,8 +108,29 @@ def load_fleet(path: str | Path) -> Fleet:
 
 
 def family(product: str) -> str:
-    model = product.removeprefix("NVIDIA-").split("-")[0]
+    model = product.removeprefix("NVIDIA-").removeprefix("Tesla-").split("-")[0]
     return _FAMILY.get(model, "unknown")
+
+
+def _sharing(pool: Pool) -> tuple[dict[str, str], dict[str, str]]:
+    """(GFD labels, allocatable) for the pool's GPUs as the device plugin shares them."""
+    if pool.mig is not None:
+        profile, count = pool.mig.profile, pool.gpus * pool.mig.per_gpu
+        key = f"nvidia.com/mig-{profile}"
+        slices = profile.split("g.")[0]
+        labels = {"nvidia.com/mig.capable": "true", "nvidia.com/mig.strategy": "mixed",
+                  "nvidia.com/gpu.replicas": "0", f"{key}.count": str(count),
+                  f"{key}.product": f"{pool.product}-MIG-{profile}",
+                  f"{key}.memory": str(int(profile.split(".")[1].removesuffix("gb")) * 1024),
+                  f"{key}.replicas": "1", f"{key}.slices.gi": slices,
+                  f"{key}.slices.ci": slices}
+        return labels, {"nvidia.com/gpu": "0", key: str(count)}
+    if pool.replicas > 1:
+        labels = {"nvidia.com/gpu.product": f"{pool.product}-SHARED",
+                  "nvidia.com/gpu.replicas": str(pool.replicas),
+                  "nvidia.com/gpu.sharing-strategy": "time-slicing"}
+        return labels, {"nvidia.com/gpu": str(pool.gpus * pool.replicas)}
+    return {"nvidia.com/gpu.replicas": "1"}, {"nvidia.com/gpu": str(pool.gpus)}
 
 
 def node_object(pool: Pool, name: str) -> dict[str, Any]:
@@ -88,9 +144,10 @@ def node_object(pool: Pool, name: str) -> dict[str, Any]:
         "nvidia.com/gpu.memory": str(pool.memory_mi_b),
         "nvidia.com/gpu.family": family(pool.product),
         "nvidia.com/gpu.sharing-strategy": "none",
-        **pool.labels,
     }
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(pool.gpus)}
+    sharing, gpus = _sharing(pool)
+    labels |= sharing | pool.labels
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", **gpus}
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION: "fake"}},

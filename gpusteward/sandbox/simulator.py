@@ -13,7 +13,16 @@ pod on its lowest slot; labelled ``sandbox.gpusteward.io/virtual-gpus: "true"`` 
 with ``--kubernetes-virtual-gpus`` and prints a copy per pod instead (``core.dcgm.Share``).
 
 Free GPUs read 0 %. Node labels `sandbox.gpusteward.io/xid` and `sandbox.gpusteward.io/gpu-temp`
-make every GPU of that node report that XID / temperature (health tests). Like dcgm-exporter,
+make every GPU of that node report that XID / temperature (health tests);
+`sandbox.gpusteward.io/xid-gpus: "1"` limits the XID to those physical GPUs.
+
+Shared and partitioned GPUs are reported as dcgm-exporter reports them: a time-sliced node
+(`nvidia.com/gpu.replicas` R) gets R pod slots per GPU and one series per physical GPU, which
+reads the sum of its pods' utilizations and is attributed to the pod on its lowest slot (the
+exporter maps replica ids `<uuid>::<n>` to the GPU and keeps one pod per device); a MIG node
+(mixed strategy, `nvidia.com/mig-<profile>` allocatable) one series per instance, with no
+`DCGM_FI_DEV_GPU_UTIL` or, where the node is labelled `sandbox.gpusteward.io/mig-gpu-util: zero`,
+a 0. Like dcgm-exporter,
 `/metrics` keeps showing a GPU's last XID after the label goes (NVIDIA/dcgm-exporter#500); with
 ``--xid-count-window`` it also exports ``DCGM_EXP_XID_ERRORS_COUNT``, which does drop back.
 
@@ -36,11 +45,25 @@ from pathlib import Path
 from aiohttp import web
 
 from gpusteward.adapters.kube import Watcher, connect
-from gpusteward.core.dcgm import PodRef, Share, SimGpu, model_name_for_product, render_exposition
+from gpusteward.core.dcgm import (
+    MigInstance,
+    PodRef,
+    Share,
+    SimGpu,
+    model_name_for_product,
+    render_exposition,
+)
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
+from gpusteward.core.sharing import MIG_RESOURCE_PREFIX, replicas
 from gpusteward.core.typedconfig import Duration
-from gpusteward.sandbox.fleet import TEMP_LABEL, XID_LABEL
+from gpusteward.sandbox.fleet import (
+    GPU_RESOURCES,
+    MIG_GPU_UTIL_LABEL,
+    TEMP_LABEL,
+    XID_GPUS_LABEL,
+    XID_LABEL,
+)
 from gpusteward.sandbox.gpuhosts import GpuHosts
 from gpusteward.sandbox.scrape import simulator_path
 
@@ -83,7 +106,7 @@ def util_at(profile: str | None, elapsed: float) -> float:
 
 
 class GpuAssigner:
-    """Stable GPU indices for the pods bound to each node."""
+    """Stable GPU indices for the pods bound to each node (slots: replicas, MIG instances)."""
 
     def __init__(self) -> None:
         self._by_node: dict[str, dict[str, list[int]]] = {}
@@ -114,42 +137,68 @@ def simulate(fleet: FleetStore, assigner: GpuAssigner, now: float,
         pods = {p.uid: p for p in fleet.pods_on(node.name) if not p.deleting}
         owner = {i: pods[uid] for uid, idx in assigner.assign(node, pods.values()).items()
                  for i in idx}
-        slots = [_gpu(node, i, owner.get(i), now) for i in range(node.gpus)]
-        replicas = int(node.labels.get("nvidia.com/gpu.replicas") or 1)
-        gpus += _time_sliced(node, slots, replicas) if replicas > 1 else slots
+        gpus += _node_gpus(node, owner, now)
     return gpus
 
 
-def _time_sliced(node: Node, slots: list[SimGpu], replicas: int) -> list[SimGpu]:
-    """Every ``replicas`` slots of a time-sliced node as the one GPU they share."""
-    virtual = node.labels.get(VIRTUAL_GPUS_LABEL) == "true"
+def _mig_profile(node: Node) -> str | None:
+    return next((r.removeprefix(MIG_RESOURCE_PREFIX) for r, n in node.resources.items()
+                 if r.startswith(MIG_RESOURCE_PREFIX) and n > 0), None)
+
+
+def _node_gpus(node: Node, owner: dict[int, Pod], now: float) -> list[SimGpu]:
+    """One SimGpu per MIG instance, else per physical GPU with the pods on its replica slots."""
+    profile = _mig_profile(node)
+    if profile is not None:
+        per_gpu = max(1, node.gpus // max(1, int(node.labels.get("nvidia.com/gpu.count", "1"))))
+        memory = int(node.labels.get(f"{MIG_RESOURCE_PREFIX}{profile}.memory", "10240"))
+        gpu_util = node.labels.get(MIG_GPU_UTIL_LABEL, "absent")
+        return [_gpu(node, slot // per_gpu, [owner[slot]] if slot in owner else [], now,
+                     memory, MigInstance(slot % per_gpu + 1, profile, gpu_util))
+                for slot in range(node.gpus)]
+    shares = replicas(node)
+    memory = int(node.labels.get("nvidia.com/gpu.memory", "81559"))
+    virtual = shares > 1 and node.labels.get(VIRTUAL_GPUS_LABEL) == "true"
     out = []
-    for index in range(len(slots) // replicas):
-        mine = slots[index * replicas:(index + 1) * replicas]
-        held = [(str(n), s) for n, s in enumerate(mine) if s.pod is not None]
-        device = held[0][1] if held else mine[0]
-        shares = tuple(Share(s.pod, n, s.util_percent) for n, s in held if s.pod) if virtual else ()
-        out.append(dataclasses.replace(
-            device, index=index, util_percent=min(100.0, sum(s.util_percent for _, s in held)),
-            shares=shares))
+    for g in range(node.gpus // shares):
+        held = [(str(s - g * shares), owner[s]) for s in range(g * shares, (g + 1) * shares)
+                if s in owner]
+        gpu = _gpu(node, g, [p for _, p in held], now, memory)
+        if virtual and held:  # --kubernetes-virtual-gpus: a copy per pod, with its own use
+            gpu = dataclasses.replace(gpu, shares=tuple(
+                Share(PodRef(p.namespace, p.name, "main"), n, _pod_util(p, now))
+                for n, p in held))
+        out.append(gpu)
     return out
 
 
-def _gpu(node: Node, index: int, pod: Pod | None, now: float) -> SimGpu:
-    memory = int(node.labels.get("nvidia.com/gpu.memory", "81559"))
-    util = 0.0
-    if pod is not None:
-        try:
-            util = util_at(pod.annotations.get(UTIL_ANNOTATION), now - (pod.bound_at or now))
-        except ProfileError as e:
-            logging.getLogger("gpusteward.simulator").warning("%s: %s", pod.key, e)
+def _pod_util(pod: Pod, now: float) -> float:
+    try:
+        return util_at(pod.annotations.get(UTIL_ANNOTATION), now - (pod.bound_at or now))
+    except ProfileError as e:
+        logging.getLogger("gpusteward.simulator").warning("%s: %s", pod.key, e)
+        return 0.0
+
+
+def _xid(node: Node, index: int) -> int:
+    only = node.labels.get(XID_GPUS_LABEL)
+    if only and str(index) not in {i.strip() for i in only.split(",")}:
+        return 0
+    return int(node.labels.get(XID_LABEL) or 0)
+
+
+def _gpu(node: Node, index: int, pods: list[Pod], now: float, memory: int,
+         mig: MigInstance | None = None) -> SimGpu:
+    """``pods``: those holding the GPU (several on a time-sliced one); the first is named."""
+    util = min(100.0, sum(_pod_util(p, now) for p in pods))
     temp = int(node.labels.get(TEMP_LABEL) or (BUSY_TEMP_C if util > 50 else IDLE_TEMP_C))
+    pod = pods[0] if pods else None
     return SimGpu(
         node=node.name, index=index, model_name=model_name_for_product(node.product or ""),
         util_percent=util, memory_mib=memory,
         fb_used_mib=int(memory * (0.6 if util else 0.05)) if pod else 0,
-        temp_c=temp, power_w=70.0 + 6.0 * util, xid=int(node.labels.get(XID_LABEL) or 0),
-        pod=PodRef(pod.namespace, pod.name, "main") if pod else None,
+        temp_c=temp, power_w=70.0 + 6.0 * util, xid=_xid(node, index),
+        pod=PodRef(pod.namespace, pod.name, "main") if pod else None, mig=mig,
     )
 
 
@@ -202,14 +251,14 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
 async def _main(args: argparse.Namespace) -> None:
     api = await connect(args.kubeconfig)
     fleet = FleetStore()
-    watchers = [Watcher(api, fleet, kind, ["nvidia.com/gpu"]) for kind in ("nodes", "pods")]
+    watchers = [Watcher(api, fleet, kind, list(GPU_RESOURCES)) for kind in ("nodes", "pods")]
     tasks = [asyncio.create_task(w.run()) for w in watchers]
     assigner = GpuAssigner()  # one for /metrics and the GPU hosts: the same GPUs per pod
     if args.hosts_dir:
         hosts = GpuHosts(Path(args.hosts_dir))
 
-        def model() -> list[SimGpu]:
-            return simulate(fleet, assigner, time.time())
+        def model() -> list[SimGpu]:  # the NVML agent reads whole GPUs, not MIG instances
+            return [g for g in simulate(fleet, assigner, time.time()) if g.mig is None]
 
         tasks.append(asyncio.create_task(hosts.run(model, args.hosts_tick)))
     host, _, port = args.listen.rpartition(":")

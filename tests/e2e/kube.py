@@ -19,7 +19,8 @@ from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 def gpu_pod(name: str, gpus: int = 1, *, cards: str | None = None, cls: str | None = None,
             util: str | None = None, node: str | None = None,
             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-            priority_class: str | None = None) -> dict[str, Any]:
+            priority_class: str | None = None, resource: str = "nvidia.com/gpu",
+            tolerate: str | None = None) -> dict[str, Any]:
     meta_labels = dict(labels or {})
     meta_annotations = dict(annotations or {})
     if cls:
@@ -30,13 +31,15 @@ def gpu_pod(name: str, gpus: int = 1, *, cards: str | None = None, cls: str | No
         meta_annotations[UTIL_ANNOTATION] = util
     spec: dict[str, Any] = {
         "containers": [{"name": "main", "image": "registry.invalid/cuda-job:1",
-                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+                        "resources": {"limits": {resource: str(gpus)}}}],
         "terminationGracePeriodSeconds": 1,
     }
     if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     if priority_class:
         spec["priorityClassName"] = priority_class
+    if tolerate:
+        spec["tolerations"] = [{"key": tolerate, "operator": "Exists", "effect": "NoSchedule"}]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": meta_labels, "annotations": meta_annotations},
             "spec": spec}
@@ -92,24 +95,27 @@ def promql(prometheus_url: str, query: str) -> list[dict[str, Any]]:
 
 
 def wait_for_gpu_samples(prometheus_url: str, namespace: str, pods: list[str],
-                         settle: float = 4.0) -> None:
+                         settle: float = 4.0, metric: str = "DCGM_FI_DEV_GPU_UTIL") -> None:
     """Until Prometheus holds utilization samples for these pods; then let the extender refresh.
 
     The default settle outlasts the sandbox policy's podWarmup (3 s), so the extender judges the
-    pods by what they read rather than as just-started."""
+    pods by what they read rather than as just-started. ``metric``: MIG instances have no
+    DCGM_FI_DEV_GPU_UTIL, only DCGM_FI_PROF_GR_ENGINE_ACTIVE."""
 
     def present() -> bool:
-        return {f"{namespace}/{p}" for p in pods} <= set(pods_sampled(prometheus_url, namespace))
+        sampled = pods_sampled(prometheus_url, namespace, metric)
+        return {f"{namespace}/{p}" for p in pods} <= set(sampled)
 
     wait_for(f"GPU samples for {pods}", present, timeout=60)
     time.sleep(settle)
 
 
-def pods_sampled(prometheus_url: str, namespace: str) -> dict[str, str]:
+def pods_sampled(prometheus_url: str, namespace: str,
+                 metric: str = "DCGM_FI_DEV_GPU_UTIL") -> dict[str, str]:
     """``namespace/pod`` -> its node, for the pods of ``namespace`` holding sampled GPUs, in
     either label mode of the scrape (``exported_*`` under honor_labels false)."""
-    query = (f'DCGM_FI_DEV_GPU_UTIL{{exported_namespace="{namespace}"}} or '
-             f'DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}')
+    query = (f'{metric}{{exported_namespace="{namespace}"}} or '
+             f'{metric}{{namespace="{namespace}"}}')
     return {pod: r["metric"].get("Hostname", "") for r in promql(prometheus_url, query)
             if (pod := claimed_pod(r["metric"])) is not None}
 

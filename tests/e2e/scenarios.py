@@ -3,7 +3,8 @@ stores it: the DCGM simulator scraped as dcgm-exporter's ServiceMonitor does, ho
 (test_placement, test_reclaim, test_report), or one NVML agent per node scraped as our agent's
 ServiceMonitor does, honorLabels true (test_agent_telemetry).
 
-Default sandbox fleet: h100-0/1 (8 GPUs each), a100-0/1 (8), l4-0/1/2 (4).
+Default sandbox fleet: h100-0/1 (8 GPUs each), a100-0/1 (8), l4-0/1/2 (4), t4-0 (2 T4s time-sliced
+4 ways, tainted), a100-mig-0 (2 A100s as 14 MIG 1g.10gb slices).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
+from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.scrape import AGENT
 from tests.e2e import scenarios
@@ -38,6 +39,9 @@ from tests.e2e.scenarios import A100S, H100S, L4S
 
 NODES = sorted(H100S | A100S | L4S)
 GPUS = 2 * 8 + 2 * 8 + 3 * 4
+# The whole-GPU pools: the agent enumerates no MIG instances (docs/agent.md), and the shared
+# pools' telemetry is covered by the simulator's tests (test_shared_gpus).
+WHOLE_GPU_FLEET = Fleet(pools=[p for p in DEFAULT_FLEET.pools if p.mig is None and p.replicas == 1])
 
 Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -47,8 +51,8 @@ def agent_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]
     state = Path(tmp_path_factory.mktemp("agent-sandbox"))
     # honor_labels: true, as our agent's ServiceMonitor sets it (the session sandbox scrapes the
     # simulator with dcgm-exporter's chart default, false): every scenario runs in both modes.
-    box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, telemetry="agent",
-                                honor_labels=True)).start()
+    box = Sandbox(SandboxConfig(state_dir=state, fleet=WHOLE_GPU_FLEET, with_extender=True,
+                                telemetry="agent", honor_labels=True)).start()
     try:
         yield box
     finally:

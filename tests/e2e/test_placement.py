@@ -1,6 +1,7 @@
 """The real kube-scheduler, configured from deploy/scheduler/, calling the extender.
 
-Default sandbox fleet: h100-0/1 (8 GPUs each), a100-0/1 (8), l4-0/1/2 (4). The scenarios shared
+Default sandbox fleet: h100-0/1 (8 GPUs each), a100-0/1 (8), l4-0/1/2 (4), t4-0 (2 T4s time-sliced
+4 ways, tainted), a100-mig-0 (2 A100s as 14 MIG 1g.10gb slices). The scenarios shared
 with the NVML agent's tests live in ``scenarios``.
 """
 

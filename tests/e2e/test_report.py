@@ -30,9 +30,12 @@ def test_a_known_workload_gives_exact_numbers_by_team(workload):
 def test_card_groups_show_the_fleets_allocatable_gpus(workload):
     doc = workload.json("card")
     cards = {g["name"]: g for g in doc["groups"]}
+    # Physical GPUs: a100-mig-0's 14 MIG 1g.10gb slices are its 2 A100s, t4-0's 8 replicas
+    # its 2 T4s.
     assert {n: g["allocatable"] for n, g in cards.items()} == {
-        "NVIDIA-H100-80GB-HBM3": 16.0, "NVIDIA-A100-SXM4-80GB": 16.0, "NVIDIA-L4": 12.0}
-    assert doc["totals"]["allocatable"] == 44.0
+        "NVIDIA-H100-80GB-HBM3": 16.0, "NVIDIA-A100-SXM4-80GB": 18.0, "NVIDIA-L4": 12.0,
+        "Tesla-T4-SHARED": 2.0}
+    assert doc["totals"]["allocatable"] == 48.0
     for g in cards.values():
         assert g["free"] == g["allocatable"] - g["allocated"]
 
@@ -44,7 +47,7 @@ def test_the_table_and_csv_carry_the_same_totals(workload):
     assert "range query 1/1 done" in out.stderr  # the progress indicator (not a terminal)
     rows = workload.report("--format=csv", "--by=team").stdout.splitlines()
     assert rows[0].startswith("team,allocatable,allocated,used,idle")
-    assert rows[-1].startswith("total,44.0,")
+    assert rows[-1].startswith("total,48.0,")
 
 
 def test_the_html_report_renders_its_charts_in_headless_chromium(workload, tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpusteward.core.dcgm import (
+    MigInstance,
     PodRef,
     Share,
     SimGpu,
@@ -312,3 +313,22 @@ def test_a_shared_gpu_under_virtual_gpus_prints_one_copy_per_pod_in_its_place() 
     temps = [line for line in render_exposition([shared]).splitlines()
              if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
     assert len(temps) == 2  # the other families: the device's value on each copy
+
+
+def test_a_mig_instance_carries_profile_and_id_before_the_node_label() -> None:
+    """Label order from dcgm-exporter's `gpuMetricsFormat` (`GPU_I_PROFILE`, `GPU_I_ID` after
+    `modelName`), values as in the MIG line of NVIDIA/dcgm-exporter#272."""
+    gpu = busy_gpu(mig=MigInstance(1, "3g.40gb"))
+    (line,) = sample_lines(render_exposition([gpu]), "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    names = [pair.split("=")[0] for pair in line[line.index("{") + 1:line.index("}")].split(",")]
+    assert names[:8] == ["gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE",
+                         "GPU_I_ID", "Hostname"]
+    assert 'GPU_I_PROFILE="3g.40gb",GPU_I_ID="1"' in line and line.endswith(" 0.870000")
+    assert gpu.uuid == busy_gpu().uuid  # the parent GPU's UUID
+
+
+@pytest.mark.parametrize(("variant", "lines"), [("absent", []), ("zero", ["0"])])
+def test_a_mig_instance_prints_no_gpu_util_or_a_zero(variant: str, lines: list[str]) -> None:
+    """NVIDIA/dcgm-exporter#50/#430 (not reported for MIG) and #216 (printed as 0)."""
+    text = render_exposition([busy_gpu(mig=MigInstance(1, "1g.10gb", gpu_util=variant))])
+    assert [ln.rsplit(" ", 1)[1] for ln in sample_lines(text, "DCGM_FI_DEV_GPU_UTIL")] == lines

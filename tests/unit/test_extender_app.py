@@ -378,3 +378,22 @@ async def test_slow_large_uploads_cannot_starve_the_scheduler_small_requests():
         assert resp.status == 503
         assert "retry" in json.loads(await resp.read())["Error"]
         assert (await post(c, "filter", {"Pod": gpu_pod(), "NodeNames": ["h1"]}))[0] == 200
+
+
+async def test_a_mig_pod_passes_only_nodes_that_offer_its_profile():
+    """Full-node mode with GFD's mixed-strategy allocatable (k8s-device-plugin
+    internal/lm/mig-strategy.go: one `nvidia.com/mig-<profile>` resource per profile)."""
+    policy = parse_policy({"resources": ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"]})
+    extender = Extender(PlacementView(policy, FleetStore(), clock=lambda: NOW), telemetry=None)
+    await extender.refresh()
+    mig = {"metadata": {"name": "m1", "labels": {"nvidia.com/gpu.product": A100}},
+           "status": {"allocatable": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "14"}}}
+    pod_ = gpu_pod(1)
+    pod_["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
+    async with TestClient(TestServer(create_app(extender, max_body_bytes=64 << 10))) as c:
+        _, body = await post(c, "filter", {"Pod": pod_, "Nodes": {"items": [
+            mig, wire_node("a1", A100)]}})
+    reply = json.loads(body)
+    assert [n["metadata"]["name"] for n in reply["Nodes"]["items"]] == ["m1"]
+    assert reply["FailedAndUnresolvableNodes"] == {
+        "a1": "pod needs 1 nvidia.com/mig-1g.10gb, node has 0"}

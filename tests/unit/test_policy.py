@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpusteward.cli import main
 from gpusteward.core.policy import PolicyError, load_policy, parse_policy
@@ -210,3 +211,13 @@ def test_hostile_policy_files_exit_2_naming_the_file_and_the_problem(
     err = capsys.readouterr().err
     assert f"invalid policy {bad}" in err and message in err
     assert "<unicode string>" not in err and "Traceback" not in err
+
+
+def test_the_scheduler_sends_the_extender_every_gpu_resource_the_policies_count():
+    """kube-scheduler calls an extender with managedResources only for pods requesting one of
+    them (`IsInterested`, k8s.io/kubernetes pkg/scheduler/extender.go): a MIG or shared-GPU
+    resource missing there would never be placed by gpusteward."""
+    config = yaml.safe_load((ROOT / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
+    managed = [r["name"] for r in config["extenders"][0]["managedResources"]]
+    for path in (EXAMPLE, ROOT / "sandbox" / "policy.yaml"):
+        assert load_policy(path).resources == managed, path

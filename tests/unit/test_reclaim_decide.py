@@ -350,3 +350,17 @@ def test_a_broken_reading_never_advances_a_warned_pod_and_says_why(peak):
     assert [a.kind for a in p.actions if a.kind in ("mark", "warn", "reclaim")] == []
     assert p.verdicts[0].state == "unknown"
     assert any("not a value in 0-100%" in r for r in p.verdicts[0].reasons)
+
+
+def test_idle_mig_slices_are_not_reclaimed_for_a_pod_waiting_for_whole_gpus():
+    """A MIG-mixed node offers nvidia.com/mig-<profile> and 0 nvidia.com/gpu (GFD's mixed
+    strategy, k8s-device-plugin internal/lm/mig-strategy.go): freeing its slices cannot place a
+    pod that asks for whole GPUs."""
+    mig = Node("m1", "NVIDIA-A100-SXM4-80GB", 7,
+               resources={"nvidia.com/gpu": 0, "nvidia.com/mig-1g.10gb": 7})
+    slices = [gpu_pod(f"s{i}", node="m1", resources={"nvidia.com/mig-1g.10gb": 1})
+              for i in range(7)]
+    want = pending("want", 4, 100, resources={"nvidia.com/gpu": 4})
+    assert reclaimed(plan(snapshot([*slices, want], nodes=[mig]), POLICY)) == []
+    small = pending("small", 1, 100, resources={"nvidia.com/mig-1g.10gb": 1})
+    assert reclaimed(plan(snapshot([*slices, small], nodes=[mig]), POLICY)) == [("s0", "queue")]

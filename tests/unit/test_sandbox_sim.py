@@ -3,13 +3,26 @@ GPU hosts tell the NVML agents."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpusteward.core.dcgm import PodRef, SimGpu
+from gpusteward.core.dcgm import MigInstance, PodRef, SimGpu
 from gpusteward.core.fleet import FleetStore
+from gpusteward.core.kubewire import WireNode, to_node
 from gpusteward.core.model import Node, Pod
-from gpusteward.sandbox.fleet import DEFAULT_FLEET, FleetError, load_fleet, node_objects
+from gpusteward.core.policy import load_policy
+from gpusteward.sandbox.fleet import (
+    DEFAULT_FLEET,
+    GPU_RESOURCES,
+    XID_GPUS_LABEL,
+    XID_LABEL,
+    FleetError,
+    load_fleet,
+    node_objects,
+)
 from gpusteward.sandbox.gpuhosts import holders, nvml_gpu
 from gpusteward.sandbox.podresources import Holder
 from gpusteward.sandbox.scrape import simulator_path
@@ -23,6 +36,8 @@ from gpusteward.sandbox.simulator import (
     simulate,
     util_at,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -99,8 +114,65 @@ async def test_the_simulator_serves_each_nodes_exporter_on_its_own_path():
 def test_the_default_fleet_is_mixed():
     nodes = node_objects(DEFAULT_FLEET)
     products = {n["metadata"]["labels"]["nvidia.com/gpu.product"] for n in nodes}
-    assert products == {"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4"}
+    assert products == {"NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4",
+                        "Tesla-T4-SHARED"}
     assert nodes[0]["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+
+
+def test_the_default_fleet_has_a_time_sliced_and_a_mig_mixed_pool():
+    """GFD's labels for both (k8s-device-plugin internal/lm/resource_test.go: `-SHARED` and
+    replicas; mig-strategy.go: mixed strategy keeps the parent's product, per-profile labels)."""
+    by_name = {n["metadata"]["name"]: n for n in node_objects(DEFAULT_FLEET)}
+    t4, mig = by_name["t4-0"], by_name["a100-mig-0"]
+    assert t4["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+    assert {k: t4["metadata"]["labels"][k] for k in ("nvidia.com/gpu.count",
+                                                      "nvidia.com/gpu.replicas")} == \
+        {"nvidia.com/gpu.count": "2", "nvidia.com/gpu.replicas": "4"}
+    labels = mig["metadata"]["labels"]
+    assert mig["status"]["allocatable"]["nvidia.com/mig-1g.10gb"] == "14"
+    assert (labels["nvidia.com/gpu.product"], labels["nvidia.com/mig.strategy"],
+            labels["nvidia.com/mig-1g.10gb.product"]) == (
+        "NVIDIA-A100-SXM4-80GB", "mixed", "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb")
+
+
+def test_the_sandbox_policy_counts_every_resource_the_fleet_offers():
+    offered = {r for n in node_objects(DEFAULT_FLEET) for r in n["status"]["allocatable"]
+               if r.startswith("nvidia.com/")}
+    assert offered <= set(load_policy(ROOT / "sandbox" / "policy.yaml").resources)
+    assert set(GPU_RESOURCES) == set(load_policy(ROOT / "sandbox" / "policy.yaml").resources)
+
+
+def fleet_store(pool_name: str, pods: list[Pod]) -> FleetStore:
+    (obj,) = [n for n in node_objects(DEFAULT_FLEET) if n["metadata"]["name"] == pool_name]
+    store = FleetStore()
+    store.replace_all([to_node(msgspec.convert(obj, WireNode), GPU_RESOURCES)], pods)
+    return store
+
+
+def test_a_time_sliced_gpu_is_one_series_shared_by_its_pods():
+    """dcgm-exporter maps replica ids `<uuid>::<n>` to the GPU (internal/pkg/transformation/
+    kubernetes.go): one series per physical GPU, whatever the number of pods on it."""
+    pods = [msgspec.structs.replace(pod(f"r{i}", 1, float(i), annotations={
+        "sandbox.gpusteward.io/gpu-util": "30"}), node="t4-0") for i in range(5)]
+    gpus = simulate(fleet_store("t4-0", pods), GpuAssigner(), now=100.0)
+    assert [(g.index, g.util_percent, g.pod and g.pod.name) for g in gpus] == [
+        (0, 100.0, "r0"), (1, 30.0, "r4")]
+
+
+def test_a_mig_node_reports_each_instance_and_a_lost_gpu_only_where_labelled():
+    busy = msgspec.structs.replace(pod("m", 1, 0.0, annotations={
+        "sandbox.gpusteward.io/gpu-util": "80"}), node="a100-mig-0")
+    store = fleet_store("a100-mig-0", [busy])
+    gpus = simulate(store, GpuAssigner(), now=100.0)
+    assert len(gpus) == 14 and {g.index for g in gpus} == {0, 1}
+    assert (gpus[0].mig, gpus[0].util_percent, gpus[0].pod and gpus[0].pod.name) == (
+        MigInstance(1, "1g.10gb"), 80.0, "m")
+    assert gpus[7].mig == MigInstance(1, "1g.10gb") and gpus[7].index == 1
+    node = store.nodes["a100-mig-0"]
+    lost = msgspec.structs.replace(node, labels={**node.labels, XID_LABEL: "79",
+                                                 XID_GPUS_LABEL: "1"})
+    store.upsert_node(lost)
+    assert [g.xid for g in simulate(store, GpuAssigner(), now=100.0)] == [0] * 7 + [79] * 7
 
 
 def test_fleet_files_are_validated_with_paths(tmp_path):

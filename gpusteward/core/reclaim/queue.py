@@ -58,11 +58,13 @@ class Victims:
 
 
 def fits(pending: Pod, node: Node, patterns: Sequence[str] = ()) -> bool:
-    """Everything but capacity: card type (``patterns``: the pod's, parsed), node selector,
-    taints."""
+    """Everything but capacity: card type (``patterns``: the pod's, parsed), the GPU resources
+    it asks for (a MIG slice is no whole GPU), node selector, taints."""
     if patterns and preference_rank(node.product, patterns) is None:
         return False
     if node.unschedulable or node.gpus < pending.gpus:
+        return False
+    if node.resources and any(node.resources.get(r, 0) < n for r, n in pending.resources.items()):
         return False
     if any(node.labels.get(k) != v for k, v in pending.node_selector.items()):
         return False

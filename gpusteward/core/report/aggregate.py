@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
 from gpusteward.core.policy import Policy
-from gpusteward.core.report.facts import UNKNOWN_CARD, physical_gpus, pod_usages
+from gpusteward.core.report.facts import UNKNOWN_CARD, pod_usages
 from gpusteward.core.report.model import (
     DIMENSIONS,
     GroupRow,
@@ -26,6 +26,7 @@ from gpusteward.core.report.model import (
     Window,
 )
 from gpusteward.core.report.sections import queue, queue_groups, quotas, top_idle
+from gpusteward.core.sharing import node_physical_gpus
 
 KEYS: Mapping[str, Callable[[PodUsage], str]] = {
     "team": lambda u: u.team,
@@ -61,14 +62,14 @@ def _capacity(inp: ReportInput, by: str) -> dict[str, float]:
         if node.gpus <= 0:
             continue
         if by == "card":
-            out[node.product or UNKNOWN_CARD] += physical_gpus(node)
+            out[node.product or UNKNOWN_CARD] += node_physical_gpus(node)
         elif by == "node":
-            out[node.name] += physical_gpus(node)
+            out[node.name] += node_physical_gpus(node)
     return dict(out)
 
 
 def _fleet(inp: ReportInput) -> float:
-    return sum(physical_gpus(n) for n in inp.snapshot.nodes.values() if n.gpus > 0)
+    return sum(node_physical_gpus(n) for n in inp.snapshot.nodes.values() if n.gpus > 0)
 
 
 def groups(usages: list[PodUsage], by: str, capacity: Mapping[str, float]) -> tuple[GroupRow, ...]:

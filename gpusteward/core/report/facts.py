@@ -14,22 +14,9 @@ from gpusteward.core.reclaim.quota import team
 from gpusteward.core.reclaim.rules import rule_for
 from gpusteward.core.report.model import PodUsage, ReportInput, Series
 from gpusteward.core.report.usage import PodFacts, pod_usage
+from gpusteward.core.sharing import node_physical_gpus, physical, replicas
 
-REPLICAS_LABEL = "nvidia.com/gpu.replicas"  # GFD: replicas per physical GPU (time-slicing)
 UNKNOWN_CARD = "unknown"
-
-
-def replicas(node: Node | None) -> int:
-    if node is None:
-        return 1
-    try:
-        return max(1, int(node.labels.get(REPLICAS_LABEL, "1")))
-    except ValueError:
-        return 1
-
-
-def physical_gpus(node: Node) -> float:
-    return node.gpus / replicas(node)
 
 
 class Prices:
@@ -72,7 +59,7 @@ def _present(pod: Pod, snap: Snapshot, policy: Policy, prices: Prices) -> PodFac
         namespace=pod.namespace, name=pod.name, team=team(pod, snap.namespace_labels),
         card=(node.product if node else None) or UNKNOWN_CARD, node=pod.node or "",
         cls=class_of(pod.labels, pod.annotations, policy.default_class),
-        owner=f"{owner.kind}/{owner.name}", gpus=pod.gpus / shares,
+        owner=f"{owner.kind}/{owner.name}", gpus=physical(pod.resources, pod.gpus, node),
         expected_series=pod.gpus if shares == 1 else 1,
         start=pod.bound_at or pod.created_at, threshold=rule.threshold_percent,
         min_coverage=rule.min_coverage, price=prices.of(node.product if node else None))
@@ -90,6 +77,14 @@ def _gone(key: str, series: list[Series], nodes: Mapping[str, Node],
         namespace=namespace, name=name, team=team(ghost, namespace_labels),
         card=(node.product if node else None) or UNKNOWN_CARD, node=series[0].node,
         cls=policy.default_class, owner=f"Pod/{name}",
-        gpus=len({s.gpu for s in series}) / replicas(node), expected_series=len(series),
+        gpus=len({s.gpu for s in series}) * _mean_unit(node), expected_series=len(series),
         start=None, threshold=rule.threshold_percent, min_coverage=rule.min_coverage,
         price=prices.of(node.product if node else None))
+
+
+def _mean_unit(node: Node | None) -> float:
+    """Physical GPUs per series of a pod that is gone: a time-sliced GPU's series is the whole
+    GPU shared by its replicas, a MIG instance's is the node's average instance."""
+    if node is None or node.gpus <= 0:
+        return 1.0
+    return node_physical_gpus(node) / node.gpus

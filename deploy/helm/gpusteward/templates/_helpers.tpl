@@ -49,6 +49,20 @@ httpTimeout: {{ .Values.scheduler.httpTimeout }}
 managedResources:
   - name: nvidia.com/gpu
     ignoredByScheduler: false
+  - name: nvidia.com/gpu.shared
+    ignoredByScheduler: false
+  - name: nvidia.com/mig-1g.10gb
+    ignoredByScheduler: false
+  - name: nvidia.com/mig-1g.20gb
+    ignoredByScheduler: false
+  - name: nvidia.com/mig-2g.20gb
+    ignoredByScheduler: false
+  - name: nvidia.com/mig-3g.40gb
+    ignoredByScheduler: false
+  - name: nvidia.com/mig-4g.40gb
+    ignoredByScheduler: false
+  - name: nvidia.com/mig-7g.80gb
+    ignoredByScheduler: false
 {{- end -}}
 
 {{- /* How the extender and the reclaimer reach Prometheus (values: prometheusConnection):

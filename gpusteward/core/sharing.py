@@ -1,0 +1,76 @@
+"""What the GPU resources of a node or a pod stand for in physical GPUs (time-slicing, MIG).
+
+Read from what GPU Feature Discovery and the NVIDIA device plugin publish
+(k8s-device-plugin `internal/lm/resource.go`, `internal/lm/mig-strategy.go`):
+
+* time-slicing: `nvidia.com/gpu.replicas` = R and allocatable is GPUs x R, of `nvidia.com/gpu`
+  or, with `renameByDefault`, of `nvidia.com/gpu.shared`; one unit is 1/R of a GPU. GFD writes
+  replicas 0 on MIG-enabled GPUs and where sharing is off: both count as 1.
+* MIG mixed strategy: one resource per profile, `nvidia.com/mig-<profile>`; MIG single
+  strategy: `nvidia.com/gpu` on a node whose product is `<card>-MIG-<profile>`. One unit is a
+  GPU instance: its compute slices of the card's (a `1g.10gb` of an A100/H100's 7 is 1/7).
+
+Telemetry follows the same units: dcgm-exporter reports one series per physical GPU when it is
+time-sliced (replica ids `<uuid>::<n>` map to the GPU) and one per MIG instance.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from gpusteward.core.cards import mig_profile, physical_card
+from gpusteward.core.model import Node
+
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+FULL_GPU = "nvidia.com/gpu"
+# Compute slices of a whole card; A30 is the one MIG card with 4 (NVIDIA MIG user guide).
+_CARD_SLICES = {"A30": 4}
+_DEFAULT_SLICES = 7
+_SLICES = re.compile(r"(?:(\d+)c\.)?(\d+)g\.")  # `1g.10gb`, `1c.2g.20gb` (a compute instance)
+
+
+def replicas(node: Node | None) -> int:
+    if node is None:
+        return 1
+    try:
+        return max(1, int(node.labels.get(REPLICAS_LABEL, "1")))
+    except ValueError:
+        return 1
+
+
+def card_slices(product: str | None) -> int:
+    model = physical_card(product or "").removeprefix("NVIDIA-").split("-")[0]
+    return _CARD_SLICES.get(model, _DEFAULT_SLICES)
+
+
+def profile_fraction(profile: str, product: str | None) -> float:
+    """One instance of a MIG profile as a fraction of its card (1.0 for a name not understood)."""
+    m = _SLICES.match(profile)
+    if not m:
+        return 1.0
+    slices = int(m.group(1) or m.group(2))
+    return min(1.0, slices / card_slices(product))
+
+
+def unit_share(resource: str, node: Node | None) -> float:
+    """One unit of `resource` on `node`, in physical GPUs."""
+    product = node.product if node else None
+    if resource.startswith(MIG_RESOURCE_PREFIX):
+        return profile_fraction(resource.removeprefix(MIG_RESOURCE_PREFIX), product)
+    profile = mig_profile(product) if product else None
+    whole = profile_fraction(profile, product) if profile else 1.0
+    return whole / replicas(node)
+
+
+def physical(resources: Mapping[str, int], total: int, node: Node | None) -> float:
+    """Physical GPUs behind a request or an allocatable (`total` units of `nvidia.com/gpu` when
+    the per-resource split is not known)."""
+    if not resources:
+        return total * unit_share(FULL_GPU, node)
+    return sum(count * unit_share(name, node) for name, count in resources.items())
+
+
+def node_physical_gpus(node: Node) -> float:
+    return physical(node.resources, node.gpus, node)
