@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from gpusteward.agent.exposition import _AGENT_FAMILIES
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
 from tests.deploy.conftest import REPO
@@ -20,7 +21,7 @@ SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
 def _exported() -> set[str]:
-    names: set[str] = set()
+    names: set[str] = set(_AGENT_FAMILIES)
     for registry in (ExtenderMetrics().registry, ReclaimerMetrics().registry):
         for family in registry.collect():
             names.add(family.name)
@@ -33,7 +34,8 @@ def _used(expr: str) -> set[str]:
 
 
 def _rule_groups(rendered: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    [rule] = [o for o in rendered["kustomize-monitoring"] if o["kind"] == "PrometheusRule"]
+    [rule] = [o for o in rendered["kustomize-monitoring"]
+              if o["kind"] == "PrometheusRule" and o["metadata"]["name"] == "gpusteward"]
     return rule["spec"]["groups"]
 
 
@@ -45,7 +47,7 @@ def test_promtool_accepts_the_prometheusrule_groups(
     result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout
 
 
 def test_alerts_cover_what_operators_must_hear_about(
@@ -55,7 +57,27 @@ def test_alerts_cover_what_operators_must_hear_about(
         "GpustewardTelemetryStale", "GpustewardReclaimerTelemetryDown",
         "GpustewardReclaimerNotLeading", "GpustewardReclaimerCyclesFailing",
         "GpustewardExtenderErrors", "GpustewardExtenderSlow",
-        "GpustewardEvictionsRepeatedlyBlocked", "GpustewardReclaimLedgerNotSaved"}
+        "GpustewardEvictionsRepeatedlyBlocked", "GpustewardReclaimLedgerNotSaved",
+        "GpustewardExtenderDown", "GpustewardAgentNvmlDown"}
+
+
+def test_every_alert_has_a_runbook_section_in_operations_md(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    headings = re.findall(r"(?m)^#+ (Gpusteward\w+)$", (REPO / "docs/operations.md").read_text())
+    base = "https://github.com/gpusteward/gpusteward/blob/main/docs/operations.md#"
+    for group in _rule_groups(rendered):
+        for rule in group["rules"]:
+            assert rule["annotations"]["runbook_url"] == base + rule["alert"].lower()
+            assert rule["alert"] in headings
+
+
+def test_the_recording_rules_ship_unchanged_as_a_prometheusrule(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    source = yaml.safe_load((REPO / "deploy/prometheus/recording-rules.yaml").read_text())
+    for render in ("kustomize-monitoring", "helm-variant"):
+        [rule] = [o for o in rendered[render] if o["kind"] == "PrometheusRule"
+                  and o["metadata"]["name"] == "gpusteward-recording-rules"]
+        assert rule["spec"] == source, render
 
 
 def test_alerts_name_only_metrics_the_apps_export(
