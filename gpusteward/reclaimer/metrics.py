@@ -15,7 +15,8 @@ class ReclaimerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         self.gpus = Gauge("gpusteward_gpus", "GPUs held by running pods, by team, card and state "
-                          "(allocated, idle).", ["team", "card", "state"], registry=r)
+                          "(allocated; of those idle, unknown: no evidence either way).",
+                          ["team", "card", "state"], registry=r)
         self.pods = Gauge("gpusteward_reclaimer_pods", "GPU pods by reclaim stage.", ["stage"],
                           registry=r)
         self.actions = Counter("gpusteward_reclaimer_actions_total",
@@ -49,6 +50,9 @@ class ReclaimerMetrics:
     def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)
         self.held_back.inc(len(plan.held_back))
+        self._pending(snap)
+        if plan.halted:
+            return  # no verdicts this cycle: keep the last counts rather than read zero
         cards = {n.name: n.product or "unknown" for n in snap.nodes.values()}
         gpus: Tally[tuple[str, str, str]] = Tally()
         stages: Tally[str] = Tally()
@@ -57,8 +61,9 @@ class ReclaimerMetrics:
             pod = by_key[v.pod]
             card = cards.get(pod.node or "", "unknown")
             gpus[(v.team, card, "allocated")] += v.gpus
+            if v.state in ("idle", "unknown"):
+                gpus[(v.team, card, v.state)] += v.gpus
             if v.state == "idle":
-                gpus[(v.team, card, "idle")] += v.gpus
                 self.idle_seconds.labels(v.team).inc(v.gpus * interval)
             stages["warned" if v.state == "idle" and RECLAIM_AT in pod.annotations
                    else v.state] += 1
@@ -68,7 +73,6 @@ class ReclaimerMetrics:
         self.pods.clear()
         for stage, n in stages.items():
             self.pods.labels(stage).set(n)
-        self._pending(snap)
 
     def _pending(self, snap: Snapshot) -> None:
         count: Tally[str] = Tally()

@@ -93,4 +93,54 @@ def test_dashboard_names_only_exported_metrics_and_shows_the_promised_panels() -
     assert set().union(*map(_used, exprs)) - _exported() == set()
     titles = {p["title"] for p in dashboard["panels"]}
     assert {"Allocated vs used GPUs by team", "Allocated vs used GPUs by card", "Idle GPUs",
+            "Unknown GPUs", "Used GPUs", "Free GPUs", "Idle cost",
             "Reclaimer actions", "Extender latency (server side)"} <= titles
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "cluster", "team", "costPerGpuHour"} <= variables
+    for expr in exprs:
+        for selector in re.findall(r"gpusteward_gpus\{([^}]*)\}", expr):
+            assert 'cluster=~"$cluster"' in selector, expr
+
+
+#: Grafana's variables as a dashboard with "All" selected would send them.
+VARIABLES = {"$cluster": ".*", "$team": ".*", "$costPerGpuHour": "2", "$__rate_interval": "5m",
+             "$__range": "1h"}
+
+
+def _panel_expr(title: str) -> str:
+    dashboard = json.loads(
+        (REPO / "deploy/kustomize/monitoring/gpusteward-dashboard.json").read_text())
+    [expr] = [p["targets"][0]["expr"] for p in dashboard["panels"] if p["title"] == title]
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    return expr
+
+
+def test_dashboard_stats_evaluate_as_promised_in_prometheus(tmp_path: Path) -> None:
+    """`promtool test rules` runs the panels' PromQL in Prometheus's engine over series shaped
+    as the reclaimer (two replicas, one leading) and kube-state-metrics export them."""
+    leader = 'gpusteward_reclaimer_leader{namespace="gpusteward",pod="%s"}'
+    gpus = 'gpusteward_gpus{namespace="gpusteward",pod="r0",team="ml",card="H100",state="%s"}'
+    series = [
+        {"series": leader % "r0", "values": "1x70"},
+        {"series": leader % "r1", "values": "0x70"},
+        {"series": gpus % "allocated", "values": "7x70"},
+        {"series": gpus % "idle", "values": "2x70"},
+        {"series": gpus % "unknown", "values": "4x70"},
+        {"series": 'kube_node_status_allocatable{node="n1",resource="nvidia_com_gpu"}',
+         "values": "8x70"},
+        {"series": 'gpusteward_idle_gpu_seconds_total{namespace="gpusteward",pod="r0",team="ml"}',
+         "values": "0+120x70"},  # 2 idle GPUs, 60 s apart: 2 GPU-hours an hour
+    ]
+    expected = {"Used GPUs": 1, "Unknown GPUs": 4, "Idle GPUs": 2, "Allocated GPUs": 7,
+                "Free GPUs": 1, "Idle cost": 4}
+    tests = {"tests": [{"interval": "1m", "input_series": series, "promql_expr_test": [
+        {"expr": _panel_expr(title), "eval_time": "65m", "exp_samples": [{"labels": "{}",
+                                                                         "value": value}]}
+        for title, value in expected.items()]}]}
+    path = tmp_path / "dashboard_test.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
