@@ -138,7 +138,48 @@ def test_dashboard_stats_evaluate_as_promised_in_prometheus(tmp_path: Path) -> N
         {"expr": _panel_expr(title), "eval_time": "65m", "exp_samples": [{"labels": "{}",
                                                                          "value": value}]}
         for title, value in expected.items()]}]}
-    path = tmp_path / "dashboard_test.yaml"
+    _promtool_test(tests, tmp_path / "dashboard_test.yaml")
+
+
+def test_the_new_alerts_fire_on_what_they_promise(
+        rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """promtool's rule unit tests: no extender series for 5 min fires GpustewardExtenderDown; an
+    agent whose NVML does not answer (its `gpusteward_agent_nvml_up{error=...} 0`) fires
+    GpustewardAgentNvmlDown naming the node, and one that answers does not."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": _rule_groups(rendered)}))
+    nvml = 'gpusteward_agent_nvml_up{Hostname="%s",error="%s"}'
+    tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": nvml % ("gpu-1", "DriverNotLoaded"), "values": "0x20"},
+            {"series": 'gpusteward_agent_nvml_up{Hostname="gpu-2"}', "values": "1x20"},
+            {"series": "gpusteward_extender_nodes", "values": "_x20"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "12m", "alertname": "GpustewardAgentNvmlDown", "exp_alerts": [{
+                "exp_labels": {"severity": "warning", "Hostname": "gpu-1",
+                               "error": "DriverNotLoaded"},
+                "exp_annotations": _annotations(rendered, "GpustewardAgentNvmlDown",
+                                                Hostname="gpu-1")}]},
+            {"eval_time": "7m", "alertname": "GpustewardExtenderDown", "exp_alerts": [{
+                "exp_labels": {"severity": "warning"},
+                "exp_annotations": _annotations(rendered, "GpustewardExtenderDown")}]},
+        ]}]}
+    _promtool_test(tests, tmp_path / "alerts_test.yaml")
+
+
+def _annotations(rendered: dict[str, list[dict[str, Any]]], alert: str,
+                 **labels: str) -> dict[str, str]:
+    [rule] = [r for g in _rule_groups(rendered) for r in g["rules"] if r.get("alert") == alert]
+    out = dict(rule["annotations"])
+    for name, value in labels.items():
+        out = {k: v.replace("{{ $labels." + name + " }}", value) for k, v in out.items()}
+    return out
+
+
+def _promtool_test(tests: dict[str, Any], path: Path) -> None:
+    """Run a promtool rule unit-test file (Prometheus's own rule engine)."""
     path.write_text(yaml.safe_dump(tests))
     promtool = shutil.which("promtool") or "/usr/bin/promtool"
     result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,

@@ -9,7 +9,8 @@ import ssl
 import sys
 import urllib.request
 
-SA = "/var/run/secrets/kubernetes.io/serviceaccount"
+# In-cluster credentials and address, as client-go's in-cluster config reads them.
+SA = os.environ.get("SERVICE_ACCOUNT_DIR", "/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 def extender_answers() -> str | None:
@@ -29,14 +30,18 @@ def lease_held(name: str) -> str | None:
     namespace = os.environ["POD_NAMESPACE"]
     with open(f"{SA}/token", encoding="utf-8") as f:
         token = f.read().strip()
-    url = (f"https://kubernetes.default.svc/apis/coordination.k8s.io/v1/namespaces/{namespace}"
-           f"/leases/{name}")
+    host = os.environ["KUBERNETES_SERVICE_HOST"]
+    host = f"[{host}]" if ":" in host else host  # IPv6
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    url = f"https://{host}:{port}/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     context = ssl.create_default_context(cafile=f"{SA}/ca.crt")
     with urllib.request.urlopen(request, timeout=10, context=context) as response:
         spec = json.load(response)["spec"]
     if not spec.get("holderIdentity"):
         return f"Lease {name} has no holder"
+    if not spec.get("renewTime"):
+        return f"Lease {name} held by {spec['holderIdentity']} was never renewed"
     renewed = datetime.datetime.fromisoformat(spec["renewTime"].replace("Z", "+00:00"))
     age = (datetime.datetime.now(datetime.timezone.utc) - renewed).total_seconds()
     if age > 3 * spec.get("leaseDurationSeconds", 15):
