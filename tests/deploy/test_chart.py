@@ -76,6 +76,14 @@ def test_the_values_schema_rejects_typos_and_wrong_types(
         assert message in result.stderr + result.stdout, command
 
 
+def test_policy_text_that_is_not_yaml_fails_the_install(bin_dir: Path) -> None:
+    # (helm lint reports a template's `fail` as information only: `template` is what installs)
+    result = _helm(bin_dir, "template", "gpusteward", str(CHART),
+                   "--set-string", "policy=reclaim: [warn")
+    assert result.returncode != 0
+    assert "policy is not valid YAML: error converting YAML to JSON" in result.stderr
+
+
 def test_the_shipped_policy_passes_the_chart_schema_as_a_mapping(bin_dir: Path,
                                                                   tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
