@@ -177,3 +177,36 @@ def test_shipped_copies_equal_their_sources() -> None:
     example = (REPO / "deploy/policy.example.yaml").read_text()
     assert (REPO / "deploy/kustomize/base/policy.yaml").read_text() == example
     assert (REPO / "deploy/helm/gpusteward/files/policy.yaml").read_text() == example
+
+
+@pytest.mark.parametrize("level", ["restricted", "privileged"])
+def test_pod_security_admits_every_pod_but_the_agent_at_restricted(
+        level: str, rendered: dict[str, list[dict[str, Any]]], sandbox: Sandbox) -> None:  # noqa: F811
+    """The real PodSecurity admission plugin, enforcing on pods made from each workload's
+    template: every pod meets "restricted" except the agent, which the namespace labels of
+    components/agent ("privileged") admit."""
+    api = sandbox.api()
+    # the RuntimeClass the GPU Operator (NVIDIA Container Toolkit) creates, as the agent needs
+    api.apply("/apis/node.k8s.io/v1/runtimeclasses/nvidia", {
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+        "handler": "nvidia"})
+    ns = f"psa-{level}"
+    api.apply(f"/api/v1/namespaces/{ns}", {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": ns, "labels": {
+                                              "pod-security.kubernetes.io/enforce": level}}})
+    refused = []
+    for obj in rendered["kustomize-with-agent"] + rendered["helm-variant"]:
+        if obj["kind"] not in WORKLOADS:
+            continue
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": obj["metadata"]["name"], "namespace": ns},
+               "spec": obj["spec"]["template"]["spec"]}
+        try:
+            api.apply(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}", pod,
+                      manager="gpusteward-deploy-test", dry_run=True)
+        except KubeHTTPError as e:
+            assert "violates PodSecurity" in str(e), e
+            refused.append(name_of(obj))
+    expected = [] if level == "privileged" else [
+        "DaemonSet/gpusteward/gpusteward-agent", "DaemonSet/gpusteward/gpusteward-agent"]
+    assert refused == expected
