@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBIAN_PACKAGES := prometheus chromium gcc libc6-dev
 
-.PHONY: setup system-deps venv lint unit component e2e test demo bench bench-quick bench-extender sandbox-build clean
+.PHONY: generate setup system-deps venv lint unit component e2e test demo bench bench-quick bench-extender sandbox-build clean
 
 setup: system-deps venv
 
@@ -26,6 +26,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
+
+# Copies and schemas derived from one source (deploy/tools/generate.py); tests/deploy checks them.
+generate: venv
+	$(PY) deploy/tools/generate.py
 
 lint: venv
 	$(VENV)/bin/ruff check gpusteward tests benchmarks

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
     check = pol_sub.add_parser("check", help="validate a policy file (exit 0 valid, 2 invalid)")
     check.add_argument("file")
+    pol_sub.add_parser("schema", help="print the policy's JSON Schema (deploy/policy.schema.json)")
 
     from gpusteward.agent.cli import add_agent_parser
     from gpusteward.report.cli import add_report_parser
@@ -126,6 +128,11 @@ def _setup_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "policy":
+        if args.policy_command == "schema":
+            from gpusteward.core.policyschema import policy_schema
+
+            print(json.dumps(policy_schema(), indent=2))
+            return 0
         _load(args.file)
         print(f"{args.file}: valid")
         return 0

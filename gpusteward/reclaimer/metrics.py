@@ -17,7 +17,8 @@ class ReclaimerMetrics:
         self.registry = r = CollectorRegistry()
         self.gpus = Gauge("gpusteward_gpus", "Physical GPUs held by running pods (a MIG slice or a "
                           "time-sliced replica counts as its share of the card), by team, card "
-                          "and state (allocated, idle).", ["team", "card", "state"], registry=r)
+                          "and state (allocated; of those idle, unknown: no evidence either way).",
+                          ["team", "card", "state"], registry=r)
         self.pods = Gauge("gpusteward_reclaimer_pods", "GPU pods by reclaim stage.", ["stage"],
                           registry=r)
         self.actions = Counter("gpusteward_reclaimer_actions_total",
@@ -51,6 +52,9 @@ class ReclaimerMetrics:
     def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)
         self.held_back.inc(len(plan.held_back))
+        self._pending(snap)
+        if plan.halted:
+            return  # no verdicts this cycle: keep the last counts rather than read zero
         cards = {n.name: n.product or "unknown" for n in snap.nodes.values()}
         gpus: dict[tuple[str, str, str], float] = {}
         stages: Tally[str] = Tally()
@@ -60,8 +64,9 @@ class ReclaimerMetrics:
             card = cards.get(pod.node or "", "unknown")
             held = physical(pod.resources, pod.gpus, snap.nodes.get(pod.node or ""))
             gpus[(v.team, card, "allocated")] = gpus.get((v.team, card, "allocated"), 0.0) + held
+            if v.state in ("idle", "unknown"):
+                gpus[(v.team, card, v.state)] = gpus.get((v.team, card, v.state), 0.0) + held
             if v.state == "idle":
-                gpus[(v.team, card, "idle")] = gpus.get((v.team, card, "idle"), 0.0) + held
                 self.idle_seconds.labels(v.team).inc(held * interval)
             stages["warned" if v.state == "idle" and RECLAIM_AT in pod.annotations
                    else v.state] += 1
@@ -71,7 +76,6 @@ class ReclaimerMetrics:
         self.pods.clear()
         for stage, n in stages.items():
             self.pods.labels(stage).set(n)
-        self._pending(snap)
 
     def _pending(self, snap: Snapshot) -> None:
         count: Tally[str] = Tally()

@@ -19,17 +19,31 @@ HELM_VARIANT = [
     "--set", "schedulerSetup=defaultScheduler", "--set", "mode=enforce",
     "--set", "prometheusUrl=http://prometheus.monitoring.svc:9090",
     "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
-    "--set", "grafanaDashboard.enabled=true", "--set", "agent.enabled=false",
-    "--set", "extender.replicas=3", "--set", "reclaimer.leaseName=rec-lease",
+    "--set", "grafanaDashboard.enabled=true", "--set", "agent.enabled=true",
+    "--set", "reclaimer.replicas=1", "--set", "logLevel=debug", "--set", "nameOverride=steward",
+    "--set", "extender.priorityClassName=system-cluster-critical",
+    "--set", "reclaimer.priorityClassName=system-cluster-critical",
+    "--set-string", "extender.nodeSelector.node-role\\.kubernetes\\.io/infra=true",
+    "--set-json", 'extender.tolerations=[{"key":"infra","operator":"Exists"}]',
+    "--set-json", 'reclaimer.affinity={"nodeAffinity":{"preferredDuringSchedulingIgnoredDuring'
+    'Execution":[{"weight":1,"preference":{"matchExpressions":[{"key":"infra",'
+    '"operator":"Exists"}]}}]}}',
+    "--set", "extender.podLabels.team=platform", "--set", "agent.podAnnotations.note=x",
+    "--set", "reclaimer.extraArgs[0]=--lease-duration=20",
+    "--set-json", 'policy={"resources":["nvidia.com/gpu","nvidia.com/mig-1g.10gb"]}',
+    "--set", "extender.replicas=3", "--set", "tests.enabled=false",
     "--set", "prometheusConnection.caSecret.name=prometheus-ca",
     "--set", "prometheusConnection.serviceAccountToken.enabled=true",
     "--set", "prometheusConnection.serviceAccountToken.audience=prometheus",
     "--set-string", "prometheusConnection.headers.X-Scope-OrgID=team-a",
 ]
 
+#: A second release beside the first: cluster-scoped names must not collide.
+HELM_SECOND_RELEASE = ("second", "gpusteward-second")
+
 RENDERS = ("kustomize-base", "kustomize-second-scheduler", "kustomize-default-scheduler",
-           "kustomize-monitoring", "kustomize-secured-prometheus", "helm-defaults",
-           "helm-variant")
+           "kustomize-monitoring", "kustomize-secured-prometheus", "kustomize-with-agent",
+           "helm-defaults", "helm-variant", "helm-second-release")
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +64,9 @@ def rendered(bin_dir: Path) -> dict[str, list[dict[str, Any]]]:
         "kustomize-monitoring": render_kustomize(bin_dir, kustomize / "monitoring"),
         "kustomize-secured-prometheus":
             render_kustomize(bin_dir, kustomize / "overlays" / "secured-prometheus"),
+        "kustomize-with-agent": render_kustomize(bin_dir, kustomize / "overlays" / "with-agent"),
         "helm-defaults": render_helm(bin_dir, chart),
         "helm-variant": render_helm(bin_dir, chart, *HELM_VARIANT),
+        "helm-second-release": render_helm(bin_dir, chart, "--set", "agent.enabled=true",
+                                           release=HELM_SECOND_RELEASE),
     }

@@ -32,9 +32,11 @@ def render_kustomize(bin_dir: Path, path: Path) -> list[dict[str, Any]]:
     return _load_all(_run([str(bin_dir / "kustomize"), "build", str(path)]))
 
 
-def render_helm(bin_dir: Path, chart: Path, *args: str) -> list[dict[str, Any]]:
-    return _load_all(_run([str(bin_dir / "helm"), "template", RELEASE, str(chart),
-                           "--namespace", NAMESPACE, *args]))
+def render_helm(bin_dir: Path, chart: Path, *args: str,
+                release: tuple[str, str] = (RELEASE, NAMESPACE)) -> list[dict[str, Any]]:
+    name, namespace = release
+    return _load_all(_run([str(bin_dir / "helm"), "template", name, str(chart),
+                           "--namespace", namespace, *args]))
 
 
 def name_of(obj: dict[str, Any]) -> str:

@@ -56,23 +56,31 @@ def _grants(role: dict[str, Any]) -> set[tuple[str, str, str, str]]:
             for name in rule.get("resourceNames", ["*"])}
 
 
-@pytest.mark.parametrize("render", ["kustomize-second-scheduler", "helm-defaults"])
+def _shipped(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Without the `helm test` hook's objects (test_chart.py checks those)."""
+    return [o for o in objects
+            if "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
+
+
+@pytest.mark.parametrize("renders", [("kustomize-with-agent",), ("helm-defaults", "helm-variant")])
 def test_roles_grant_exactly_the_allow_list(
-        render: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
-    roles = {o["metadata"]["name"]: _grants(o) for o in rendered[render]
+        renders: tuple[str, ...], rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = [o for render in renders for o in _shipped(rendered[render])]
+    roles = {o["metadata"]["name"]: _grants(o) for o in objects
              if o["kind"] in {"ClusterRole", "Role"}}
     assert roles == ALLOWED
-    bound = {o["roleRef"]["name"] for o in rendered[render]
+    bound = {o["roleRef"]["name"] for o in objects
              if o["kind"] in {"ClusterRoleBinding", "RoleBinding"}}
     assert bound <= ALLOWED.keys() | BOUND_BUILTINS
 
 
 @pytest.fixture(scope="module")
 def admin(sandbox: Sandbox, rendered: dict[str, list[dict[str, Any]]]) -> KubeHTTP:  # noqa: F811
-    """The second-scheduler overlay's ServiceAccounts and RBAC, applied for real."""
+    """The second-scheduler overlay's ServiceAccounts and RBAC, with the agent, applied for
+    real."""
     api = sandbox.api()
     discovery = Discovery(api)
-    objects = [o for o in rendered["kustomize-second-scheduler"] if o["kind"] in RBAC_KINDS]
+    objects = [o for o in rendered["kustomize-with-agent"] if o["kind"] in RBAC_KINDS]
     for obj in sorted(objects, key=lambda o: o["kind"] != "Namespace"):
         path = discovery.path(obj)
         assert path is not None

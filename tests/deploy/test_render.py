@@ -6,6 +6,8 @@ test_monitoring.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import yaml
 
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.kubehttp import KubeHTTPError
-from tests.deploy.conftest import RENDERS, REPO
+from tests.deploy.conftest import HELM_SECOND_RELEASE, RENDERS, REPO
 from tests.deploy.manifests import Discovery, name_of
 
 NOT_SERVED_BY_SANDBOX = {"ServiceMonitor", "PrometheusRule"}
@@ -25,8 +27,9 @@ WORKLOADS = {"Deployment", "DaemonSet"}
 def namespace(sandbox: Sandbox) -> str:  # noqa: F811
     """Namespaced dry-run requests need the namespace to exist for real."""
     api = sandbox.api()
-    api.apply("/api/v1/namespaces/gpusteward", {
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpusteward"}})
+    for name in ("gpusteward", HELM_SECOND_RELEASE[1]):
+        api.apply(f"/api/v1/namespaces/{name}", {
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     return "gpusteward"
 
 
@@ -67,6 +70,8 @@ def test_prometheus_operator_objects_have_the_fields_the_operator_requires(
         assert obj["apiVersion"] == "monitoring.coreos.com/v1"
         assert obj["metadata"]["namespace"] == "gpusteward"
         assert _shape_ok(obj), name_of(obj)
+    assert {o["metadata"]["name"] for o in crd_objects if o["kind"] == "PrometheusRule"} == {
+        "gpusteward", "gpusteward-recording-rules"}
 
 
 def _pod_specs(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -146,6 +151,10 @@ def test_second_scheduler_runs_the_stock_image_with_leader_election(
                 if o["metadata"]["name"] == "gpusteward-scheduler"]
 
 
+def _hook(obj: dict[str, Any]) -> bool:
+    return "helm.sh/hook" in (obj["metadata"].get("annotations") or {})
+
+
 def _comparable(obj: dict[str, Any]) -> tuple[str, Any]:
     return obj["kind"] + "/" + obj["metadata"]["name"], obj.get("rules") or obj.get("spec")
 
@@ -153,20 +162,51 @@ def _comparable(obj: dict[str, Any]) -> tuple[str, Any]:
 def test_helm_and_kustomize_grant_the_same_rights_and_alerts(
         rendered: dict[str, list[dict[str, Any]]]) -> None:
     kinds = {"ClusterRole", "Role", "PrometheusRule"}
-    kustomize = dict(_comparable(o) for r in ("kustomize-second-scheduler",
-                                              "kustomize-monitoring")
+    kustomize = dict(_comparable(o) for r in ("kustomize-with-agent", "kustomize-monitoring")
                      for o in rendered[r] if o["kind"] in kinds)
-    helm = dict(_comparable(o) for o in rendered["helm-defaults"] if o["kind"] in kinds)
-    helm |= dict(_comparable(o) for o in rendered["helm-variant"]
-                 if o["kind"] == "PrometheusRule")
+    helm = dict(_comparable(o) for r in ("helm-defaults", "helm-variant")
+                for o in rendered[r] if o["kind"] in kinds and not _hook(o))
     assert helm == kustomize
 
 
 def test_shipped_copies_equal_their_sources() -> None:
-    dashboard = REPO / "deploy/kustomize/monitoring/gpusteward-dashboard.json"
-    assert (REPO / "deploy/helm/gpusteward/files/gpusteward-dashboard.json").read_text() == \
-        dashboard.read_text()
+    """deploy/tools/generate.py --check: every copy and generated schema is up to date."""
+    result = subprocess.run([sys.executable, "deploy/tools/generate.py", "--check"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert (result.returncode, result.stderr) == (0, "")
     example = (REPO / "deploy/policy.example.yaml").read_text()
     assert (REPO / "deploy/kustomize/base/policy.yaml").read_text() == example
-    values = yaml.safe_load((REPO / "deploy/helm/gpusteward/values.yaml").read_text())
-    assert values["policy"] == example
+    assert (REPO / "deploy/helm/gpusteward/files/policy.yaml").read_text() == example
+
+
+@pytest.mark.parametrize("level", ["restricted", "privileged"])
+def test_pod_security_admits_every_pod_but_the_agent_at_restricted(
+        level: str, rendered: dict[str, list[dict[str, Any]]], sandbox: Sandbox) -> None:  # noqa: F811
+    """The real PodSecurity admission plugin, enforcing on pods made from each workload's
+    template: every pod meets "restricted" except the agent, which the namespace labels of
+    components/agent ("privileged") admit."""
+    api = sandbox.api()
+    # the RuntimeClass the GPU Operator (NVIDIA Container Toolkit) creates, as the agent needs
+    api.apply("/apis/node.k8s.io/v1/runtimeclasses/nvidia", {
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+        "handler": "nvidia"})
+    ns = f"psa-{level}"
+    api.apply(f"/api/v1/namespaces/{ns}", {"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": ns, "labels": {
+                                              "pod-security.kubernetes.io/enforce": level}}})
+    refused = []
+    for obj in rendered["kustomize-with-agent"] + rendered["helm-variant"]:
+        if obj["kind"] not in WORKLOADS:
+            continue
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": obj["metadata"]["name"], "namespace": ns},
+               "spec": obj["spec"]["template"]["spec"]}
+        try:
+            api.apply(f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}", pod,
+                      manager="gpusteward-deploy-test", dry_run=True)
+        except KubeHTTPError as e:
+            assert "violates PodSecurity" in str(e), e
+            refused.append(name_of(obj))
+    expected = [] if level == "privileged" else [
+        "DaemonSet/gpusteward/gpusteward-agent", "DaemonSet/gpusteward/gpusteward-agent"]
+    assert refused == expected

@@ -1,19 +1,103 @@
 {{- define "gpusteward.name" -}}
-{{- default "gpusteward" .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /* Release-scoped prefix of every object name, cluster-scoped ones included, so two
+releases never collide. Names get suffixes such as -reclaimer-lease: keep room for them. */ -}}
+{{- define "gpusteward.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gpusteward.labels" -}}
-app.kubernetes.io/name: {{ include "gpusteward.name" .root }}
-app.kubernetes.io/component: {{ .component }}
+{{ include "gpusteward.selector" . }}
+app.kubernetes.io/version: {{ .root.Values.image.tag | default .root.Chart.AppVersion | quote }}
 app.kubernetes.io/part-of: gpusteward
-app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "gpusteward.selector" -}}
 app.kubernetes.io/name: {{ include "gpusteward.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- /* A pod template's metadata: the component's labels and podLabels, podAnnotations and
+the given checksums. (dict "root" $ "component" "extender" "values" .Values.extender
+"checksums" (dict ...)) */ -}}
+{{- define "gpusteward.podMetadata" -}}
+labels:
+  {{- include "gpusteward.labels" . | nindent 2 }}
+  {{- with .values.podLabels }}{{ toYaml . | nindent 2 }}{{ end }}
+{{- if or .checksums .values.podAnnotations }}
+annotations:
+  {{- range $key, $sum := .checksums }}
+  checksum/{{ $key }}: {{ $sum }}
+  {{- end }}
+  {{- with .values.podAnnotations }}{{ toYaml . | nindent 2 }}{{ end }}
+{{- end }}
+{{- end -}}
+
+{{- /* Scheduling values every component has: priorityClassName, nodeSelector, affinity,
+tolerations. */ -}}
+{{- define "gpusteward.podPlacement" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- /* The policy as a mapping: the `policy` value (a mapping, or YAML text from --set-file),
+else the chart's files/policy.yaml (deploy/policy.example.yaml). */ -}}
+{{- define "gpusteward.policyText" -}}
+{{- $p := .Values.policy -}}
+{{- if kindIs "string" $p -}}
+{{- $p -}}
+{{- else if $p -}}
+{{- toYaml $p -}}
+{{- else -}}
+{{- .Files.Get "files/policy.yaml" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpusteward.policy" -}}
+{{- $policy := include "gpusteward.policyText" . | fromYaml -}}
+{{- if hasKey $policy "Error" -}}
+{{- fail (printf "policy is not valid YAML: %s" $policy.Error) -}}
+{{- end -}}
+{{- toJson $policy -}}
+{{- end -}}
+
+{{- /* The reclaimer mode in effect: the mode value, else the policy's reclaim.mode. */ -}}
+{{- define "gpusteward.mode" -}}
+{{- $policy := include "gpusteward.policy" . | fromJson -}}
+{{- .Values.mode | default (dig "reclaim" "mode" "observe" $policy) -}}
+{{- end -}}
+
+{{- define "gpusteward.args" -}}
+{{- with .root.Values.logLevel }}
+- --log-level={{ . }}
+{{- end }}
+{{- range .values.extraArgs }}
+- {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "gpusteward.image" -}}
@@ -36,10 +120,13 @@ capabilities:
 {{- end -}}
 
 {{- define "gpusteward.extenderURL" -}}
-http://{{ include "gpusteward.name" . }}-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
+http://{{ include "gpusteward.fullname" . }}-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
 {{- end -}}
 
+{{- /* The extenders entry of a KubeSchedulerConfiguration. managedResources: the policy's
+GPU resources, so pods asking for any of them (MIG profiles too) reach the extender. */ -}}
 {{- define "gpusteward.extenderEntry" -}}
+{{- $policy := include "gpusteward.policy" . | fromJson -}}
 filterVerb: filter
 prioritizeVerb: prioritize
 weight: {{ .Values.scheduler.extenderWeight }}
@@ -47,22 +134,10 @@ nodeCacheCapable: true
 ignorable: true
 httpTimeout: {{ .Values.scheduler.httpTimeout }}
 managedResources:
-  - name: nvidia.com/gpu
+  {{- range $policy.resources | default (list "nvidia.com/gpu") }}
+  - name: {{ . }}
     ignoredByScheduler: false
-  - name: nvidia.com/gpu.shared
-    ignoredByScheduler: false
-  - name: nvidia.com/mig-1g.10gb
-    ignoredByScheduler: false
-  - name: nvidia.com/mig-1g.20gb
-    ignoredByScheduler: false
-  - name: nvidia.com/mig-2g.20gb
-    ignoredByScheduler: false
-  - name: nvidia.com/mig-3g.40gb
-    ignoredByScheduler: false
-  - name: nvidia.com/mig-4g.40gb
-    ignoredByScheduler: false
-  - name: nvidia.com/mig-7g.80gb
-    ignoredByScheduler: false
+  {{- end }}
 {{- end -}}
 
 {{- /* How the extender and the reclaimer reach Prometheus (values: prometheusConnection):
@@ -142,4 +217,13 @@ environment variables for the flags, and one projected volume for the CA and cre
   projected:
     sources: {{- . | nindent 6 }}
 {{- end }}
+{{- end -}}
+
+{{- define "gpusteward.leaseName" -}}
+{{- .Values.reclaimer.leaseName | default (printf "%s-reclaimer" (include "gpusteward.fullname" .)) -}}
+{{- end -}}
+
+{{- /* The profile name GPU pods put in spec.schedulerName. */ -}}
+{{- define "gpusteward.schedulerName" -}}
+{{- .Values.scheduler.name | default (printf "%s-scheduler" (include "gpusteward.fullname" .)) -}}
 {{- end -}}
