@@ -3,7 +3,8 @@
     python benchmarks/bench_telemetry.py [--nodes 1000] [--quick]
 
 A real Prometheus is loaded with 3 minutes of dcgm-exporter history for every GPU (promtool
-backfill, 15 s steps), with dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT enabled as
+backfill, 15 s steps), stored as a Prometheus Operator ServiceMonitor with dcgm-exporter's chart
+default (honorLabels: false) stores it, with dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT enabled as
 docs/install.md recommends and one GPU in a hundred counting an XID; we time
 PrometheusSource.fetch() (median of 10) and count the bytes each query returns. Results:
 benchmarks/results/telemetry.json.
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpusteward.adapters.prometheus import PrometheusSource  # noqa: E402
 from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history  # noqa: E402
 from gpusteward.core.policy import parse_policy  # noqa: E402
-from tests.support.prometheus import PrometheusServer  # noqa: E402
+from tests.support.prometheus import PrometheusServer, servicemonitor  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,7 +39,7 @@ def history(nodes: int, now: float) -> str:
                    pod=PodRef("ml", f"p-{n}-{i}", "main") if i < 4 else None)
             for n in range(nodes) for i in range(8)]
     frames = [(now - 180 + 15 * k, gpus) for k in range(12)]
-    return render_openmetrics_history(frames, extra_labels={"job": "dcgm", "instance": "x:9400"},
+    return render_openmetrics_history(frames, scrape=servicemonitor(honor_labels=False),
                                       xid_count_window_ms=300_000)
 
 
