@@ -7,6 +7,7 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpusteward.adapters import buildinfo
 from gpusteward.core.reclaim.model import RECLAIM_AT, Plan, Snapshot
 from gpusteward.core.reclaim.quota import team
 
@@ -14,6 +15,7 @@ from gpusteward.core.reclaim.quota import team
 class ReclaimerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        buildinfo.register(r)
         self.gpus = Gauge("gpusteward_gpus", "GPUs held by running pods, by team, card and state "
                           "(allocated, idle).", ["team", "card", "state"], registry=r)
         self.pods = Gauge("gpusteward_reclaimer_pods", "GPU pods by reclaim stage.", ["stage"],
