@@ -66,7 +66,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if not action.option_strings or action.default == argparse.SUPPRESS or "$" in text:
+        name = env_name(action.dest)
+        if not action.option_strings or action.default == argparse.SUPPRESS \
+                or f"${name}" in text:
             return text
         shown = action.default
         if action.nargs == 0:
@@ -74,9 +76,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         elif shown is None:
             shown = "none"
         if "%" not in text and "default" not in text:
-            text += f" [${env_name(action.dest)}; default: {shown}]".replace("%", "%%")
+            text += f" [${name}; default: {shown}]".replace("%", "%%")
         else:
-            text += f" [${env_name(action.dest)}]"
+            text += f" [${name}]"
         return text.strip()
 
 
