@@ -50,6 +50,13 @@ def _positive_mb(text: str) -> int:
     return int(text)
 
 
+def _lease_seconds(text: str) -> int:
+    # client-go's rule: the renew deadline (2/3 of it) must exceed 1.2 retry periods (>= 1 s)
+    if not text.isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds >= 2, got {text!r}")
+    return int(text)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     add_connection_flags(p)
 
@@ -89,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--lease-name", default="gpusteward-reclaimer",
                      help="the leader-election Lease (its ConfigMap <name>-reclaims keeps the "
                           "last hour's reclaims)")
-    rec.add_argument("--lease-duration", type=int, default=15, metavar="SECONDS",
+    rec.add_argument("--lease-duration", type=_lease_seconds, default=15, metavar="SECONDS",
                      help="a standby takes over this long after the leader stops renewing")
     _common(rec)
     rec_sub = rec.add_subparsers(dest="reclaimer_command")
@@ -161,7 +168,8 @@ def failure(e: Exception) -> tuple[int, str | None]:
     if isinstance(e, AdapterError):
         return EXIT_RUNTIME, str(e)
     if isinstance(e, aiohttp.ClientError):
-        return EXIT_RUNTIME, f"connection failed: {e or type(e).__name__}"
+        # the Kubernetes client is the commands' only aiohttp client (Prometheus: requests)
+        return EXIT_RUNTIME, f"cannot reach the API server: {e or type(e).__name__}"
     if isinstance(e, OSError):
         where = f"{e.filename}: " if e.filename else ""
         return EXIT_RUNTIME, where + (e.strerror or str(e))

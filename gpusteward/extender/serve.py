@@ -35,8 +35,12 @@ async def serve(policy: Policy, args: argparse.Namespace,
                 prometheus: PrometheusConnection | None) -> int:
     try:
         tls = server_tls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
-    except (OSError, ssl.SSLError, ValueError) as e:
+    except ValueError as e:
         raise SettingsError(f"TLS: {e}") from e
+    except OSError as e:  # ssl.SSLError too; neither names the file
+        files = ", ".join(f for f in (args.tls_cert_file, args.tls_key_file,
+                                      args.tls_client_ca_file) if f)
+        raise SettingsError(f"TLS: cannot load {files}: {e.strerror or e}") from e
     api = await connect(args.kubeconfig, args.context)
     async with contextlib.AsyncExitStack() as stack:
         # Whatever fails below (a busy port) still stops the watches and closes the client.

@@ -18,7 +18,7 @@ from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpusteward.adapters.actor import Actor
-from gpusteward.adapters.errors import ListenError
+from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import connect
 from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.promconnection import PrometheusConnection
@@ -127,9 +127,8 @@ async def restore(args: argparse.Namespace) -> int:
     try:
         namespace, kind, name = args.target.split("/")
     except ValueError:
-        log.error("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or Job), got %r",
-                  args.target)
-        return 2
+        raise SettingsError("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or "
+                            f"Job), got {args.target!r}") from None
     api = await connect(args.kubeconfig, args.context)
     try:
         print(await Actor(api, 30).restore(namespace, kind, name))

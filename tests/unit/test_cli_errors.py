@@ -78,6 +78,20 @@ def test_report_with_an_unreachable_api_server_is_one_line_exit_1(
 
 
 @pytest.mark.parametrize("command", [
+    pytest.param(["reclaimer", "--policy", POLICY, "--once"], id="reclaimer-once"),
+    pytest.param(["reclaimer", "restore", "ml/Deployment/train"], id="reclaimer-restore"),
+])
+def test_the_reclaimer_with_an_unreachable_api_server_is_one_line_exit_1(
+        command: list[str], unreachable_kubeconfig: tuple[Path, int]) -> None:
+    kubeconfig, port = unreachable_kubeconfig
+    done = gpusteward(*command, "--kubeconfig", str(kubeconfig), "--log-level", "error",
+                      env={"PROMETHEUS_URL": f"http://127.0.0.1:{closed_port()}"})
+    assert (done.returncode, done.stderr) == (
+        1, f"gpusteward reclaimer: cannot reach the API server: Cannot connect to host "
+           f"127.0.0.1:{port} ssl:default [Connect call failed ('127.0.0.1', {port})]\n")
+
+
+@pytest.mark.parametrize("command", [
     pytest.param(["extender", "--policy", POLICY, "--listen"], id="extender"),
     pytest.param(["extender", "--policy", POLICY, "--listen", f"127.0.0.1:{closed_port()}",
                   "--metrics-listen"], id="extender-metrics"),
@@ -138,6 +152,16 @@ def test_the_agent_on_a_busy_port_is_one_line_exit_1(busy_port: int) -> None:
     pytest.param(["extender", "--policy", POLICY, "--tls-cert-file", "/nowhere/tls.crt"], {},
                  "gpusteward extender: TLS: --tls-cert-file and --tls-key-file go together",
                  id="tls-half"),
+    pytest.param(["extender", "--policy", POLICY, "--tls-cert-file", "/nowhere/tls.crt",
+                  "--tls-key-file", "/nowhere/tls.key"], {},
+                 "gpusteward extender: TLS: cannot load /nowhere/tls.crt, /nowhere/tls.key: "
+                 "No such file or directory", id="tls-missing"),
+    pytest.param(["reclaimer", "--lease-duration", "-5"], {},
+                 "gpusteward reclaimer: argument --lease-duration: expected a whole number of "
+                 "seconds >= 2, got '-5' (see gpusteward reclaimer --help)", id="lease-negative"),
+    pytest.param(["reclaimer", "restore", "train"], {},
+                 "gpusteward reclaimer: expected NAMESPACE/KIND/NAME (KIND: Deployment, "
+                 "StatefulSet or Job), got 'train'", id="restore-target"),
     pytest.param(["agent"], {},
                  "gpusteward agent: --node-name or $NODE_NAME is required (the Hostname label "
                  "must be the Kubernetes node name)", id="agent-no-node"),
