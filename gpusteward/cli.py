@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     ext = sub.add_parser("extender", help="serve the kube-scheduler HTTP extender")
-    ext.add_argument("--policy", required=True, help="policy YAML file")
+    ext.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file")
     ext.add_argument("--listen", type=_hostport, default="0.0.0.0:8888", metavar="HOST:PORT",
                      help="address the scheduler calls")
     ext.add_argument("--max-body-mb", type=_positive_mb, default=32,
@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(ext)
 
     rec = sub.add_parser("reclaimer", help="reclaim GPUs that pods hold idle")
-    rec.add_argument("--policy", help="policy YAML file (required unless restoring)")
+    rec.add_argument("--policy", metavar="FILE",
+                     help="policy YAML file (required unless restoring)")
     rec.add_argument("--mode", choices=["observe", "warn", "enforce"],
                      help="override the policy's reclaim.mode")
     rec.add_argument("--once", action="store_true", help="run one cycle and exit (no Lease)")

@@ -57,7 +57,8 @@ def _count(text: str) -> int:
 
 def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("report", help="allocated vs actually used GPUs, idle cost, queue")
-    p.add_argument("--policy", help="policy YAML file (default: the built-in defaults)")
+    p.add_argument("--policy", metavar="FILE",
+                   help="policy YAML file (default: the built-in defaults)")
     p.add_argument("--window", type=_duration, default="24h", metavar="DURATION",
                    help="how far back to look, e.g. 6h, 24h, 7d")
     p.add_argument("--step", type=_duration, metavar="DURATION",
