@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as e:  # the one place a failure becomes a line and an exit code
         code, line = failure(e)
-        if code == EXIT_RUNTIME and line is None:
+        if line is None:
             log.exception("gpusteward %s failed unexpectedly (a bug; please report it)",
                           args.command)
             return code
@@ -171,9 +171,13 @@ def failure(e: Exception) -> tuple[int, str | None]:
     if isinstance(e, aiohttp.ClientError):
         # the Kubernetes client is the commands' only aiohttp client (Prometheus: requests)
         return EXIT_RUNTIME, f"cannot reach the API server: {e or type(e).__name__}"
-    if isinstance(e, OSError):
+    if isinstance(e, OSError):  # TimeoutError too
         where = f"{e.filename}: " if e.filename else ""
-        return EXIT_RUNTIME, where + (e.strerror or str(e))
+        return EXIT_RUNTIME, where + (e.strerror or str(e) or type(e).__name__)
+    from kubernetes_asyncio.client.exceptions import ApiException  # loaded on failure only
+
+    if isinstance(e, ApiException):
+        return EXIT_RUNTIME, f"the API server answered HTTP {e.status} {e.reason}"
     return EXIT_RUNTIME, None
 
 

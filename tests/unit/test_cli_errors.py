@@ -183,3 +183,21 @@ def test_a_directory_given_as_the_policy_file_is_named_exit_2(tmp_path: Path) ->
     done = gpusteward("policy", "check", str(tmp_path))
     assert (done.returncode, done.stderr) == (
         2, f"invalid policy {tmp_path}:\n  - <root>: cannot read file: Is a directory\n")
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    pytest.param(PermissionError(13, "Permission denied", "/srv/fleet.html"),
+                 (1, "/srv/fleet.html: Permission denied"), id="unwritable-file"),
+    pytest.param(TimeoutError(), (1, "TimeoutError"), id="timeout"),
+    pytest.param("api-403", (1, "the API server answered HTTP 403 Forbidden"), id="api-403"),
+    pytest.param(RuntimeError("a bug"), (1, None), id="bug-keeps-its-traceback"),
+])
+def test_the_error_boundary_maps_each_failure_to_a_code_and_a_line(
+        error: Exception | str, expected: tuple[int, str | None]) -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from gpusteward.cli import failure
+
+    if error == "api-403":  # kubernetes-asyncio's exception for a non-2xx answer
+        error = ApiException(status=403, reason="Forbidden")
+    assert failure(error) == expected  # type: ignore[arg-type]
