@@ -1,6 +1,9 @@
 """The `gpusteward` command: one console script, one subcommand per app.
 
-Bad flags or an invalid policy exit 2 naming every problem; nothing starts half-configured.
+Exit codes: 0 ok; 1 a runtime failure (an API server or port that does not answer); 2 a usage
+error (bad flags or variables, an invalid policy naming every problem, no kubeconfig);
+`report` only: 3 the report was written but telemetry was unavailable. Every failure a user
+can cause is one line on stderr; nothing starts half-configured.
 """
 
 from __future__ import annotations
@@ -14,19 +17,25 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import aiohttp
+
+from gpusteward.adapters import buildinfo
 from gpusteward.adapters.connectflags import (
+    EnvParser,
     add_connection_flags,
     add_kube_flags,
     prometheus_connection,
 )
-from gpusteward.adapters.errors import PrometheusSettingsError
+from gpusteward.adapters.errors import AdapterError, SettingsError
+from gpusteward.adapters.logs import add_log_flags, configure
 from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.policy import Policy, PolicyError, load_policy
 
 if TYPE_CHECKING:
     from gpusteward.adapters.promconnection import PrometheusConnection
 
-EXIT_USAGE = 2
+EXIT_RUNTIME, EXIT_USAGE = 1, 2
+log = logging.getLogger("gpusteward")
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -42,18 +51,27 @@ def _positive_mb(text: str) -> int:
     return int(text)
 
 
+def _lease_seconds(text: str) -> int:
+    # client-go's rule: the renew deadline (2/3 of it) must exceed 1.2 retry periods (>= 1 s)
+    if not text.isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds >= 2, got {text!r}")
+    return int(text)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     add_connection_flags(p)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpusteward", description=__doc__)
+    parser = EnvParser(prog="gpusteward", description=__doc__)
+    parser.add_argument("--version", action="version",
+                        version=f"gpusteward {buildinfo.version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ext = sub.add_parser("extender", help="serve the kube-scheduler HTTP extender")
-    ext.add_argument("--policy", required=True, help="policy YAML file")
-    ext.add_argument("--listen", type=_hostport, default=("0.0.0.0", 8888), metavar="HOST:PORT")
+    ext.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file")
+    ext.add_argument("--listen", type=_hostport, default="0.0.0.0:8888", metavar="HOST:PORT",
+                     help="address the scheduler calls")
     ext.add_argument("--max-body-mb", type=_positive_mb, default=32,
                      help="largest request body accepted (full-node mode sends whole Nodes; "
                      "docs/operations.md sizes it from the fleet)")
@@ -68,16 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     _common(ext)
 
     rec = sub.add_parser("reclaimer", help="reclaim GPUs that pods hold idle")
-    rec.add_argument("--policy", help="policy YAML file (required unless restoring)")
+    rec.add_argument("--policy", metavar="FILE",
+                     help="policy YAML file (required unless restoring)")
     rec.add_argument("--mode", choices=["observe", "warn", "enforce"],
                      help="override the policy's reclaim.mode")
     rec.add_argument("--once", action="store_true", help="run one cycle and exit (no Lease)")
-    rec.add_argument("--metrics-listen", type=_hostport, default=("0.0.0.0", 9090),
+    rec.add_argument("--metrics-listen", type=_hostport, default="0.0.0.0:8080",
                      metavar="HOST:PORT", help="/healthz and /metrics")
     rec.add_argument("--lease-namespace", help="namespace of the leader-election Lease "
                      "(default: the pod's namespace, else $POD_NAMESPACE, else default)")
-    rec.add_argument("--lease-name", default="gpusteward-reclaimer")
-    rec.add_argument("--lease-duration", type=int, default=15, metavar="SECONDS",
+    rec.add_argument("--lease-name", default="gpusteward-reclaimer",
+                     help="the leader-election Lease (its ConfigMap <name>-reclaims keeps the "
+                          "last hour's reclaims)")
+    rec.add_argument("--lease-duration", type=_lease_seconds, default=15, metavar="SECONDS",
                      help="a standby takes over this long after the leader stops renewing")
     _common(rec)
     rec_sub = rec.add_subparsers(dest="reclaimer_command")
@@ -88,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     pol = sub.add_parser("policy", help="policy file tools")
     pol_sub = pol.add_subparsers(dest="policy_command", required=True)
     check = pol_sub.add_parser("check", help="validate a policy file (exit 0 valid, 2 invalid)")
-    check.add_argument("file")
+    check.add_argument("file", help="the policy YAML file")
     pol_sub.add_parser("schema", help="print the policy's JSON Schema (deploy/policy.schema.json)")
 
     from gpusteward.agent.cli import add_agent_parser
@@ -98,7 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
     add_agent_parser(sub)
     add_sandbox_parser(sub)
+    for leaf in _leaves(parser):
+        if not any("--log-level" in a.option_strings for a in leaf._actions):
+            add_log_flags(leaf)
     return parser
+
+
+def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers that end a command line (extender, policy check, sandbox up, ...)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [parser]
+    below = [leaf for child in subs[0].choices.values() for leaf in _leaves(child)]
+    # `reclaimer` runs alone too (its `restore` is optional)
+    return below if subs[0].required else [parser, *below]
 
 
 def _load(path: str) -> Policy:
@@ -110,23 +144,46 @@ def _load(path: str) -> Policy:
 
 
 def _prometheus(args: argparse.Namespace, policy: Policy) -> PrometheusConnection | None:
-    try:
-        return prometheus_connection(args, policy.telemetry.prometheus_url, os.environ)
-    except PrometheusSettingsError as e:
-        print(f"gpusteward {args.command}: {e}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from e
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    return prometheus_connection(args, policy.telemetry.prometheus_url, os.environ)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure(args.log_level, args.log_format)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # the one place a failure becomes a line and an exit code
+        code, line = failure(e)
+        if line is None:
+            log.exception("gpusteward %s failed unexpectedly (a bug; please report it)",
+                          args.command)
+            return code
+        print(f"gpusteward {args.command}: {line}", file=sys.stderr)
+        return code
+
+
+def failure(e: Exception) -> tuple[int, str | None]:
+    """Exit code and line for an error that ended a command (line None: a bug)."""
+    if isinstance(e, SettingsError):
+        return EXIT_USAGE, str(e)
+    if isinstance(e, AdapterError):
+        return EXIT_RUNTIME, str(e)
+    if isinstance(e, aiohttp.ClientError):
+        # the Kubernetes client is the commands' only aiohttp client (Prometheus: requests)
+        return EXIT_RUNTIME, f"cannot reach the API server: {e or type(e).__name__}"
+    if isinstance(e, OSError):  # TimeoutError too
+        where = f"{e.filename}: " if e.filename else ""
+        return EXIT_RUNTIME, where + (e.strerror or str(e) or type(e).__name__)
+    from kubernetes_asyncio.client.exceptions import ApiException  # loaded on failure only
+
+    if isinstance(e, ApiException):
+        return EXIT_RUNTIME, f"the API server answered HTTP {e.status} {e.reason}"
+    return EXIT_RUNTIME, None
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "policy":
         if args.policy_command == "schema":
             from gpusteward.core.policyschema import policy_schema
@@ -138,7 +195,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "extender":
         policy = _load(args.policy)
-        _setup_logging(args.log_level)
         from gpusteward.extender.serve import serve
 
         return asyncio.run(serve(policy, args, _prometheus(args, policy)))
@@ -162,7 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _reclaimer(args: argparse.Namespace) -> int:
     from gpusteward.reclaimer import serve
 
-    _setup_logging(getattr(args, "log_level", "info"))
     if args.reclaimer_command == "restore":
         return asyncio.run(serve.restore(args))
     if not args.policy:

@@ -216,7 +216,12 @@ async def list_raw(api: client.ApiClient, path: str, page_size: int = 500,
         params: list[tuple[str, Any]] = [("limit", page_size), *selectors]
         if token:
             params.append(("continue", token))
-        resp = await raw_get(api, path, params, timeout=60)
+        try:
+            resp = await raw_get(api, path, params, timeout=60)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            # gather()ed lists fail in any order: the message names the server, not the path
+            raise KubeError(f"cannot reach the API server at {api.configuration.host}: "
+                            f"{e or type(e).__name__}") from e
         async with resp:
             body = await resp.read()
             if resp.status != 200:

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpusteward.adapters import buildinfo
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import connect
 from gpusteward.agent.collect import AgentView, collect, shared, unavailable_view
@@ -37,6 +38,7 @@ log = logging.getLogger("gpusteward.agent")
 
 CONTENT_TYPE = "text/plain"  # aiohttp adds the charset; version below
 EXPOSITION_VERSION = "0.0.4"
+BUILD_INFO = buildinfo.exposition()
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ async def _collector(app: web.Application) -> AsyncIterator[None]:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = request.app[EXPORTED].text
+    text = request.app[EXPORTED].text + BUILD_INFO
     return web.Response(
         text=text, content_type=CONTENT_TYPE, headers={"X-Exposition-Version": EXPOSITION_VERSION}
     )

@@ -1,7 +1,7 @@
 """``gpusteward agent``: flags, the missing-driver decision, and serving.
 
 Wired into the main command by ``gpusteward.cli`` through ``add_agent_parser`` and
-``run_agent``; ``main(argv)`` runs it alone.
+``run_agent``.
 """
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import sys
-from collections.abc import Sequence
 
 from aiohttp import web
 
+from gpusteward.adapters.errors import ListenError, SettingsError
+from gpusteward.adapters.logs import add_log_flags
 from gpusteward.agent.app import AgentDeps, AgentSettings, create_app
 from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
 from gpusteward.agent.podresources import DEFAULT_SOCKET
@@ -22,11 +21,10 @@ from gpusteward.core.addresses import parse_hostport
 
 log = logging.getLogger("gpusteward.agent")
 
-EXIT_USAGE = 2
 EXIT_NO_DRIVER = 1
 ON_MISSING_DRIVER = ("exit", "serve-error")
 
-__all__ = ["add_agent_parser", "main", "run_agent"]
+__all__ = ["add_agent_parser", "run_agent"]
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -50,9 +48,9 @@ def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p = subparsers.add_parser(
         "agent", help="serve dcgm-exporter-compatible GPU metrics read through NVML (per node)"
     )
-    p.add_argument("--listen", type=_hostport, default=("0.0.0.0", 9400), metavar="HOST:PORT",
-                   help="/metrics and /healthz (default 0.0.0.0:9400, dcgm-exporter's port)")
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+    p.add_argument("--listen", type=_hostport, default="0.0.0.0:9400", metavar="HOST:PORT",
+                   help="/metrics and /healthz (9400 is dcgm-exporter's port)")
+    p.add_argument("--node-name",
                    help="value of the Hostname label (default $NODE_NAME; required)")
     p.add_argument("--interval", type=_seconds, default=15.0, metavar="SECONDS",
                    help="seconds between NVML reads (default 15)")
@@ -68,17 +66,14 @@ def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--on-missing-driver", choices=ON_MISSING_DRIVER, default="exit",
                    help="no NVML library or driver: exit non-zero (default) or keep serving "
                         "gpusteward_agent_nvml_up 0 and retry every interval")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_log_flags(p)
     return p
 
 
 def run_agent(args: argparse.Namespace) -> int:
     if not args.node_name:
-        print("gpusteward agent: --node-name or $NODE_NAME is required "
-              "(the Hostname label must be the Kubernetes node name)", file=sys.stderr)
-        return EXIT_USAGE
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        raise SettingsError("--node-name or $NODE_NAME is required "
+                            "(the Hostname label must be the Kubernetes node name)")
     reader = NvmlReader(xid_hold=args.xid_hold)
     try:
         asyncio.run(reader.start())
@@ -92,17 +87,9 @@ def run_agent(args: argparse.Namespace) -> int:
                              pod_resources_socket=args.pod_resources_socket,
                              kube_api=args.kube_api == "auto", kubeconfig=args.kubeconfig)
     host, port = args.listen
-    web.run_app(create_app(settings, AgentDeps(nvml=reader)), host=host, port=port,
-                print=None, access_log=None)
+    try:
+        web.run_app(create_app(settings, AgentDeps(nvml=reader)), host=host, port=port,
+                    print=None, access_log=None)
+    except OSError as e:
+        raise ListenError(host, port, e) from e
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpusteward")
-    add_agent_parser(parser.add_subparsers(dest="command", required=True))
-    args = sys.argv[1:] if argv is None else list(argv)
-    return run_agent(parser.parse_args(["agent", *args]))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpusteward.adapters import buildinfo
+
 # Server-side latency targets are in milliseconds (DESIGN.md: p99 <= 2 ms at 5,000 nodes).
 _BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0)
 
@@ -12,6 +14,7 @@ class ExtenderMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        buildinfo.register(r)
         self.latency = Histogram(
             "gpusteward_extender_request_duration_seconds",
             "Server-side time to answer a scheduler call.",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -16,7 +17,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-from gpusteward.adapters.errors import KubeConfigError
+from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
@@ -34,14 +35,22 @@ async def serve(policy: Policy, args: argparse.Namespace,
                 prometheus: PrometheusConnection | None) -> int:
     try:
         tls = server_tls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
-    except (OSError, ssl.SSLError, ValueError) as e:
-        log.error("TLS: %s", e)
-        return 2
-    try:
-        api = await connect(args.kubeconfig, args.context)
-    except KubeConfigError as e:
-        log.error("%s", e)
-        return 2
+    except ValueError as e:
+        raise SettingsError(f"TLS: {e}") from e
+    except OSError as e:  # ssl.SSLError too; neither names the file
+        files = ", ".join(f for f in (args.tls_cert_file, args.tls_key_file,
+                                      args.tls_client_ca_file) if f)
+        raise SettingsError(f"TLS: cannot load {files}: {e.strerror or e}") from e
+    api = await connect(args.kubeconfig, args.context)
+    async with contextlib.AsyncExitStack() as stack:
+        # Whatever fails below (a busy port) still stops the watches and closes the client.
+        stack.push_async_callback(api.close)
+        return await _serve(policy, args, prometheus, api, tls, stack)
+
+
+async def _serve(policy: Policy, args: argparse.Namespace,
+                 prometheus: PrometheusConnection | None, api: Any, tls: ssl.SSLContext | None,
+                 stack: contextlib.AsyncExitStack) -> int:
     fleet = FleetStore()
     view = PlacementView(policy, fleet)
     telemetry = None
@@ -58,17 +67,19 @@ async def serve(policy: Policy, args: argparse.Namespace,
                                              body_budget_bytes=3 * max_body))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
+    stack.push_async_callback(runner.cleanup)
     host, port = args.listen
     listener = await listen(runner, extender, host, port, tls, Transport())
-    reloader = None
+    stack.push_async_callback(listener.close)
     if tls is not None:
         reloader = asyncio.create_task(
             CertificateReloader(tls, args.tls_cert_file, args.tls_key_file).run())
-    metrics_runner = None
+        stack.callback(reloader.cancel)
     if args.metrics_listen:
         metrics_runner = web.AppRunner(create_metrics_app(extender), access_log=None)
         await metrics_runner.setup()
-        await web.TCPSite(metrics_runner, *args.metrics_listen).start()
+        stack.push_async_callback(metrics_runner.cleanup)
+        await start_site(web.TCPSite(metrics_runner, *args.metrics_listen), *args.metrics_listen)
         log.info("metrics and probes on %s:%d", *args.metrics_listen)
     log.info("extender listening on %s:%d (%s; prometheus: %s)", host, port,
              "TLS" + (" with client certificates" if args.tls_client_ca_file else "")
@@ -79,14 +90,14 @@ async def serve(policy: Policy, args: argparse.Namespace,
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("shutting down")
-    if reloader is not None:
-        reloader.cancel()
-    await listener.close()
-    await runner.cleanup()
-    if metrics_runner is not None:
-        await metrics_runner.cleanup()
-    await api.close()
     return 0
+
+
+async def start_site(site: web.TCPSite, host: str, port: int) -> None:
+    try:
+        await site.start()
+    except OSError as e:
+        raise ListenError(host, port, e) from e
 
 
 def server_tls(cert: str | None, key: str | None, client_ca: str | None) -> ssl.SSLContext | None:
@@ -206,7 +217,10 @@ async def listen(runner: web.AppRunner, extender: Extender, host: str, port: int
                             max_connections=transport.max_connections,
                             request_timeout=transport.request_timeout,
                             on_close=lambda reason: closed.labels(reason).inc())
-    server = await asyncio.get_running_loop().create_server(
-        guard, host, port, ssl=tls, backlog=transport.backlog,
-        ssl_handshake_timeout=transport.request_timeout if tls else None)
+    try:
+        server = await asyncio.get_running_loop().create_server(
+            guard, host, port, ssl=tls, backlog=transport.backlog,
+            ssl_handshake_timeout=transport.request_timeout if tls else None)
+    except OSError as e:
+        raise ListenError(host, port, e) from e
     return Listener(server, guard, asyncio.create_task(guard.run()))

@@ -7,6 +7,7 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpusteward.adapters import buildinfo
 from gpusteward.core.reclaim.model import RECLAIM_AT, Plan, Snapshot
 from gpusteward.core.reclaim.quota import team
 from gpusteward.core.sharing import physical
@@ -15,6 +16,7 @@ from gpusteward.core.sharing import physical
 class ReclaimerMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        buildinfo.register(r)
         self.gpus = Gauge("gpusteward_gpus", "Physical GPUs held by running pods (a MIG slice or a "
                           "time-sliced replica counts as its share of the card), by team, card "
                           "and state (allocated; of those idle, unknown: no evidence either way).",

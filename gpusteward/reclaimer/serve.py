@@ -18,7 +18,7 @@ from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpusteward.adapters.actor import Actor
-from gpusteward.adapters.errors import KubeConfigError
+from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import connect
 from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.promconnection import PrometheusConnection
@@ -49,11 +49,7 @@ async def serve(policy: Policy, args: argparse.Namespace,
         log.error("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the policy's "
                   "telemetry.prometheusUrl): the reclaimer never acts without telemetry")
         return 2
-    try:
-        api = await connect(args.kubeconfig, args.context)
-    except KubeConfigError as e:
-        log.error("%s", e)
-        return 2
+    api = await connect(args.kubeconfig, args.context)
     source = PrometheusSource(prometheus, policy.telemetry, policy.health)
     reclaimer = Reclaimer(policy, args.mode or policy.reclaim.mode,
                           SnapshotReader(api, source, policy),
@@ -75,7 +71,11 @@ async def _serve_forever(reclaimer: Reclaimer, api, args: argparse.Namespace) ->
     runner = web.AppRunner(_metrics_app(reclaimer), access_log=None)
     await runner.setup()
     host, port = args.metrics_listen
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as e:
+        await runner.cleanup()
+        raise ListenError(host, port, e) from e
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -127,14 +127,9 @@ async def restore(args: argparse.Namespace) -> int:
     try:
         namespace, kind, name = args.target.split("/")
     except ValueError:
-        log.error("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or Job), got %r",
-                  args.target)
-        return 2
-    try:
-        api = await connect(args.kubeconfig, args.context)
-    except KubeConfigError as e:
-        log.error("%s", e)
-        return 2
+        raise SettingsError("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or "
+                            f"Job), got {args.target!r}") from None
+    api = await connect(args.kubeconfig, args.context)
     try:
         print(await Actor(api, 30).restore(namespace, kind, name))
         return 0

@@ -6,8 +6,9 @@
                       [--kubeconfig FILE] [--context NAME] [--prometheus-url URL]
                       [--prometheus-ca-file FILE] [--prometheus-bearer-token-file FILE] ...
 
-Exit 0 with a report (usage shown as unknown when Prometheus cannot answer), 2 for bad flags, an
-invalid policy, no kubeconfig or no Prometheus URL.
+Exit 0 with a report; 3 with the report written but telemetry unavailable (usage shown as
+unknown), so a cron job can tell a failed report from an empty one; 1 when the API server does
+not answer; 2 for bad flags, an invalid policy, no kubeconfig or no Prometheus URL.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from gpusteward.adapters.connectflags import add_connection_flags, prometheus_connection
-from gpusteward.adapters.errors import PrometheusSettingsError
+from gpusteward.adapters.errors import SettingsError
 from gpusteward.core.policy import Policy, PolicyError, load_policy, parse_policy
 from gpusteward.core.report.model import DIMENSIONS
 from gpusteward.core.typedconfig import Duration
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from gpusteward.adapters.promconnection import PrometheusConnection
 
 EXIT_USAGE = 2
+EXIT_NO_TELEMETRY = 3
 MAX_SLOTS = 2_000  # default step: the window in at most this many slots
 
 
@@ -43,19 +45,32 @@ def _duration(text: str) -> float:
     return float(int(seconds))
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("report", help="allocated vs actually used GPUs, idle cost, queue")
-    p.add_argument("--policy", help="policy YAML file (default: the built-in defaults)")
-    p.add_argument("--window", type=_duration, default=86400.0, metavar="DURATION",
-                   help="how far back to look, e.g. 6h, 24h, 7d (default 24h)")
+    p.add_argument("--policy", metavar="FILE",
+                   help="policy YAML file (default: the built-in defaults)")
+    p.add_argument("--window", type=_duration, default="24h", metavar="DURATION",
+                   help="how far back to look, e.g. 6h, 24h, 7d")
     p.add_argument("--step", type=_duration, metavar="DURATION",
                    help="resolution of the utilization samples (default: the scrape interval, "
                    f"or coarser to keep the window within {MAX_SLOTS} slots)")
-    p.add_argument("--by", choices=DIMENSIONS, default="team", help="group rows by (team)")
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--by", choices=DIMENSIONS, default="team", help="group rows by")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                   help="what is written to stdout")
     p.add_argument("--html", type=Path, metavar="FILE",
                    help="also write a self-contained HTML report with charts")
-    p.add_argument("--top", type=int, default=10, help="how many idle pods to list (10)")
+    p.add_argument("--top", type=_count, default=10, metavar="N",
+                   help="how many idle pods to list")
     add_connection_flags(p)
     return p
 
@@ -73,21 +88,15 @@ def run_report(args: argparse.Namespace) -> int:
     except PolicyError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
-    try:
-        prometheus = prometheus_connection(args, policy.telemetry.prometheus_url, os.environ)
-    except PrometheusSettingsError as e:
-        print(f"gpusteward report: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    prometheus = prometheus_connection(args, policy.telemetry.prometheus_url, os.environ)
     if prometheus is None:
-        print("gpusteward report: no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the "
-              "policy's telemetry.prometheusUrl)", file=sys.stderr)
-        return EXIT_USAGE
+        raise SettingsError("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the "
+                            "policy's telemetry.prometheusUrl)")
     return asyncio.run(_report(args, policy, prometheus))
 
 
 async def _report(args: argparse.Namespace, policy: Policy,
                   prometheus: PrometheusConnection) -> int:
-    from gpusteward.adapters.errors import AdapterError
     from gpusteward.adapters.kube import connect
     from gpusteward.adapters.prometheus import PrometheusSource
     from gpusteward.adapters.snapshot import SnapshotReader
@@ -96,11 +105,7 @@ async def _report(args: argparse.Namespace, policy: Policy,
     from gpusteward.report import render
     from gpusteward.report.html import to_html
 
-    try:
-        api = await connect(args.kubeconfig, args.context)
-    except AdapterError as e:
-        print(f"gpusteward report: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    api = await connect(args.kubeconfig, args.context)
     source = PrometheusSource(prometheus, policy.telemetry, policy.health)
     reader = UsageReader(SnapshotReader(api, source, policy), source, policy)
     progress = ProgressLine(sys.stderr)
@@ -108,9 +113,6 @@ async def _report(args: argparse.Namespace, policy: Policy,
         async with progress:
             inp = await reader.read(args.window, step_for(args.window, args.step, policy),
                                     progress.update)
-    except AdapterError as e:
-        print(f"gpusteward report: {e}", file=sys.stderr)
-        return 1
     finally:
         await api.close()
     report = build_report(inp, policy, by=args.by, top=args.top)
@@ -119,6 +121,10 @@ async def _report(args: argparse.Namespace, policy: Policy,
     if args.html:
         args.html.write_text(to_html(report))
         print(f"gpusteward report: wrote {args.html}", file=sys.stderr)
+    if not report.telemetry_ok:
+        print(f"gpusteward report: telemetry unavailable, usage shown as unknown: "
+              f"{report.telemetry_problem}", file=sys.stderr)
+        return EXIT_NO_TELEMETRY
     return 0
 
 

@@ -42,7 +42,7 @@ def free_port() -> int:
 
 
 def agent(*flags: str) -> list[str]:
-    return [sys.executable, "-m", "gpusteward.agent.cli", "--node-name", "gpu-node-1", *flags]
+    return [sys.executable, "-m", "gpusteward", "agent", "--node-name", "gpu-node-1", *flags]
 
 
 @contextmanager
@@ -108,7 +108,7 @@ def test_an_older_library_without_a_v3_symbol_is_a_mismatch_not_a_crash(
 
 def test_without_a_node_name_the_agent_refuses_to_start(tmp_path: Path) -> None:
     env = agent_env(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "gpusteward.agent.cli"], env=env,
+    done = subprocess.run([sys.executable, "-m", "gpusteward", "agent"], env=env,
                           capture_output=True, text=True, timeout=60)
 
     assert done.returncode == 2

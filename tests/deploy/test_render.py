@@ -107,6 +107,10 @@ def test_extender_and_reclaimer_run_two_replicas_with_probes_and_the_lease(
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     args = reclaimer["template"]["spec"]["containers"][0]["args"]
     assert "--lease-namespace=$(POD_NAMESPACE)" in args
+    # its metrics port is not Prometheus's own 9090 (a port-forward to both would clash)
+    assert "--metrics-listen=0.0.0.0:8080" in args
+    assert reclaimer["template"]["spec"]["containers"][0]["ports"] == [
+        {"name": "metrics", "containerPort": 8080}]
     env = reclaimer["template"]["spec"]["containers"][0]["env"]
     assert {"name": "POD_NAMESPACE",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in env

@@ -48,8 +48,10 @@ def test_the_report_reads_the_context_named_from_a_kubeconfig_path_list(
     picked = gpusteward(kubeconfig_list, sandbox, *flags, "--context=sandbox")
     direct = gpusteward(str(sandbox.kubeconfig), sandbox, *flags)
 
-    assert picked.returncode == 0, picked.stderr
-    assert direct.returncode == 0, direct.stderr
+    # 3: written, but Prometheus has no GPU samples yet (a sandbox just started); the fleet
+    # below comes from the API server either way
+    assert picked.returncode in (0, 3), picked.stderr
+    assert direct.returncode in (0, 3), direct.stderr
     fleet = json.loads(picked.stdout)["totals"]["allocatable"]
     assert fleet > 0
     assert fleet == json.loads(direct.stdout)["totals"]["allocatable"]

@@ -8,7 +8,9 @@ report is taken, so every figure is exact: GPU-hours are GPUs x 20 s.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -73,3 +75,20 @@ def test_the_html_report_renders_its_charts_in_headless_chromium(workload, tmp_p
         assert bad not in dom
     assert shot.stat().st_size > 10_000
     print(f"\nHTML report screenshot: {shot}")
+
+
+def test_a_report_without_telemetry_is_written_and_exits_3(sandbox, tmp_path):
+    """A cron job or CSV export tells a failed report from an empty one by the exit code
+    (docs/report.md): Prometheus down, the real API server up."""
+    with socket.socket() as s:  # a port nothing listens on: Prometheus down
+        s.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{s.getsockname()[1]}"
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusteward", "report", "--format=csv", "--window=60s",
+         f"--kubeconfig={sandbox.kubeconfig}", f"--prometheus-url={down}"],
+        capture_output=True, text=True, timeout=180)
+    assert out.returncode == 3, out.stderr
+    assert out.stdout.splitlines()[0].startswith("team,allocatable,allocated,used,idle")
+    assert out.stderr.splitlines()[-1].startswith(
+        f"gpusteward report: telemetry unavailable, usage shown as unknown: prometheus at "
+        f"{down}: unreachable: ")

@@ -1,0 +1,33 @@
+"""Which gpusteward runs: the installed distribution's version, for ``--version`` and the
+``gpusteward_build_info`` metric every component serves (as kube-state-metrics and
+dcgm-exporter serve theirs), so a dashboard can tell a rollout half done."""
+
+from __future__ import annotations
+
+import platform
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as distribution_version
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+NAME = "gpusteward_build_info"
+HELP = "Always 1; the labels say which gpusteward version and Python run."
+
+
+def version() -> str:
+    try:
+        return distribution_version("gpusteward")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def register(registry: CollectorRegistry) -> None:
+    Gauge(NAME, HELP, ["version", "python_version"], registry=registry).labels(
+        version(), platform.python_version()).set(1)
+
+
+def exposition() -> str:
+    """The metric alone in the text format, for an app that renders its own ``/metrics``."""
+    registry = CollectorRegistry()
+    register(registry)
+    return generate_latest(registry).decode()
