@@ -178,8 +178,9 @@ def _shared_fleet(honor: bool) -> dict[str, str]:
         _scraped("DCGM_FI_PROF_GR_ENGINE_ACTIVE", busy, honor, node="a100-0"): "0.6+0x60",
         _scraped("DCGM_FI_DEV_GPU_UTIL", busy, honor, node="a100-0"): "0+0x60",
         _scraped("DCGM_FI_PROF_GR_ENGINE_ACTIVE", idle, honor, node="a100-0"): "0.01+0x60",
-        _scraped("DCGM_FI_DEV_GPU_UTIL", held("a30-0", 0, "single"), honor,
-                 node="a30-0"): "50+0x60",
+        # Single strategy: the instance is labelled the same way, only the resource differs.
+        _scraped("DCGM_FI_PROF_GR_ENGINE_ACTIVE", held("a30-0", 0, "single", ("1g.6gb", "3")),
+                 honor, node="a30-0"): "0.5+0x60",
         # Time-sliced: one series per physical GPU, named after one pod holding a replica.
         _scraped("DCGM_FI_DEV_GPU_UTIL", held("t4-0", 0, "ts-busy"), honor, node="t4-0"):
             "70+0x60",
