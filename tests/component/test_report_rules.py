@@ -1,16 +1,23 @@
 """The report's recording rules: promtool accepts them, and on a known fleet they compute the
 same figures the report does (allocated / used / idle / unknown GPUs by team and card), from
-series stored as a Prometheus Operator ServiceMonitor stores them, in both honorLabels modes."""
+series stored as a Prometheus Operator ServiceMonitor stores them, in both honorLabels modes;
+MIG (mixed and single strategy) and time-sliced nodes counted in physical GPUs as the report
+counts them (gpusteward/core/sharing.py)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gpusteward.core.cards import PRODUCT_LABEL
+from gpusteward.core.model import Node
+from gpusteward.core.sharing import REPLICAS_LABEL, node_physical_gpus, physical
 from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER
 from tests.support.prometheus import stored_labels
 
@@ -85,12 +92,17 @@ def test_the_rules_compute_the_reports_figures_on_a_known_fleet(tmp_path, metric
         _scraped("gpusteward_pod_gpu_util", _gpu(3, "sa"), honor, AGENT): "60+0x60",
         _scraped("gpusteward_pod_gpu_util", _gpu(3, "sb"), honor, AGENT): "0+0x60",
     }
+    _promtool_test(tmp_path, series, _labels(metric, labels), _labels(metric, labels), value)
+
+
+def _promtool_test(tmp_path: Path, series: Mapping[str, str], expr: str, labels: str,
+                   value: float) -> None:
+    """Evaluate `expr` 40 minutes into 1m samples of `series`: one sample, `labels`, `value`."""
     test = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
         "input_series": [{"series": k, "values": v} for k, v in series.items()],
-        "promql_expr_test": [{"expr": _labels(metric, labels), "eval_time": "40m",
-                              "exp_samples": [{"labels": _labels(metric, labels),
-                                               "value": value}]}]}]}
+        "promql_expr_test": [{"expr": expr, "eval_time": "40m",
+                              "exp_samples": [{"labels": labels, "value": value}]}]}]}
     path = tmp_path / "test.yaml"
     path.write_text(yaml.safe_dump(test))
     out = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True,
@@ -101,3 +113,114 @@ def test_the_rules_compute_the_reports_figures_on_a_known_fleet(tmp_path, metric
 def _labels(metric: str, labels: dict[str, str]) -> str:
     inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
     return f"{metric}{{{inner}}}"
+
+
+# MIG and time-slicing. Node labels and allocatable as GFD and the device plugin publish them
+# (k8s-device-plugin internal/lm/resource.go, mig-strategy.go: the -MIG-<profile> and -SHARED
+# product suffixes, nvidia.com/gpu.replicas, 0 on MIG-enabled GPUs, nvidia.com/gpu.shared with
+# renameByDefault), as kube-state-metrics exports them: resource names through its
+# sanitizeLabelName, every character outside [a-zA-Z0-9_] an underscore, unit "integer" for an
+# extended resource (internal/store/pod.go, node.go), node labels as label_<sanitized name>.
+A100 = "NVIDIA-A100-SXM4-80GB"
+A30_SINGLE = "NVIDIA-A30-MIG-1g.6gb"
+T4_SHARED = "Tesla-T4-SHARED"
+L4 = "NVIDIA-L4"
+NODES = {n.name: n for n in (
+    Node("a100-0", A100, 9, {PRODUCT_LABEL: A100, REPLICAS_LABEL: "0"},  # MIG mixed
+         resources={"nvidia.com/mig-1g.10gb": 7, "nvidia.com/mig-3g.40gb": 2}),
+    Node("a30-0", A30_SINGLE, 4, {PRODUCT_LABEL: A30_SINGLE}),  # MIG single: 4 x 1g of 4 slices
+    Node("t4-0", T4_SHARED, 8, {PRODUCT_LABEL: T4_SHARED, REPLICAS_LABEL: "4"}),  # 2 GPUs x 4
+    Node("l4-0", L4, 12, {PRODUCT_LABEL: L4, REPLICAS_LABEL: "12"},  # renamed, 2-digit replicas
+         resources={"nvidia.com/gpu.shared": 12}),
+)}
+# (namespace, name, node, request, team)
+PODS = [
+    ("ml", "mig-busy", "a100-0", {"nvidia.com/mig-3g.40gb": 1}, "mig"),
+    ("ml", "mig-idle", "a100-0", {"nvidia.com/mig-1g.10gb": 1}, "mig"),
+    ("ml", "single", "a30-0", {"nvidia.com/gpu": 1}, "single"),
+    ("ml", "ts-busy", "t4-0", {"nvidia.com/gpu": 1}, "ts"),
+    ("ml", "ts-idle", "t4-0", {"nvidia.com/gpu": 1}, "ts"),
+    ("ml", "l4", "l4-0", {"nvidia.com/gpu.shared": 3}, "renamed"),
+]
+
+
+def _ksm(resource: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", resource)
+
+
+def _shared_fleet(honor: bool) -> dict[str, str]:
+    series: dict[str, str] = {}
+    for n in NODES.values():
+        labels = ",".join(f'label_{_ksm(k)}="{v}"' for k, v in sorted(n.labels.items()))
+        series[f'kube_node_labels{{node="{n.name}",{labels}}}'] = "1+0x60"
+        for resource, count in (n.resources or {"nvidia.com/gpu": n.gpus}).items():
+            series[f'kube_node_status_allocatable{{node="{n.name}",resource="{_ksm(resource)}",'
+                   f'unit="integer"}}'] = f"{count}+0x60"
+    for ns, name, node, request, team in PODS:
+        sel = f'namespace="{ns}",pod="{name}"'
+        for resource, count in request.items():
+            series[f'kube_pod_container_resource_requests{{{sel},node="{node}",'
+                   f'resource="{_ksm(resource)}",unit="integer",container="main"}}'] = \
+                f"{count}+0x60"
+        series[f'kube_pod_status_phase{{{sel},phase="Running"}}'] = "1+0x60"
+        series[f'kube_pod_labels{{{sel},label_gpusteward_io_team="{team}"}}'] = "1+0x60"
+
+    def held(node: str, index: int, pod: str, mig: tuple[str, str] | None = None):
+        instance = [("GPU_I_PROFILE", mig[0]), ("GPU_I_ID", mig[1])] if mig else []
+        return [("gpu", str(index)), ("UUID", f"GPU-{node}-{index}"), *instance,
+                ("Hostname", node), ("container", "main"), ("namespace", "ml"), ("pod", pod)]
+
+    busy, idle = held("a100-0", 1, "mig-busy", ("3g.40gb", "1")), \
+        held("a100-0", 0, "mig-idle", ("1g.10gb", "7"))
+    series.update({
+        # A MIG instance: engine activity is its reading; this exporter prints GPU_UTIL 0 for
+        # the busy one (NVIDIA/dcgm-exporter#216) and none for the idle one (#50).
+        _scraped("DCGM_FI_PROF_GR_ENGINE_ACTIVE", busy, honor, node="a100-0"): "0.6+0x60",
+        _scraped("DCGM_FI_DEV_GPU_UTIL", busy, honor, node="a100-0"): "0+0x60",
+        _scraped("DCGM_FI_PROF_GR_ENGINE_ACTIVE", idle, honor, node="a100-0"): "0.01+0x60",
+        # Single strategy: the instance is labelled the same way, only the resource differs.
+        _scraped("DCGM_FI_PROF_GR_ENGINE_ACTIVE", held("a30-0", 0, "single", ("1g.6gb", "3")),
+                 honor, node="a30-0"): "0.5+0x60",
+        # Time-sliced: one series per physical GPU, named after one pod holding a replica.
+        _scraped("DCGM_FI_DEV_GPU_UTIL", held("t4-0", 0, "ts-busy"), honor, node="t4-0"):
+            "70+0x60",
+        _scraped("DCGM_FI_DEV_GPU_UTIL", held("t4-0", 1, "ts-idle"), honor, node="t4-0"):
+            "0+0x60",
+    })
+    return series
+
+
+def _pod_gpus(*names: str) -> float:
+    """Physical GPUs of the pods as the report counts them (core/report/facts.py)."""
+    return sum(physical(request, sum(request.values()), NODES[node])
+               for _, name, node, request, _ in PODS if name in names)
+
+
+@pytest.mark.parametrize("honor", [pytest.param(False, id="honorLabels-false"),
+                                   pytest.param(True, id="honorLabels-true")])
+@pytest.mark.parametrize(("metric", "labels", "value"), [
+    *(pytest.param("gpusteward:card_gpus:allocatable", {"card": n.product},
+                   node_physical_gpus(n), id=f"allocatable-{n.name}") for n in NODES.values()),
+    pytest.param("gpusteward:team_gpus:allocated", {"team": "mig"},
+                 _pod_gpus("mig-busy", "mig-idle"), id="mig-allocated"),
+    # GPU_UTIL 0 must not hide its engine activity: the busy instance is used.
+    pytest.param("gpusteward:team_gpus:used", {"team": "mig"}, _pod_gpus("mig-busy"),
+                 id="mig-busy-used"),
+    pytest.param("gpusteward:team_gpus:idle", {"team": "mig"}, _pod_gpus("mig-idle"),
+                 id="mig-idle-idle"),
+    pytest.param("gpusteward:card_gpus:used", {"card": A30_SINGLE}, _pod_gpus("single"),
+                 id="mig-single-used"),
+    pytest.param("gpusteward:team_gpus:used", {"team": "ts"}, _pod_gpus("ts-busy"),
+                 id="time-sliced-used"),
+    pytest.param("gpusteward:team_gpus:idle", {"team": "ts"}, _pod_gpus("ts-idle"),
+                 id="time-sliced-idle"),
+    pytest.param("gpusteward:card_gpus:allocated", {"card": T4_SHARED},
+                 _pod_gpus("ts-busy", "ts-idle"), id="time-sliced-allocated"),
+    pytest.param("gpusteward:card_gpus:allocated", {"card": L4}, _pod_gpus("l4"),
+                 id="renamed-shared-allocated"),
+])
+def test_the_rules_count_mig_and_time_sliced_gpus_as_the_report_does(tmp_path, metric, labels,
+                                                                     value, honor):
+    assert 0 < value < 3  # fractions of GPUs: a count of units would differ
+    expr = f"abs({_labels(metric, labels)} - {value!r}) < bool 1e-9"
+    _promtool_test(tmp_path, _shared_fleet(honor), expr, _labels("", labels), 1)
