@@ -70,7 +70,7 @@ class SnapshotReader:
                      if p is not None)
         nodes = {n.name: n for n in (to_node(w, names) for w in _decode(nodes_raw, WireNode))}
         owned = dict(zip(WORKLOAD_PATHS, (_decode(w, Workload) for w in workloads), strict=True))
-        evidence, ok, problem = await self._evidence(pods, now)
+        evidence, ok, problem = await self.evidence(pods, now)
         return Snapshot(
             now=now, pods=pods, nodes=nodes, owners=resolve_owners(pods, owned),
             namespace_labels={n.metadata.name: n.metadata.labels or {}
@@ -85,7 +85,7 @@ class SnapshotReader:
         items, _ = await list_raw(self.api, path)
         return items
 
-    async def _evidence(self, pods: tuple[Pod, ...],
+    async def evidence(self, pods: tuple[Pod, ...],
                         now: float) -> tuple[dict[float, dict[str, Evidence]], bool, str]:
         needed = sorted(windows(self.policy, tuple(p for p in pods if p.node)))
         try:

@@ -73,6 +73,10 @@ class Pod(msgspec.Struct, frozen=True):
     tolerations: tuple[Toleration, ...] = ()
     unschedulable_since: float | None = None
     mirror: bool = False
+    # Set by the scheduler's preemption: the node it frees for this pending pod.
+    nominated_node: str | None = None
+    # The scheduler is preempting this pod (DisruptionTarget, reason PreemptionByScheduler).
+    preempted: bool = False
 
     @property
     def key(self) -> str:

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.core.model import Telemetry
-from gpusteward.extender import wire
+from gpusteward.extender import preempt, wire
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.extender.replies import Outcome, filter_reply, prioritize_reply
 from gpusteward.extender.view import PlacementView
@@ -46,6 +46,7 @@ class Extender:
     watches: Sequence[Watch] = ()
     refresh_seconds: float = 15.0
     metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
+    evidence: preempt.EvidenceSource | None = None  # per-pod idle evidence for /preempt
     last_ok: float = 0.0
 
     @property
@@ -83,6 +84,8 @@ def create_app(extender: Extender, *, max_body_bytes: int = 64 << 20) -> web.App
         web.get("/metrics", metrics),
     ])
     app.cleanup_ctx.append(_background)
+    preempt.install(app, extender.view.policy, extender.view.fleet, extender.evidence,
+                    extender.metrics)
     return app
 
 

@@ -13,6 +13,7 @@ from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import Policy
 from gpusteward.extender.app import Extender, create_app
@@ -30,14 +31,16 @@ async def serve(policy: Policy, args: argparse.Namespace,
         return 2
     fleet = FleetStore()
     view = PlacementView(policy, fleet)
-    telemetry = None
+    telemetry = evidence = None
     if prometheus:
         telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health)
+        evidence = SnapshotReader(api, telemetry, policy)  # the reclaimer's idle evidence
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")
     watches = [Watcher(api, fleet, kind, policy.resources) for kind in ("nodes", "pods")]
-    extender = Extender(view, telemetry, watches, float(policy.telemetry.refresh))
+    extender = Extender(view, telemetry, watches, float(policy.telemetry.refresh),
+                        evidence=evidence)
     app = create_app(extender, max_body_bytes=args.max_body_mb << 20)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -1,0 +1,270 @@
+"""The preempt verb: keep the scheduler's preemption candidates whose victims are the most idle.
+
+Wire format (`k8s.io/kube-scheduler/extender/v1`, no JSON tags, so Go field names):
+ExtenderPreemptionArgs {Pod, NodeNameToVictims, NodeNameToMetaVictims} in, one of the two maps
+set (full pods without nodeCacheCapable, UIDs with it); ExtenderPreemptionResult
+{NodeNameToMetaVictims} out. A node left out of the result stops being a candidate.
+
+Each victim is judged by the reclaimer's own idle rule over the reclaimer's own evidence
+(adapters/snapshot.py: a fixed set of PromQL queries), fetched in the background every
+`reclaim.interval`; a request only looks judgements up. The choice itself is
+core/preemption.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Protocol
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpusteward.core.fleet import FleetStore
+from gpusteward.core.kubewire import WirePod
+from gpusteward.core.model import Pod, class_of
+from gpusteward.core.policy import Policy
+from gpusteward.core.preemption import Candidate, Choice, Victim, choose
+from gpusteward.core.reclaim.model import Evidence, Rule
+from gpusteward.core.reclaim.rules import judge, rule_for
+from gpusteward.extender.metrics import ExtenderMetrics
+from gpusteward.extender.wire import BadRequest, encode_str
+
+log = logging.getLogger("gpusteward.extender")
+
+EvidenceByWindow = Mapping[float, Mapping[str, Evidence]]
+
+
+# --- wire --------------------------------------------------------------------------------------
+class MetaPod(msgspec.Struct):
+    UID: str = ""
+
+
+class MetaVictims(msgspec.Struct):
+    Pods: list[MetaPod] | None = None
+    NumPDBViolations: int = 0
+
+
+class Victims(msgspec.Struct):
+    Pods: list[WirePod] | None = None
+    NumPDBViolations: int = 0
+
+
+class PreemptionArgs(msgspec.Struct, forbid_unknown_fields=True):
+    Pod: WirePod | None = None
+    NodeNameToVictims: dict[str, Victims | None] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+
+
+class PreemptionResult(msgspec.Struct):
+    NodeNameToMetaVictims: dict[str, MetaVictims]
+
+
+_decoder = msgspec.json.Decoder(PreemptionArgs)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_preemption_args(body: bytes) -> PreemptionArgs:
+    if not body:
+        raise BadRequest("empty body: expected ExtenderPreemptionArgs JSON")
+    try:
+        args = _decoder.decode(body)
+    except msgspec.ValidationError as e:
+        hint = (" (keys are PascalCase: Pod, NodeNameToVictims, NodeNameToMetaVictims)"
+                if "unknown field" in str(e) else "")
+        raise BadRequest(f"invalid ExtenderPreemptionArgs: {e}{hint}") from e
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"malformed JSON: {e}") from e
+    if args.Pod is None:
+        raise BadRequest("ExtenderPreemptionArgs has no Pod")
+    if args.NodeNameToVictims is None and args.NodeNameToMetaVictims is None:
+        raise BadRequest("ExtenderPreemptionArgs has neither NodeNameToVictims nor "
+                         "NodeNameToMetaVictims")
+    return args
+
+
+# --- judgements --------------------------------------------------------------------------------
+class VictimBook:
+    """pod uid -> Victim (idle by its reclaim rule, and its class), rebuilt from evidence."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.victims: dict[str, Victim] = {}
+
+    def rebuild(self, pods: Iterable[Pod], evidence: EvidenceByWindow) -> None:
+        rules: dict[tuple[str, str], Rule] = {}  # rule_for depends on class and PriorityClass
+        victims = {}
+        for pod in pods:
+            if pod.node is None:
+                continue
+            cls = class_of(pod.labels, pod.annotations, self.policy.default_class)
+            rule = rules.get((cls, pod.priority_class))
+            if rule is None:
+                rule = rules[(cls, pod.priority_class)] = rule_for(pod, self.policy)
+            state, _ = judge(evidence.get(rule.window, {}).get(pod.key), rule, pod.gpus)
+            victims[pod.uid] = Victim(pod.uid, state == "idle", cls)
+        self.victims = victims
+
+    def victim(self, uid: str, fleet: FleetStore, pod: WirePod | None = None) -> Victim:
+        """A judged pod; else one the watch knows (not yet judged: busy); else unknown."""
+        known = self.victims.get(uid)
+        if known is not None:
+            return known
+        cached = fleet.pods.get(uid)
+        if cached is not None:
+            return Victim(uid, False, class_of(cached.labels, cached.annotations,
+                                               self.policy.default_class))
+        if pod is not None:  # full-victim mode: the class is on the pod itself
+            return Victim(uid, False, class_of(pod.metadata.labels or {},
+                                               pod.metadata.annotations or {},
+                                               self.policy.default_class))
+        return Victim(uid)
+
+
+class EvidenceSource(Protocol):
+    async def evidence(self, pods: tuple[Pod, ...],
+                       now: float) -> tuple[dict[float, dict[str, Evidence]], bool, str]: ...
+
+
+class PreemptionMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.answers = Counter(
+            "gpusteward_extender_preemption_answers_total",
+            "Preempt calls by the tier of the candidates kept (idle, partly-idle, busy; none: "
+            "every candidate shielded by protectBusy, the preemptor waits).",
+            ["kept"], registry=registry)
+        self.dropped = Counter(
+            "gpusteward_extender_preemption_dropped_nodes_total",
+            "Candidate nodes left out of preempt answers, by why (protected: a busy victim "
+            "shielded by protectBusy; ranked: more PDB violations or less idle than others).",
+            ["why"], registry=registry)
+        self.evidence_ok = Gauge(
+            "gpusteward_extender_preemption_evidence_ok",
+            "1 when the last idle-evidence refresh succeeded; 0: every victim counts as busy.",
+            registry=registry)
+
+
+class Preempter:
+    def __init__(self, policy: Policy, fleet: FleetStore, source: EvidenceSource | None,
+                 registry: CollectorRegistry, clock: Callable[[], float] = time.time):
+        self.policy = policy
+        self.fleet = fleet
+        self.source = source
+        self.clock = clock
+        self.book = VictimBook(policy)
+        self.metrics = PreemptionMetrics(registry)
+
+    async def refresh(self) -> None:
+        """One evidence refresh: the reclaimer's queries, then every bound GPU pod judged."""
+        evidence: dict[float, dict[str, Evidence]] = {}
+        ok, problem = False, "no Prometheus configured"
+        pods = tuple(self.fleet.pods.values())
+        if self.source is not None:
+            evidence, ok, problem = await self.source.evidence(pods, self.clock())
+        if not ok:
+            log.warning("no idle evidence for preemption, every victim counts as busy: %s",
+                        problem)
+        self.metrics.evidence_ok.set(1 if ok else 0)
+        self.book.rebuild(pods, evidence)
+
+    def answer(self, args: PreemptionArgs) -> bytes:
+        assert args.Pod is not None
+        meta = self._candidates(args)
+        preemptor = class_of(args.Pod.metadata.labels or {}, args.Pod.metadata.annotations or {},
+                             self.policy.default_class)
+        choice = choose(preemptor, [c for c, _ in meta.values()], self.policy.preemption)
+        self._count(choice)
+        kept = {node: meta[node][1] for node in choice.kept}
+        return _encoder.encode(PreemptionResult(kept))
+
+    def _candidates(self, args: PreemptionArgs) -> dict[str, tuple[Candidate, MetaVictims]]:
+        """node -> (what the choice reads, the scheduler's victims to echo if kept)."""
+        out = {}
+        if args.NodeNameToMetaVictims is not None:
+            for node, mv in args.NodeNameToMetaVictims.items():
+                if mv is None or not mv.Pods:
+                    raise BadRequest(f"node {node!r} has no victims")
+                uids = [_uid(node, p.UID) for p in mv.Pods]
+                victims = tuple(self.book.victim(u, self.fleet) for u in uids)
+                out[node] = (Candidate(node, victims, mv.NumPDBViolations), mv)
+            return out
+        assert args.NodeNameToVictims is not None
+        for node, v in args.NodeNameToVictims.items():
+            if v is None or not v.Pods:
+                raise BadRequest(f"node {node!r} has no victims")
+            pods = [(_uid(node, p.metadata.uid), p) for p in v.Pods]
+            victims = tuple(self.book.victim(u, self.fleet, p) for u, p in pods)
+            echo = MetaVictims([MetaPod(u) for u, _ in pods], v.NumPDBViolations)
+            out[node] = (Candidate(node, victims, v.NumPDBViolations), echo)
+        return out
+
+    def _count(self, choice: Choice) -> None:
+        self.metrics.answers.labels(choice.tier or "none").inc()
+        if choice.vetoed:
+            self.metrics.dropped.labels("protected").inc(len(choice.vetoed))
+        if choice.dropped:
+            self.metrics.dropped.labels("ranked").inc(len(choice.dropped))
+
+
+def _uid(node: str, uid: str) -> str:
+    if not uid:
+        raise BadRequest(f"a victim on node {node!r} has no UID")
+    return uid
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+PREEMPTER = web.AppKey("preempter", Preempter)
+
+
+def install(app: web.Application, policy: Policy, fleet: FleetStore,
+            source: EvidenceSource | None, metrics: ExtenderMetrics) -> None:
+    """Route POST /preempt and refresh the evidence every reclaim.interval in the background."""
+    app[PREEMPTER] = Preempter(policy, fleet, source, metrics.registry)
+    app.router.add_post("/preempt", _handler(metrics))
+    app.cleanup_ctx.append(_background)
+
+
+def _handler(metrics: ExtenderMetrics) -> Callable[[web.Request], Awaitable[web.Response]]:
+    latency, requests = metrics.latency, metrics.requests
+
+    async def handler(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        status = 200
+        try:
+            body = request.app[PREEMPTER].answer(decode_preemption_args(await request.read()))
+        except BadRequest as e:
+            status, body = 400, _error(str(e))
+            log.warning("bad preempt request: %s", e)
+        except web.HTTPRequestEntityTooLarge as e:
+            status, body = 413, _error(f"{e.text} (raise the limit with --max-body-mb)")
+            log.warning("bad preempt request: %s", e)
+        latency.labels("preempt").observe(time.perf_counter() - started)
+        requests.labels("preempt", str(status)).inc()
+        return web.Response(body=body, status=status, content_type="application/json")
+
+    return handler
+
+
+def _error(message: str) -> bytes:
+    return b'{"Error":' + encode_str(message) + b"}"
+
+
+async def _refresh_loop(preempter: Preempter) -> None:
+    while True:
+        try:
+            await preempter.refresh()
+        except Exception:  # a bug here must not stop scheduling: log it and go on
+            log.exception("preemption evidence refresh crashed")
+        await asyncio.sleep(float(preempter.policy.reclaim.interval))
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(_refresh_loop(app[PREEMPTER]))
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
