@@ -16,66 +16,87 @@ changes. What is kept:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import add, eq, ge, mul, not_, sub
 
 import msgspec
 
 from gpusteward.core.policy import Preemption
 
 IDLE, PARTLY_IDLE, BUSY = "idle", "partly-idle", "busy"
-_RANK = {IDLE: 0, PARTLY_IDLE: 1, BUSY: 2}
 ANY = "*"
 
 
-class Victim(msgspec.Struct, frozen=True):
-    """One victim as gpusteward judges it. class_name None: a pod it does not know."""
+class Shield(msgspec.Struct, frozen=True):
+    """The victim classes protectBusy shields from one preemptor class."""
 
-    uid: str
-    idle: bool = False
-    class_name: str | None = None
+    classes: frozenset[str] = frozenset()
+    every: bool = False  # every class ("*" as the victim class)
+
+    def __bool__(self) -> bool:
+        return self.every or bool(self.classes)
+
+    def covers(self, victim_class: str | None) -> bool:
+        """None: a pod gpusteward does not know, left as the scheduler proposed."""
+        return victim_class is not None and (self.every or victim_class in self.classes)
 
 
-class Candidate(msgspec.Struct, frozen=True):
-    node: str
-    victims: tuple[Victim, ...]
-    pdb_violations: int = 0
+def shield_for(preemptor_class: str, policy: Preemption) -> Shield:
+    shielded = {victim for victim, preemptors in policy.protect_busy.items()
+                if preemptor_class in preemptors or ANY in preemptors}
+    return Shield(frozenset(shielded - {ANY}), ANY in shielded)
+
+
+class Candidates(msgspec.Struct):
+    """The scheduler's candidate nodes as gpusteward judges their victims, one list per field
+    and one row per node: a request may carry thousands, and whole-column operations run in C
+    where a loop over row objects would cost more than the rest of the request."""
+
+    nodes: list[str]
+    victims: list[int]  # how many victims the scheduler proposes on the node
+    idle: list[int]  # of them idle by their reclaim rule; no evidence counts as busy
+    pdb_violations: list[int]
+    shielded: list[bool] | None = None  # a busy victim is one the preemptor's Shield covers
 
 
 class Choice(msgspec.Struct, frozen=True):
     kept: tuple[str, ...]  # node names, in the request's order
-    tier: str | None  # the tier of what was kept; None when nothing was
+    tier: str | None  # the worst tier kept; None when nothing was
     vetoed: tuple[str, ...] = ()  # nodes dropped because protectBusy shields a victim
     dropped: tuple[str, ...] = ()  # nodes dropped for more PDB violations or a worse tier
 
 
-def tier_of(victims: Sequence[Victim]) -> str:
-    idle = sum(v.idle for v in victims)
-    return IDLE if idle == len(victims) else PARTLY_IDLE if idle else BUSY
+_TIERS = (IDLE, PARTLY_IDLE, BUSY)
 
 
-def shielded(preemptor_class: str, victim: Victim, policy: Preemption) -> bool:
-    """Whether protectBusy forbids this preemptor to take this (busy or unknown) victim."""
-    if victim.idle or victim.class_name is None:
-        return False  # idle, or a pod gpusteward does not know: left as the scheduler proposed
-    preemptors = [*policy.protect_busy.get(victim.class_name, ()),
-                  *policy.protect_busy.get(ANY, ())]
-    return preemptor_class in preemptors or ANY in preemptors
+def tier_of(victims: int, idle: int) -> str:
+    return _TIERS[tier_rank(victims, idle)]
 
 
-def choose(preemptor_class: str, candidates: Sequence[Candidate],
-           policy: Preemption) -> Choice:
-    """Keep the candidates rules 1-3 of the module docstring allow; tier: the worst kept."""
-    vetoed = tuple(c.node for c in candidates
-                   if any(shielded(preemptor_class, v, policy) for v in c.victims))
-    shut = set(vetoed)
-    open_ = [c for c in candidates if c.node not in shut]
-    if not open_:
+def choose(c: Candidates, policy: Preemption) -> Choice:
+    """Keep the candidates rules 1-3 of the module docstring allow."""
+    vetoed: tuple[str, ...] = ()
+    if c.shielded is not None and any(c.shielded):
+        vetoed = tuple(compress(c.nodes, c.shielded))
+        open_ = list(map(not_, c.shielded))
+        c = Candidates(list(compress(c.nodes, open_)), list(compress(c.victims, open_)),
+                       list(compress(c.idle, open_)), list(compress(c.pdb_violations, open_)))
+    if not c.nodes:
         return Choice((), None, vetoed)
-    fewest = min(c.pdb_violations for c in open_)
-    tiers = {c.node: tier_of(c.victims) for c in open_ if c.pdb_violations == fewest}
+    # One sort key per row: PDB violations first (3 per violation), then the tier (0-2):
+    # 2 - (any idle) - (all idle).
+    keys = list(map(mul, c.pdb_violations, repeat(3)))
     if policy.prefer_idle:
-        best = min(tiers.values(), key=_RANK.__getitem__)
-        tiers = {n: t for n, t in tiers.items() if t == best}
-    kept = set(tiers)
-    return Choice(tuple(tiers), max(tiers.values(), key=_RANK.__getitem__), vetoed,
-                  tuple(c.node for c in open_ if c.node not in kept))
+        keys = list(map(sub, map(sub, map(add, keys, repeat(2)), map(bool, c.idle)),
+                        map(ge, c.idle, c.victims)))
+    best = min(keys)
+    is_best = list(map(eq, keys, repeat(best)))
+    kept = tuple(compress(c.nodes, is_best))
+    dropped = tuple(compress(c.nodes, map(not_, is_best)))
+    worst = best % 3 if policy.prefer_idle else max(
+        map(tier_rank, compress(c.victims, is_best), compress(c.idle, is_best)))
+    return Choice(kept, _TIERS[worst], vetoed, dropped)
+
+
+def tier_rank(victims: int, idle: int) -> int:
+    return 2 - (idle > 0) - (idle >= victims)

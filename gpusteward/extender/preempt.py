@@ -18,7 +18,9 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Protocol
+from itertools import accumulate, chain
+from operator import attrgetter, sub
+from typing import Annotated, Protocol
 
 import msgspec
 from aiohttp import web
@@ -28,7 +30,7 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WirePod
 from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import Policy
-from gpusteward.core.preemption import Candidate, Choice, Victim, choose
+from gpusteward.core.preemption import Candidates, Choice, Shield, choose, shield_for
 from gpusteward.core.reclaim.model import Evidence, Rule
 from gpusteward.core.reclaim.rules import judge, rule_for
 from gpusteward.extender.metrics import ExtenderMetrics
@@ -40,24 +42,26 @@ EvidenceByWindow = Mapping[float, Mapping[str, Evidence]]
 
 
 # --- wire --------------------------------------------------------------------------------------
-class MetaPod(msgspec.Struct):
-    UID: str = ""
+# Checked while decoding (a candidate always has victims, a victim its UID), so that a request
+# with thousands of candidates is validated at C speed.
+class MetaPod(msgspec.Struct, gc=False):
+    UID: Annotated[str, msgspec.Meta(min_length=1)]
 
 
-class MetaVictims(msgspec.Struct):
-    Pods: list[MetaPod] | None = None
+class MetaVictims(msgspec.Struct, gc=False):
+    Pods: Annotated[list[MetaPod], msgspec.Meta(min_length=1)]
     NumPDBViolations: int = 0
 
 
 class Victims(msgspec.Struct):
-    Pods: list[WirePod] | None = None
+    Pods: Annotated[list[WirePod], msgspec.Meta(min_length=1)]
     NumPDBViolations: int = 0
 
 
 class PreemptionArgs(msgspec.Struct, forbid_unknown_fields=True):
     Pod: WirePod | None = None
-    NodeNameToVictims: dict[str, Victims | None] | None = None
-    NodeNameToMetaVictims: dict[str, MetaVictims | None] | None = None
+    NodeNameToVictims: dict[str, Victims] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
 
 
 class PreemptionResult(msgspec.Struct):
@@ -89,40 +93,48 @@ def decode_preemption_args(body: bytes) -> PreemptionArgs:
 
 # --- judgements --------------------------------------------------------------------------------
 class VictimBook:
-    """pod uid -> Victim (idle by its reclaim rule, and its class), rebuilt from evidence."""
+    """Every bound GPU pod judged by its reclaim idle rule, rebuilt from evidence; kept as sets
+    so that a request with thousands of candidates costs set operations, not Python loops."""
 
     def __init__(self, policy: Policy):
         self.policy = policy
-        self.victims: dict[str, Victim] = {}
+        self.idle: set[str] = set()  # uids
+        self.classes: dict[str, str] = {}  # uid -> workload class, every judged pod
+        self._shielded: dict[Shield, set[str]] = {}  # busy uids each Shield covers
 
     def rebuild(self, pods: Iterable[Pod], evidence: EvidenceByWindow) -> None:
         rules: dict[tuple[str, str], Rule] = {}  # rule_for depends on class and PriorityClass
-        victims = {}
+        idle, classes = set(), {}
         for pod in pods:
             if pod.node is None:
                 continue
-            cls = class_of(pod.labels, pod.annotations, self.policy.default_class)
+            cls = classes[pod.uid] = class_of(pod.labels, pod.annotations,
+                                              self.policy.default_class)
             rule = rules.get((cls, pod.priority_class))
             if rule is None:
                 rule = rules[(cls, pod.priority_class)] = rule_for(pod, self.policy)
             state, _ = judge(evidence.get(rule.window, {}).get(pod.key), rule, pod.gpus)
-            victims[pod.uid] = Victim(pod.uid, state == "idle", cls)
-        self.victims = victims
+            if state == "idle":
+                idle.add(pod.uid)
+        self.idle, self.classes, self._shielded = idle, classes, {}
 
-    def victim(self, uid: str, fleet: FleetStore, pod: WirePod | None = None) -> Victim:
-        """A judged pod; else one the watch knows (not yet judged: busy); else unknown."""
-        known = self.victims.get(uid)
-        if known is not None:
-            return known
+    def shielded(self, shield: Shield) -> set[str]:
+        found = self._shielded.get(shield)
+        if found is None:
+            found = self._shielded[shield] = {u for u, c in self.classes.items()
+                                              if u not in self.idle and shield.covers(c)}
+        return found
+
+    def class_of_unjudged(self, uid: str, fleet: FleetStore, pod: WirePod | None) -> str | None:
+        """A pod bound since the last rebuild (busy until judged), from the watch or, in
+        full-victim mode, from the request; None: a pod gpusteward does not know."""
         cached = fleet.pods.get(uid)
         if cached is not None:
-            return Victim(uid, False, class_of(cached.labels, cached.annotations,
-                                               self.policy.default_class))
-        if pod is not None:  # full-victim mode: the class is on the pod itself
-            return Victim(uid, False, class_of(pod.metadata.labels or {},
-                                               pod.metadata.annotations or {},
-                                               self.policy.default_class))
-        return Victim(uid)
+            return class_of(cached.labels, cached.annotations, self.policy.default_class)
+        if pod is not None:
+            return class_of(pod.metadata.labels or {}, pod.metadata.annotations or {},
+                            self.policy.default_class)
+        return None
 
 
 class EvidenceSource(Protocol):
@@ -173,34 +185,36 @@ class Preempter:
 
     def answer(self, args: PreemptionArgs) -> bytes:
         assert args.Pod is not None
-        meta = self._candidates(args)
         preemptor = class_of(args.Pod.metadata.labels or {}, args.Pod.metadata.annotations or {},
                              self.policy.default_class)
-        choice = choose(preemptor, [c for c, _ in meta.values()], self.policy.preemption)
-        self._count(choice)
-        kept = {node: meta[node][1] for node in choice.kept}
-        return _encoder.encode(PreemptionResult(kept))
-
-    def _candidates(self, args: PreemptionArgs) -> dict[str, tuple[Candidate, MetaVictims]]:
-        """node -> (what the choice reads, the scheduler's victims to echo if kept)."""
-        out = {}
+        shield = shield_for(preemptor, self.policy.preemption)
         if args.NodeNameToMetaVictims is not None:
-            for node, mv in args.NodeNameToMetaVictims.items():
-                if mv is None or not mv.Pods:
-                    raise BadRequest(f"node {node!r} has no victims")
-                uids = [_uid(node, p.UID) for p in mv.Pods]
-                victims = tuple(self.book.victim(u, self.fleet) for u in uids)
-                out[node] = (Candidate(node, victims, mv.NumPDBViolations), mv)
-            return out
-        assert args.NodeNameToVictims is not None
-        for node, v in args.NodeNameToVictims.items():
-            if v is None or not v.Pods:
-                raise BadRequest(f"node {node!r} has no victims")
-            pods = [(_uid(node, p.metadata.uid), p) for p in v.Pods]
-            victims = tuple(self.book.victim(u, self.fleet, p) for u, p in pods)
-            echo = MetaVictims([MetaPod(u) for u, _ in pods], v.NumPDBViolations)
-            out[node] = (Candidate(node, victims, v.NumPDBViolations), echo)
-        return out
+            echo = args.NodeNameToMetaVictims
+            full: dict[str, dict[str, WirePod]] = {}
+        else:
+            assert args.NodeNameToVictims is not None
+            full = {node: {_uid(node, p.metadata.uid): p for p in v.Pods}
+                    for node, v in args.NodeNameToVictims.items()}
+            echo = {node: MetaVictims([MetaPod(u) for u in full[node]], v.NumPDBViolations)
+                    for node, v in args.NodeNameToVictims.items()}
+        pods = list(map(_PODS, echo.values()))
+        victims = list(map(len, pods))
+        candidates = Candidates(list(echo), victims, _idle_counts(pods, victims, self.book.idle),
+                                list(map(_PDB, echo.values())))
+        if shield:
+            candidates.shielded = [self._shielded(p, shield, full.get(n, {}))
+                                   for n, p in zip(candidates.nodes, pods, strict=True)]
+        choice = choose(candidates, self.policy.preemption)
+        self._count(choice)
+        return _encoder.encode(PreemptionResult({node: echo[node] for node in choice.kept}))
+
+    def _shielded(self, victims: list[MetaPod], shield: Shield,
+                  pods: Mapping[str, WirePod]) -> bool:
+        book = self.book
+        uids = list(map(_UID, victims))
+        return not book.shielded(shield).isdisjoint(uids) or any(
+            shield.covers(book.class_of_unjudged(u, self.fleet, pods.get(u)))
+            for u in uids if u not in book.classes)
 
     def _count(self, choice: Choice) -> None:
         self.metrics.answers.labels(choice.tier or "none").inc()
@@ -208,6 +222,19 @@ class Preempter:
             self.metrics.dropped.labels("protected").inc(len(choice.vetoed))
         if choice.dropped:
             self.metrics.dropped.labels("ranked").inc(len(choice.dropped))
+
+
+_UID, _PODS, _PDB = attrgetter("UID"), attrgetter("Pods"), attrgetter("NumPDBViolations")
+
+
+def _idle_counts(pods: list[list[MetaPod]], victims: list[int], idle: set[str]) -> list[int]:
+    """Idle victims per candidate, without a Python loop per candidate: flag every victim of
+    every node in one pass, then difference the running count at each node's bounds."""
+    running = list(accumulate(map(idle.__contains__, map(_UID, chain.from_iterable(pods))),
+                              initial=0))
+    bounds = list(accumulate(victims, initial=0))
+    return list(map(sub, map(running.__getitem__, bounds[1:]),
+                    map(running.__getitem__, bounds[:-1])))
 
 
 def _uid(node: str, uid: str) -> str:

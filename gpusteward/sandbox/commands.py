@@ -39,6 +39,7 @@ def up(args: argparse.Namespace) -> int:
         return 2
     cfg = SandboxConfig(state_dir=state_dir, fleet=fleet, with_extender=args.with_extender,
                         with_reclaimer=args.with_reclaimer, telemetry=args.telemetry,
+                        preemption=not args.no_preemption,
                         detach=True,
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.policy:

@@ -19,62 +19,75 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WirePod, to_pod
 from gpusteward.core.policy import Preemption, parse_policy
-from gpusteward.core.preemption import BUSY, IDLE, PARTLY_IDLE, Candidate, Victim, choose
+from gpusteward.core.preemption import BUSY, IDLE, PARTLY_IDLE, Candidates, choose, shield_for
 from gpusteward.core.reclaim.model import Evidence
 from gpusteward.extender.app import Extender, create_app
 from gpusteward.extender.preempt import PREEMPTER
 from gpusteward.extender.view import PlacementView
 from tests.factories import H100, NOW, node, pod
 
-IDLE_V, BUSY_V = Victim("i", True, "batch"), Victim("b", False, "batch")
-TRAINING_BUSY, UNKNOWN = Victim("t", False, "training"), Victim("u")
 SHIELD = Preemption(protect_busy={"training": ["experiment"]})
+EVERY = Preemption(protect_busy={"*": ["*"]})
 
 
-def cand(name: str, *victims: Victim, pdb: int = 0) -> Candidate:
-    return Candidate(name, victims, pdb)
+def cand(name: str, victims: int = 1, idle: int = 0, *, shielded: bool = False,
+         pdb: int = 0) -> tuple[str, int, int, int, bool]:
+    return name, victims, idle, pdb, shielded
+
+
+def columns(rows: list[tuple[str, int, int, int, bool]]) -> Candidates:
+    nodes, victims, idle, pdb, shielded = (list(col) for col in zip(*rows, strict=True))
+    return Candidates(nodes, victims, idle, pdb, shielded)
 
 
 @pytest.mark.parametrize(
-    ("preemptor", "candidates", "policy", "kept", "tier"),
+    ("candidates", "policy", "kept", "tier"),
     [
-        pytest.param("batch", [cand("busy", BUSY_V), cand("idle", IDLE_V)], Preemption(),
-                     ("idle",), IDLE, id="idle-node-beats-busy-node"),
-        pytest.param("batch", [cand("mixed", IDLE_V, BUSY_V), cand("busy", BUSY_V)],
-                     Preemption(), ("mixed",), PARTLY_IDLE, id="partly-idle-beats-busy"),
-        pytest.param("batch", [cand("a", IDLE_V), cand("b", IDLE_V), cand("c", BUSY_V)],
-                     Preemption(), ("a", "b"), IDLE, id="every-idle-node-left-to-the-scheduler"),
-        pytest.param("batch", [cand("a", BUSY_V), cand("b", BUSY_V)], Preemption(),
-                     ("a", "b"), BUSY, id="only-busy-all-kept"),
-        pytest.param("batch", [cand("unknown", UNKNOWN), cand("idle", IDLE_V)], Preemption(),
-                     ("idle",), IDLE, id="unknown-evidence-counts-as-busy"),
-        pytest.param("batch", [cand("busy", BUSY_V), cand("idle", IDLE_V)],
-                     Preemption(prefer_idle=False), ("busy", "idle"), BUSY,
-                     id="prefer-idle-off-keeps-all"),
-        pytest.param("experiment", [cand("t", TRAINING_BUSY)], SHIELD, (), None,
-                     id="shielded-busy-training-preemptor-waits"),
-        pytest.param("experiment", [cand("t", TRAINING_BUSY), cand("b", BUSY_V)], SHIELD,
-                     ("b",), BUSY, id="shielded-node-dropped-others-kept"),
-        pytest.param("batch", [cand("t", TRAINING_BUSY)], SHIELD, ("t",), BUSY,
-                     id="shield-only-for-named-preemptor-classes"),
-        pytest.param("experiment", [cand("t", Victim("t", True, "training"))], SHIELD, ("t",),
-                     IDLE, id="idle-training-is-not-shielded"),
-        pytest.param("experiment", [cand("u", UNKNOWN)], Preemption(protect_busy={"*": ["*"]}),
-                     ("u",), BUSY, id="pod-unknown-to-gpusteward-left-as-proposed"),
-        pytest.param("inference", [cand("b", BUSY_V)], Preemption(protect_busy={"*": ["*"]}),
-                     (), None, id="wildcards-shield-every-busy-pod"),
-        pytest.param("batch", [cand("idle-pdb", IDLE_V, pdb=1), cand("busy", BUSY_V)],
-                     Preemption(), ("busy",), BUSY, id="fewer-pdb-violations-before-idleness"),
-        pytest.param("batch", [cand("a", IDLE_V, pdb=1), cand("b", BUSY_V, pdb=1)],
-                     Preemption(), ("a",), IDLE, id="equal-pdb-violations-then-idleness"),
+        pytest.param([cand("busy"), cand("idle", idle=1)], Preemption(), ("idle",), IDLE,
+                     id="idle-node-beats-busy-node"),
+        pytest.param([cand("mixed", 2, 1), cand("busy")], Preemption(), ("mixed",),
+                     PARTLY_IDLE, id="partly-idle-beats-busy"),
+        pytest.param([cand("a", idle=1), cand("b", idle=1), cand("c")], Preemption(),
+                     ("a", "b"), IDLE, id="every-idle-node-left-to-the-scheduler"),
+        pytest.param([cand("a", 2), cand("b", 3)], Preemption(), ("a", "b"), BUSY,
+                     id="only-busy-all-kept"),
+        pytest.param([cand("a", 2, 2), cand("b", 2, 1), cand("c", 2, 2, pdb=2)],
+                     Preemption(prefer_idle=False), ("a", "b"), PARTLY_IDLE,
+                     id="prefer-idle-off-still-fewest-pdb-violations"),
+        pytest.param([cand("busy"), cand("idle", idle=1)], Preemption(prefer_idle=False),
+                     ("busy", "idle"), BUSY, id="prefer-idle-off-keeps-all"),
+        pytest.param([cand("t", shielded=True)], SHIELD, (), None,
+                     id="shielded-only-candidate-preemptor-waits"),
+        pytest.param([cand("t", shielded=True), cand("b")], SHIELD, ("b",), BUSY,
+                     id="shielded-node-dropped-others-kept"),
+        pytest.param([cand("idle-pdb", idle=1, pdb=1), cand("busy")], Preemption(), ("busy",),
+                     BUSY, id="fewer-pdb-violations-before-idleness"),
+        pytest.param([cand("a", idle=1, pdb=1), cand("b", pdb=1)], Preemption(), ("a",), IDLE,
+                     id="equal-pdb-violations-then-idleness"),
     ],
 )
-def test_choice(preemptor, candidates, policy, kept, tier):
-    choice = choose(preemptor, candidates, policy)
+def test_choice(candidates, policy, kept, tier):
+    choice = choose(columns(candidates), policy)
     assert (choice.kept, choice.tier) == (kept, tier)
     # Only drops: every kept node is one the scheduler proposed, and nothing is lost silently.
     assert set(choice.kept) | set(choice.vetoed) | set(choice.dropped) == \
-        {c.node for c in candidates}
+        {c[0] for c in candidates}
+
+
+@pytest.mark.parametrize(
+    ("preemptor", "victim_class", "policy", "covered"),
+    [
+        pytest.param("experiment", "training", SHIELD, True, id="named-pair-shielded"),
+        pytest.param("batch", "training", SHIELD, False, id="other-preemptor-not-shielded"),
+        pytest.param("experiment", "batch", SHIELD, False, id="other-victim-not-shielded"),
+        pytest.param("inference", "batch", EVERY, True, id="wildcards-shield-every-busy-pod"),
+        pytest.param("inference", None, EVERY, False,
+                     id="pod-unknown-to-gpusteward-left-as-proposed"),
+        pytest.param("experiment", "training", Preemption(), False, id="no-policy-no-shield"),
+    ],
+)
+def test_shield(preemptor, victim_class, policy, covered):
+    assert shield_for(preemptor, policy).covers(victim_class) is covered
 
 
 def test_protect_busy_names_only_known_classes():
@@ -188,6 +201,19 @@ async def test_a_shielded_busy_training_pod_leaves_no_candidate(client):
     assert 'gpusteward_extender_preemption_dropped_nodes_total{why="protected"} 1.0' in metrics
 
 
+async def test_unknown_evidence_counts_as_busy(client):
+    # "fresh" was bound after the last evidence refresh: busy until judged, so the idle node
+    # wins; and being a training pod seen by the watch, it is shielded from an experiment.
+    client.server.app[PREEMPTER].fleet.upsert_pod(
+        pod("fresh", node="h2", gpus=8, labels={"gpusteward.io/class": "training"}))
+    status, body = await post(client, {"Pod": preemptor(), "NodeNameToMetaVictims": {
+        "h1": meta("uid-ml-idle"), "h2": meta("uid-ml-fresh")}})
+    assert (status, list(body["NodeNameToMetaVictims"])) == (200, ["h1"])
+    status, body = await post(client, {"Pod": preemptor("experiment"), "NodeNameToMetaVictims": {
+        "h2": meta("uid-ml-fresh")}})
+    assert (status, body) == (200, {"NodeNameToMetaVictims": {}})
+
+
 async def test_unknown_victims_are_left_as_the_scheduler_proposed(client):
     # A pod the watch has not delivered: no class, no evidence -> busy, never shielded.
     status, body = await post(client, {"Pod": preemptor("experiment"),
@@ -206,9 +232,13 @@ async def test_unknown_victims_are_left_as_the_scheduler_proposed(client):
         pytest.param({"Pod": preemptor(), "nodeNameToMetaVictims": {}}, "PascalCase",
                      id="lowercase-keys"),
         pytest.param({"Pod": preemptor(), "NodeNameToMetaVictims": {"h1": None}},
-                     "no victims", id="null-victims"),
+                     "got `null`", id="null-victims"),
+        pytest.param({"Pod": preemptor(), "NodeNameToMetaVictims": {"h1": {"Pods": []}}},
+                     "length >= 1 - at `$.NodeNameToMetaVictims[...].Pods`", id="no-victims"),
         pytest.param({"Pod": preemptor(), "NodeNameToMetaVictims": {"h1": {"Pods": [{}]}}},
-                     "no UID", id="victim-without-uid"),
+                     "missing required field `UID`", id="victim-without-uid"),
+        pytest.param({"Pod": preemptor(), "NodeNameToVictims": {"h1": {"Pods": [
+            {"metadata": {"name": "x"}}]}}}, "no UID", id="full-victim-without-uid"),
         pytest.param({"Pod": preemptor(), "NodeNameToMetaVictims": {"h1": {
             "Pods": [{"UID": "u"}], "NumPDBViolations": "one"}}}, "NumPDBViolations",
                      id="pdb-count-not-a-number"),

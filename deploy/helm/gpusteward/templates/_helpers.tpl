@@ -42,6 +42,7 @@ http://{{ include "gpusteward.name" . }}-extender.{{ .Release.Namespace }}.svc:{
 {{- define "gpusteward.extenderEntry" -}}
 filterVerb: filter
 prioritizeVerb: prioritize
+preemptVerb: preempt
 weight: {{ .Values.scheduler.extenderWeight }}
 nodeCacheCapable: true
 ignorable: true
