@@ -124,8 +124,10 @@ class FixedEvidence:
 
     def __init__(self, peaks: dict[str, float]):
         self.peaks = peaks
+        self.calls = 0
 
     async def evidence(self, pods, now):
+        self.calls += 1
         return {RULE_WINDOW: {k: Evidence(RULE_WINDOW, v, 1.0, 8) for k, v in self.peaks.items()}
                 }, True, ""
 
@@ -171,6 +173,7 @@ def meta(*uids: str, pdb: int = 0) -> dict:
 
 
 async def test_meta_victims_keep_only_the_idle_candidate_unchanged(client):
+    queries = client.server.app[PREEMPTER].source.calls
     status, body = await post(client, {"Pod": preemptor(), "NodeNameToVictims": None,
                                        "NodeNameToMetaVictims": {
                                            "h1": meta("uid-ml-idle", pdb=0),
@@ -178,6 +181,8 @@ async def test_meta_victims_keep_only_the_idle_candidate_unchanged(client):
     assert status == 200
     assert body == {"NodeNameToMetaVictims": {"h1": {"Pods": [{"UID": "uid-ml-idle"}],
                                                      "NumPDBViolations": 0}}}
+    # Answered from the background refresh: the request ran no query of its own.
+    assert client.server.app[PREEMPTER].source.calls == queries
 
 
 async def test_full_victims_are_answered_with_meta_victims(client):
