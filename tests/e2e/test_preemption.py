@@ -11,6 +11,7 @@ annotation; the sandbox policy judges idleness over 15 s.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 
@@ -19,6 +20,7 @@ import pytest
 from gpusteward.sandbox.kubehttp import wait_for
 from tests.e2e.kube import (
     apply_priority_classes,
+    cycle_until,
     events,
     gone,
     gpu_pod,
@@ -141,3 +143,34 @@ async def test_the_reclaimer_and_preemption_never_both_act(sandbox, ns, reclaime
     queue = [s for m in rec.metrics.actions.collect() for s in m.samples
              if s.name.endswith("_total") and s.labels["reason"] == "queue"]
     assert queue == []
+
+
+async def test_a_pod_nominated_by_the_scheduler_triggers_no_queue_enforcement(
+        sandbox, ns, reclaimer, scheduler_with):
+    # The window this guards: the scheduler has nominated a node for the pod and is freeing it
+    # (with async preemption the victims' deletion follows the nomination), while queue
+    # enforcement could free a second node for the same pod. The nomination is written here as
+    # the scheduler writes it (status.nominatedNodeName, schedule_one.go updatePod), with
+    # DefaultPreemption off so that nothing else touches the pod.
+    scheduler_with(preemption=False)
+    try:
+        two_full_nodes(sandbox, ns, busy="h100-0", idle="h100-1")
+        ns.create_pod(gpu_pod("urgent", 8, cards=H100, priority_class="gpu-high"))
+        wait_for("the scheduler to find no room", lambda: any(
+            c.get("reason") == "Unschedulable"
+            for c in ns.pod("urgent")["status"].get("conditions", [])))
+        status = ns.path("pods", "urgent") + "/status"
+        ns.api.merge_patch(status, {"status": {"nominatedNodeName": "h100-0"}})
+        rec = await reclaimer("enforce")
+        await asyncio.sleep(3)  # past queue.minWait (2 s): each cycle would claim the idle pod
+        # Three cycles: mark and warn the idle pod, well before its 4 s grace makes it due.
+        for _ in range(3):
+            await rec.cycle()
+            await asyncio.sleep(0.5)
+        assert not gone(ns, "idle") and not gone(ns, "busy")
+        ns.api.merge_patch(status, {"status": {"nominatedNodeName": None}})
+        await cycle_until(rec, "queue enforcement once the nomination is gone",
+                          lambda: gone(ns, "idle"))
+        assert any(r == "GPUReclaimed" and "for pending" in m for r, m in events(ns, "idle"))
+    finally:
+        scheduler_with(preemption=True)
