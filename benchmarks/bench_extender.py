@@ -1,11 +1,14 @@
 """Extender latency: server-side p50/p99 and loopback round trips against a bare-aiohttp floor.
 
     python benchmarks/bench_extender.py [--nodes 1000 5000] [--requests 400] [--quick]
+        [--verbs filter prioritize preempt]
 
 Server-side time is the handler's work (decode + answer) measured in-process. The round trip
 compares the real app, served from its own process, with a floor server that only decodes the
 same body with json.loads and encodes a same-size reply with json.dumps (DESIGN.md target:
-ratio <= 1.0). Results go to benchmarks/results/extender.json.
+ratio <= 1.0). The preempt verb is measured server-side only, with every node a candidate
+proposing two victims (a third of all pods idle). Results go to
+benchmarks/results/extender.json.
 """
 
 from __future__ import annotations
@@ -24,14 +27,17 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.fleetgen import PRODUCTS, fleet, node_json  # noqa: E402
 from gpusteward.core.fleet import FleetStore  # noqa: E402
 from gpusteward.core.policy import parse_policy  # noqa: E402
+from gpusteward.core.reclaim.model import Evidence  # noqa: E402
 from gpusteward.extender import wire  # noqa: E402
 from gpusteward.extender.app import Extender, create_app  # noqa: E402
+from gpusteward.extender.preempt import Preempter  # noqa: E402
 from gpusteward.extender.replies import filter_reply, prioritize_reply  # noqa: E402
 from gpusteward.extender.view import PlacementView  # noqa: E402
 
@@ -85,6 +91,50 @@ def server_side(view: PlacementView, body: bytes, verb: str, count: int) -> dict
         answer(view, wire.decode_args(body))
         times.append(time.perf_counter() - t)
     return quantiles(times)
+
+
+def preempter(view: PlacementView) -> Preempter:
+    """Every pod judged as the background refresh would, a third of them idle."""
+    p = Preempter(view.policy, view.fleet, None, CollectorRegistry(), clock=lambda: NOW)
+    window = float(view.policy.reclaim.idle.window or 0)
+    p.book.rebuild(view.fleet.pods.values(), {window: {
+        pod.key: Evidence(window, 0.0 if i % 3 == 0 else 60.0, 1.0, pod.gpus)
+        for i, pod in enumerate(view.fleet.pods.values())}})
+    return p
+
+
+def preempt_body(view: PlacementView, n: int, meta: bool) -> bytes:
+    """ExtenderPreemptionArgs with n candidate nodes, each with the victims the scheduler
+    proposes for POD (2 GPUs): after its reprieve pass, the fewest pods that free 2 GPUs, here
+    two 1-GPU pods (pods the extender does not know where a node has fewer)."""
+    by_node: dict[str, list[str]] = {}
+    for pod in view.fleet.pods.values():
+        by_node.setdefault(pod.node or "", []).append(pod.uid)
+    victims = {}
+    for i in range(n):
+        name = f"gpu-node-{i:05d}"
+        uids = (by_node.get(name, []) + [f"unknown-{i}-{j}" for j in range(2)])[:2]
+        if meta:
+            victims[name] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0}
+        else:
+            victims[name] = {"Pods": [{"metadata": {"name": u, "namespace": "ml", "uid": u},
+                                       "spec": {"nodeName": name}} for u in uids],
+                             "NumPDBViolations": 0}
+    key = "NodeNameToMetaVictims" if meta else "NodeNameToVictims"
+    other = "NodeNameToVictims" if meta else "NodeNameToMetaVictims"
+    return json.dumps({"Pod": POD, other: None, key: victims}, separators=(",", ":")).encode()
+
+
+def preempt_server_side(p: Preempter, body: bytes, count: int) -> dict[str, float]:
+    """Wall time, and the process's CPU time: on a shared machine the wall time also counts
+    the moments other processes held the cores."""
+    wall, cpu = [], []
+    for _ in range(count):
+        t, c = time.perf_counter(), time.process_time()
+        p.respond(body)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return {**quantiles(wall), **{f"cpu_{k}": v for k, v in quantiles(cpu).items()}}
 
 
 def floor_side(body: bytes, reply: object, count: int) -> dict[str, float]:
@@ -203,38 +253,55 @@ def start(kind: str, n: int) -> tuple[subprocess.Popen, int]:
     raise RuntimeError(f"{kind} server did not start")
 
 
-def run(nodes: list[int], count: int) -> dict:
+def run(nodes: list[int], count: int, verbs: list[str]) -> dict:
     results = []
     for n in nodes:
-        view, body = make_view(n), bodies(n)
-        ours, _ = start("gpusteward", n)
-        floor, floor_port = start("floor", n)
-        ours_port = int(ours.args[-1])
-        try:
-            for verb in ("filter", "prioritize"):
-                row = {"nodes": n, "verb": verb, "mode": "names",
-                       "server": server_side(view, body["names"], verb, count),
-                       "floor_server": floor_side(body["names"], floor_reply(verb, n), count)}
-                rt_ours = asyncio.run(round_trips(ours_port, verb, body["names"], count))
-                rt_floor = asyncio.run(round_trips(floor_port, verb, body["names"], count))
-                row["round_trip"] = quantiles(rt_ours)
-                row["floor_round_trip"] = quantiles(rt_floor)
-                row["ratio_p50"] = statistics.median(rt_ours) / statistics.median(rt_floor)
-                results.append(row)
-                full = server_side(view, body["full"], verb, max(20, count // 10))
-                results.append({"nodes": n, "verb": verb, "mode": "full", "server": full,
-                                "body_mb": len(body["full"]) / 1e6})
-            results.append({"nodes": n, "mode": "full", "decode": decode_speed(body["full"])})
-            results.append({"nodes": n, "mode": "names", "verb": "prioritize",
-                            "requests_per_second": asyncio.run(throughput(ours_port,
-                                                                          body["names"]))})
-        finally:
-            for p in (ours, floor):
-                p.terminate()
-                p.wait()
+        view = make_view(n)
+        if "preempt" in verbs:
+            p = preempter(view)
+            for meta, mode in ((True, "names"), (False, "full")):
+                body = preempt_body(view, n, meta)
+                results.append({"nodes": n, "verb": "preempt", "mode": mode,
+                                "server": preempt_server_side(p, body, count),
+                                "body_mb": len(body) / 1e6})
+        placement = [v for v in verbs if v != "preempt"]
+        if placement:
+            results += placement_rows(n, view, count, placement)
     return {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(sys.argv), "results": results}
+
+
+def placement_rows(n: int, view: PlacementView, count: int, verbs: list[str]) -> list[dict]:
+    """filter/prioritize: server side, round trips against the floor, throughput."""
+    results: list[dict] = []
+    body = bodies(n)
+    ours, _ = start("gpusteward", n)
+    floor, floor_port = start("floor", n)
+    ours_port = int(ours.args[-1])
+    try:
+        for verb in verbs:
+            row = {"nodes": n, "verb": verb, "mode": "names",
+                   "server": server_side(view, body["names"], verb, count),
+                   "floor_server": floor_side(body["names"], floor_reply(verb, n), count)}
+            rt_ours = asyncio.run(round_trips(ours_port, verb, body["names"], count))
+            rt_floor = asyncio.run(round_trips(floor_port, verb, body["names"], count))
+            row["round_trip"] = quantiles(rt_ours)
+            row["floor_round_trip"] = quantiles(rt_floor)
+            row["ratio_p50"] = statistics.median(rt_ours) / statistics.median(rt_floor)
+            results.append(row)
+            full = server_side(view, body["full"], verb, max(20, count // 10))
+            results.append({"nodes": n, "verb": verb, "mode": "full", "server": full,
+                            "body_mb": len(body["full"]) / 1e6})
+        results.append({"nodes": n, "mode": "full", "decode": decode_speed(body["full"])})
+        results.append({"nodes": n, "mode": "names", "verb": "prioritize",
+                        "requests_per_second": asyncio.run(throughput(ours_port,
+                                                                      body["names"]))})
+    finally:
+        for p in (ours, floor):
+            p.terminate()
+            p.wait()
+    return results
 
 
 def print_table(report: dict) -> None:
@@ -252,6 +319,8 @@ def print_table(report: dict) -> None:
         s = r["server"]
         line = (f"{r['nodes']:>6} {r['mode']:<5} {r['verb']:<10} server p50 {s['p50_ms']:.3f} "
                 f"p99 {s['p99_ms']:.3f} ms")
+        if "cpu_p50_ms" in s:
+            line += f" (CPU time p50 {s['cpu_p50_ms']:.3f} p99 {s['cpu_p99_ms']:.3f} ms)"
         if "floor_server" in r:
             f, rt, frt = r["floor_server"], r["round_trip"], r["floor_round_trip"]
             line += (f" | floor server p50 {f['p50_ms']:.3f} | round trip p50 {rt['p50_ms']:.3f}"
@@ -267,17 +336,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="CI: tiny run, checks it works")
     parser.add_argument("--serve", choices=["gpusteward", "floor"])
     parser.add_argument("--port", type=int)
+    parser.add_argument("--verbs", nargs="+", choices=["filter", "prioritize", "preempt"],
+                        default=["filter", "prioritize", "preempt"])
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.nodes[0], args.port)
         return
     if args.quick:
         args.nodes, args.requests = [200], 30
-    report = run(args.nodes, args.requests)
+    report = run(args.nodes, args.requests, args.verbs)
     print_table(report)
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "extender.json").write_text(json.dumps(report, indent=2) + "\n")
+        every = set(args.verbs) == {"filter", "prioritize", "preempt"}
+        name = "extender.json" if every else f"extender-{'-'.join(args.verbs)}.json"
+        (RESULTS / name).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ class SnapshotReader:
         # its node (core.attribution.node_of).
         pod_nodes = {w.metadata.name: w.spec.node_name for w in wires if w.spec.node_name}
         self.who = self.attribution(nodes, pods, pod_nodes)
-        evidence, ok, problem = await self._evidence(pods, now, self.who)
+        evidence, ok, problem = await self.evidence(pods, now, self.who)
         return Snapshot(
             now=now, pods=pods, nodes=nodes, owners=resolve_owners(pods, owned),
             namespace_labels={n.metadata.name: n.metadata.labels or {}
@@ -103,8 +103,8 @@ class SnapshotReader:
         t = self.policy.telemetry
         return Attribution.of(t.node_labels, t.honor_labels, nodes, pods, pod_nodes)
 
-    async def _evidence(self, pods: tuple[Pod, ...], now: float, who: Attribution | None = None,
-                        ) -> tuple[dict[float, dict[str, Evidence]], bool, str]:
+    async def evidence(self, pods: tuple[Pod, ...], now: float, who: Attribution | None = None,
+                       ) -> tuple[dict[float, dict[str, Evidence]], bool, str]:
         needed = sorted(windows(self.policy, tuple(p for p in pods if p.node)))
         who = who or self.attribution({p.node for p in pods if p.node}, pods)
         try:

@@ -54,9 +54,10 @@ class Condition(msgspec.Struct, rename="camel"):
     last_transition_time: str | None = None
 
 
-class PodStatus(msgspec.Struct):
+class PodStatus(msgspec.Struct, rename="camel"):
     phase: str | None = None
     conditions: list[Condition] | None = None
+    nominated_node_name: str | None = None
 
 
 class WirePod(msgspec.Struct):
@@ -182,6 +183,12 @@ def _scheduled_at(conditions: Iterable[Condition]) -> float | None:
     return None
 
 
+def _preempted(conditions: Iterable[Condition]) -> bool:
+    """The scheduler marks a victim DisruptionTarget/PreemptionByScheduler before deleting it."""
+    return any(c.type == "DisruptionTarget" and c.status == "True"
+               and c.reason == "PreemptionByScheduler" for c in conditions)
+
+
 def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> Pod:
     """bound_at: when the caller first saw the binding; else the PodScheduled condition's time."""
     m, s = w.metadata, w.spec
@@ -211,4 +218,6 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
         tolerations=tuple(s.tolerations or ()),
         unschedulable_since=_unschedulable_since(conditions),
         mirror=MIRROR_ANNOTATION in annotations,
+        nominated_node=(w.status.nominated_node_name if w.status else None) or None,
+        preempted=_preempted(conditions),
     )

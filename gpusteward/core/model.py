@@ -78,6 +78,10 @@ class Pod(msgspec.Struct, frozen=True):
     mirror: bool = False
     # The request behind `gpus`, per resource name; empty means all of `nvidia.com/gpu`.
     resources: Mapping[str, int] = msgspec.field(default_factory=dict)
+    # Set by the scheduler's preemption: the node it frees for this pending pod.
+    nominated_node: str | None = None
+    # The scheduler is preempting this pod (DisruptionTarget, reason PreemptionByScheduler).
+    preempted: bool = False
 
     @property
     def key(self) -> str:

@@ -182,6 +182,15 @@ class Queue(Config, frozen=True):
     min_wait: Wait = Duration(120)
 
 
+class Preemption(Config, frozen=True):
+    # Answer the scheduler's preempt verb by keeping only its candidate nodes whose victims are
+    # the most idle (all idle, else partly idle, else busy). Off: only protectBusy applies.
+    prefer_idle: bool = True
+    # Victim class -> preemptor classes that may never preempt a busy pod of it ("*": every
+    # class). Unknown evidence counts as busy; with no candidate left the preemptor waits.
+    protect_busy: dict[Name, list[Name]] = msgspec.field(default_factory=dict)
+
+
 class Policy(Config, frozen=True):
     api_version: Literal["gpusteward.io/v1alpha1"] = "gpusteward.io/v1alpha1"
     kind: Literal["Policy"] = "Policy"
@@ -194,6 +203,7 @@ class Policy(Config, frozen=True):
     reclaim: Reclaim = _factory(Reclaim)
     teams: dict[str, Team] = msgspec.field(default_factory=dict)
     queue: Queue = _factory(Queue)
+    preemption: Preemption = _factory(Preemption)
 
 
 class PolicyError(Exception):
@@ -266,6 +276,13 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
         for tier_name in team.quota_by_tier:
             if tier_name not in tiers:
                 yield FieldError(("teams", name, "quotaByTier", tier_name), "unknown card tier")
+    for victim, preemptors in p.preemption.protect_busy.items():
+        if victim != "*" and victim not in p.classes:
+            yield FieldError(("preemption", "protectBusy", victim), "unknown workload class")
+        for i, name in enumerate(preemptors):
+            if name != "*" and name not in p.classes:
+                yield FieldError(("preemption", "protectBusy", victim, i),
+                                 f"unknown workload class {name!r}")
     for f in msgspec.structs.fields(IdleRule):
         if getattr(p.reclaim.idle, f.name) is None:
             yield FieldError(("reclaim", "idle", f.encode_name),

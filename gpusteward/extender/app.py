@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.core.model import Telemetry
-from gpusteward.extender import wire
+from gpusteward.extender import preempt, wire
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.extender.replies import Outcome, filter_reply, prioritize_reply
 from gpusteward.extender.view import PlacementView
@@ -46,6 +46,7 @@ class Extender:
     watches: Sequence[Watch] = ()
     refresh_seconds: float = 15.0
     metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
+    evidence: preempt.EvidenceSource | None = None  # per-pod idle evidence for /preempt
     last_ok: float = 0.0
 
     def __post_init__(self) -> None:
@@ -105,7 +106,7 @@ class Limits:
 
 
 LIMITS = web.AppKey("limits", Limits)
-VERBS = ("filter", "prioritize")
+VERBS = ("filter", "prioritize", "preempt")
 # aiohttp would inflate a gzip body inside the event loop, also to drain one we refused; idle
 # keep-alive connections are closed after a minute (aiohttp's default is an hour).
 SERVER_OPTIONS = {"auto_decompress": False, "keepalive_timeout": 60.0}
@@ -123,11 +124,14 @@ def create_app(extender: Extender, *, max_body_bytes: int = 32 << 20,
     app.add_routes([
         web.post("/filter", _verb("filter", filter_reply)),
         web.post("/prioritize", _verb("prioritize", prioritize_reply)),
+        web.post("/preempt", _preempt),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),
         web.get("/metrics", metrics),
     ])
     app.cleanup_ctx.append(_background)
+    preempt.install(app, extender.view.policy, extender.view.fleet, extender.evidence,
+                    extender.metrics)
     return app
 
 
@@ -221,19 +225,32 @@ async def _body(request: web.Request) -> bytes:
         budget.used -= size
 
 
+async def _preempt(request: web.Request) -> web.Response:
+    """The scheduler's preemption candidates, kept or dropped by their victims' idleness."""
+    try:
+        body = request.app[preempt.PREEMPTER].respond(await _body(request))
+    except (wire.BadRequest, _Refused) as e:
+        return _refusal("preempt", e, _error(str(e)))
+    return web.Response(body=body, content_type=JSON)
+
+
+def _refusal(verb: str, e: wire.BadRequest | _Refused, body: bytes) -> web.Response:
+    status = e.status if isinstance(e, _Refused) else 400
+    log.warning("bad %s request (%d): %s", verb, status, e)
+    response = web.Response(body=body, status=status, content_type=JSON)
+    if isinstance(e, _Refused):
+        response.force_close()  # do not drain a body we would not read
+    return response
+
+
 def _verb(verb: str, answer: Answer) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
         ext = request.app[EXTENDER]
         try:
             outcome = answer(ext.view, wire.decode_args(await _body(request)))
         except (wire.BadRequest, _Refused) as e:
-            status = e.status if isinstance(e, _Refused) else 400
-            body = wire.error_result(str(e)) if verb == "filter" else _error(str(e))
-            log.warning("bad %s request (%d): %s", verb, status, e)
-            response = web.Response(body=body, status=status, content_type=JSON)
-            if isinstance(e, _Refused):
-                response.force_close()  # do not drain a body we would not read
-            return response
+            return _refusal(verb, e, wire.error_result(str(e)) if verb == "filter"
+                            else _error(str(e)))
         if outcome.unknown_nodes:
             ext.metrics.unknown_nodes.labels(verb).inc(outcome.unknown_nodes)
         return web.Response(body=outcome.body, content_type=JSON)

@@ -21,6 +21,7 @@ from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import Policy
 from gpusteward.extender.app import Extender, Limits, create_app, create_metrics_app
@@ -53,15 +54,17 @@ async def _serve(policy: Policy, args: argparse.Namespace,
                  stack: contextlib.AsyncExitStack) -> int:
     fleet = FleetStore()
     view = PlacementView(policy, fleet)
-    telemetry = None
+    telemetry = evidence = None
     if prometheus:
         telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health,
                                      locate=lambda: (fleet.nodes, fleet.pod_nodes()))
+        evidence = SnapshotReader(api, telemetry, policy)  # the reclaimer's idle evidence
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")
     watches = [Watcher(api, fleet, kind, policy.resources) for kind in ("nodes", "pods")]
-    extender = Extender(view, telemetry, watches, float(policy.telemetry.refresh))
+    extender = Extender(view, telemetry, watches, float(policy.telemetry.refresh),
+                        evidence=evidence)
     max_body = args.max_body_mb << 20
     app = create_app(extender, limits=Limits(max_body_bytes=max_body,
                                              body_budget_bytes=3 * max_body))

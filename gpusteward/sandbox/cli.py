@@ -13,6 +13,9 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--with-extender", action="store_true",
                     help="run the extender behind the real kube-scheduler")
     up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")
+    up.add_argument("--no-preemption", action="store_true",
+                    help="disable the scheduler's DefaultPreemption (on by default, as in real "
+                         "clusters): waiting pods are left to queue enforcement alone")
     up.add_argument("--telemetry", choices=("simulator", "agent"), default="simulator",
                     help="GPU metrics from the DCGM simulator (default) or from a real "
                          "`gpusteward agent` per node over the NVML test library")

@@ -69,6 +69,10 @@ class SandboxConfig:
     with_reclaimer: bool = False
     policy: Path = SANDBOX_POLICY
     node_cache_capable: bool = True
+    # The scheduler's DefaultPreemption, on as in real clusters; off leaves waiting pods to
+    # gpusteward's queue enforcement alone. preempt_verb: whether the extender steers it.
+    preemption: bool = True
+    preempt_verb: bool = True
     scrape_interval: str = "1s"
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
     telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
@@ -390,14 +394,15 @@ class Sandbox:
         config["clientConnection"] = {"kubeconfig": str(self.kubeconfig), "qps": 500,
                                       "burst": 1000}
         config["leaderElection"] = {"leaderElect": False}
-        # Preemption is left to gpusteward's queue enforcement, which displaces idle GPUs only
-        # (see docs/operations.md); the scheduler's own would evict busy pods as readily.
-        config["profiles"] = [{"schedulerName": "default-scheduler", "plugins": {
-            "postFilter": {"disabled": [{"name": "DefaultPreemption"}]}}}]
+        if not self.cfg.preemption:  # waiting pods left to queue enforcement alone
+            config["profiles"] = [{"schedulerName": "default-scheduler", "plugins": {
+                "postFilter": {"disabled": [{"name": "DefaultPreemption"}]}}}]
         if self.cfg.with_extender:
             for ext in config["extenders"]:
                 ext["urlPrefix"] = self.extender_url
                 ext["nodeCacheCapable"] = self.cfg.node_cache_capable
+                if not self.cfg.preempt_verb:
+                    ext.pop("preemptVerb", None)
         else:
             config.pop("extenders", None)
         return config
@@ -416,9 +421,14 @@ class Sandbox:
         return f"https://127.0.0.1:{self.ports['scheduler']}/metrics"
 
     def restart_scheduler(self, *, node_cache_capable: bool | None = None,
-                          with_extender: bool | None = None) -> None:
+                          with_extender: bool | None = None, preemption: bool | None = None,
+                          preempt_verb: bool | None = None) -> None:
         if node_cache_capable is not None:
             self.cfg.node_cache_capable = node_cache_capable
+        if preemption is not None:
+            self.cfg.preemption = preemption
+        if preempt_verb is not None:
+            self.cfg.preempt_verb = preempt_verb
         if with_extender is not None:
             self.cfg.with_extender = with_extender
         self.stop_component("scheduler")

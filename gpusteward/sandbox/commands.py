@@ -40,6 +40,7 @@ def up(args: argparse.Namespace) -> int:
     cfg = SandboxConfig(state_dir=state_dir, fleet=fleet, with_extender=args.with_extender,
                         with_reclaimer=args.with_reclaimer, telemetry=args.telemetry,
                         honor_labels=args.honor_labels,
+                        preemption=not args.no_preemption,
                         detach=True,
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.policy:

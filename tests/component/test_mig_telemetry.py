@@ -75,7 +75,7 @@ async def test_the_extender_reads_each_instance_from_engine_activity(prometheus)
 async def test_the_reclaimer_judges_mig_pods_by_engine_activity(prometheus, now, pod, state):
     pods = (gpu_pod(pod, node="m1", gpus=1),)
     reader = SnapshotReader(None, source(prometheus.url), POLICY)
-    evidence, ok, problem = await reader._evidence(pods, now)
+    evidence, ok, problem = await reader.evidence(pods, now)
     assert ok, problem  # the freshness probe finds the MIG series
     rule = rule_for(pods[0], POLICY)
     assert judge(evidence[rule.window].get(f"ml/{pod}"), rule, 1)[0] == state

@@ -101,7 +101,7 @@ async def test_the_reclaimers_evidence_halts_unless_tls_verifies(
                                       basic_auth_password_file=password_file(tmp_path))
     source = PrometheusSource(connection, POLICY.telemetry, POLICY.health, attempts=1)
     busy = pod("busy0", node="h-hot", bound_at=time.time() - 3600)
-    _, telemetry_ok, problem = await SnapshotReader(None, source, POLICY)._evidence(
+    _, telemetry_ok, problem = await SnapshotReader(None, source, POLICY).evidence(
         (busy,), time.time())
     # A cycle whose telemetry is not ok halts: nothing is marked, warned or reclaimed.
     assert telemetry_ok is ok

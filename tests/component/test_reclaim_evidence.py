@@ -74,7 +74,7 @@ def prometheus(request, prometheus_factory, now):
 )
 async def test_evidence_over_the_window(prometheus, now, pod, gpus, state):
     pods = (on_node(pod, gpus),)
-    evidence, ok, problem = await reader(prometheus.url)._evidence(pods, now)
+    evidence, ok, problem = await reader(prometheus.url).evidence(pods, now)
     assert ok, problem
     rule = rule_for(pods[0], POLICY)
     assert judge(evidence[rule.window].get(f"ml/{pod}"), rule, gpus)[0] == state
@@ -82,7 +82,7 @@ async def test_evidence_over_the_window(prometheus, now, pod, gpus, state):
 
 async def test_peak_and_coverage_are_measured(prometheus, now):
     pods = (on_node("idle", 2), on_node("sparse"))
-    evidence, _, _ = await reader(prometheus.url)._evidence(pods, now)
+    evidence, _, _ = await reader(prometheus.url).evidence(pods, now)
     ev = evidence[1800.0]["ml/idle"]
     assert ev.peak_percent == 2.0 and ev.gpus_seen == 2
     assert 0.95 <= ev.coverage <= 1.0
@@ -94,7 +94,7 @@ async def test_only_pods_holding_gpus_on_the_node_get_evidence(prometheus, now):
     # true) holds no GPU; a pod the API server places on another node is not the holder either.
     exporter = gpu_pod(DCGM_EXPORTER.pod("n1"), ns=DCGM_EXPORTER.namespace, gpus=0)
     moved = gpu_pod("busy", node="n2")
-    evidence, ok, _ = await reader(prometheus.url)._evidence(
+    evidence, ok, _ = await reader(prometheus.url).evidence(
         (on_node("idle", 2), exporter, moved), now)
     assert ok
     assert set(evidence[1800.0]) == {"ml/idle"}
@@ -102,9 +102,9 @@ async def test_only_pods_holding_gpus_on_the_node_get_evidence(prometheus, now):
 
 async def test_queries_per_cycle_do_not_grow_with_the_pods(prometheus, now):
     r = reader(prometheus.url)
-    await r._evidence((gpu_pod("idle"),), now)
+    await r.evidence((gpu_pod("idle"),), now)
     few = r.prometheus.queries_run
-    await r._evidence(tuple(gpu_pod(f"p{i}") for i in range(500)), now)
+    await r.evidence(tuple(gpu_pod(f"p{i}") for i in range(500)), now)
     assert r.prometheus.queries_run - few == few == 3  # freshness + peak + count, one window
 
 
@@ -117,11 +117,11 @@ async def test_queries_per_cycle_do_not_grow_with_the_pods(prometheus, now):
 )
 async def test_stale_telemetry_halts_the_cycle(prometheus_factory, now, ended_ago, problem):
     prom = prometheus_factory(history_openmetrics=history(now, now - ended_ago))
-    _, ok, why = await reader(prom.url)._evidence((gpu_pod("idle"),), now)
+    _, ok, why = await reader(prom.url).evidence((gpu_pod("idle"),), now)
     assert not ok and problem in why
 
 
 async def test_unreachable_prometheus_halts_the_cycle(unused_tcp_port, now):
-    _, ok, problem = await reader(f"http://127.0.0.1:{unused_tcp_port}")._evidence(
+    _, ok, problem = await reader(f"http://127.0.0.1:{unused_tcp_port}").evidence(
         (gpu_pod("idle"),), now)
     assert not ok and "unreachable" in problem

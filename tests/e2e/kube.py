@@ -87,6 +87,13 @@ class Namespace:
                         timeout=timeout)
 
 
+def apply_priority_classes(api: KubeHTTP, values: dict[str, int]) -> None:
+    for name, value in values.items():
+        api.apply(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}", {
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value})
+
+
 def promql(prometheus_url: str, query: str) -> list[dict[str, Any]]:
     """An instant query's result vector."""
     url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})

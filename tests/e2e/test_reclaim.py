@@ -26,6 +26,7 @@ from gpusteward.sandbox.simulator import VIRTUAL_GPUS_LABEL
 from tests.e2e import scenarios
 from tests.e2e.kube import (
     annotations,
+    apply_priority_classes,
     cycle_for,
     cycle_until,
     gone,
@@ -41,11 +42,7 @@ PRIORITIES = {"gpu-low": 100, "gpu-mid": 5000, "gpu-high": 10000, "gpu-critical"
 
 @pytest.fixture(scope="module", autouse=True)
 def priority_classes(sandbox):
-    api = sandbox.api()
-    for name, value in PRIORITIES.items():
-        api.apply(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}", {
-            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-            "metadata": {"name": name}, "value": value})
+    apply_priority_classes(sandbox.api(), PRIORITIES)
 
 
 async def test_an_idle_bare_pod_is_warned_then_evicted(ns, reclaimer):
@@ -223,7 +220,11 @@ async def test_a_protected_priority_pod_is_never_touched(ns, reclaimer):
     assert not [r for r in reasons(ns, "vip") if r.startswith("GPU")]
 
 
-async def test_a_pending_pod_gets_exactly_the_right_idle_pod_reclaimed(ns, reclaimer):
+async def test_a_pending_pod_gets_exactly_the_right_idle_pod_reclaimed(ns, reclaimer,
+                                                                      scheduler_with):
+    # Queue enforcement alone: with DefaultPreemption on the scheduler would act first
+    # (tests/e2e/test_preemption.py shows the two together).
+    scheduler_with(preemption=False)
     # l4-0: idle, low priority. l4-1: idle, high priority. l4-2: busy. All L4 GPUs are taken.
     ns.create_pod(gpu_pod("low-idle", 4, node="l4-0", util="0", priority_class="gpu-low"))
     ns.create_pod(gpu_pod("high-idle", 4, node="l4-1", util="0", priority_class="gpu-high"))

@@ -37,6 +37,19 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
 
 
 @pytest.fixture
+def scheduler_with(sandbox: Sandbox) -> Callable[..., None]:
+    """scheduler_with(preemption=, preempt_verb=, node_cache_capable=): restart the shared
+    sandbox's scheduler with these settings unless it already runs with them. A test states
+    what it needs; the next one that needs otherwise restarts it again."""
+
+    def ensure(**wanted: bool) -> None:
+        if any(getattr(sandbox.cfg, k) != v for k, v in wanted.items()):
+            sandbox.restart_scheduler(**wanted)
+
+    return ensure
+
+
+@pytest.fixture
 def api(sandbox: Sandbox) -> KubeHTTP:
     return sandbox.api()
 

@@ -119,6 +119,9 @@ def test_stale_or_unreachable_telemetry_means_no_action_this_cycle():
         pytest.param(warned("p", mirror=True), None, POLICY, "static", id="static-mirror-pod"),
         pytest.param(warned("p", deleting=True), None, POLICY, "terminating",
                      id="terminating-pod"),
+        # The scheduler's preemption is taking it: one path per pod (docs/operations.md).
+        pytest.param(warned("p", preempted=True), None, POLICY, "preempted by the scheduler",
+                     id="being-preempted"),
         pytest.param(warned("p", ns="kube-system"), None, POLICY, "excluded",
                      id="excluded-namespace"),
         pytest.param(warned("p", labels={"tier": "prod"}), None,
@@ -281,6 +284,8 @@ def test_a_pending_pod_reclaims_exactly_the_right_lower_priority_idle_pod():
         pytest.param(pending("w", 4, 1000, waited=10), "waited too little", id="not-waited-enough"),
         pytest.param(pending("w", 4, 1000, preemption_policy="Never"), "Never",
                      id="preemption-policy-never"),
+        pytest.param(pending("w", 4, 1000, nominated_node="n1"), "the scheduler preempts for it",
+                     id="nominated-by-scheduler-preemption"),
         pytest.param(pending("w", 4, 5), "all idle pods outrank it", id="priority-too-low"),
         pytest.param(pending("w", 4, 1000, annotations={"gpusteward.io/card-types":
                                                         "NVIDIA-L4"}), "fits l4 already",

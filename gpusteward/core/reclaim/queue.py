@@ -3,7 +3,9 @@
 A pending GPU pod that the scheduler found unschedulable, waiting at least `queue.minWait` and
 allowed to preempt, may have idle pods reclaimed for it — only pods of strictly lower priority
 (or of equal priority from an over-quota team while the waiting team is under its quota), only on
-a node where it then fits (card, GPUs, node selector, taints), and as few as possible.
+a node where it then fits (card, GPUs, node selector, taints), and as few as possible. A pod
+the scheduler already nominated a node for (its own preemption is freeing that node) is left
+to the scheduler: one path per pod.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def waiting(pods: Iterable[Pod], now: float, min_wait: float) -> list[Pod]:
     """Pending GPU pods the scheduler gave up on for now, highest priority (then oldest) first."""
     out = [p for p in pods if p.node is None and not p.deleting and p.gpus > 0
            and p.unschedulable_since is not None and now - p.unschedulable_since >= min_wait
-           and p.preemption_policy != "Never"]
+           and p.preemption_policy != "Never" and p.nominated_node is None]
     return sorted(out, key=lambda p: (-p.priority, p.unschedulable_since or 0, p.uid))
 
 

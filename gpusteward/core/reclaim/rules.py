@@ -92,6 +92,8 @@ def protections(pod: Pod, owner: Owner | None, policy: Policy, now: float) -> It
         yield "static (mirror) pod"
     if pod.deleting:
         yield "already terminating"
+    if pod.preempted:
+        yield "being preempted by the scheduler"
     if pod.namespace in r.exclude_namespaces:
         yield f"namespace {pod.namespace} is excluded"
     if r.exclude_pod_labels and all(pod.labels.get(k) == v

@@ -129,6 +129,7 @@ GPU resources, so pods asking for any of them (MIG profiles too) reach the exten
 {{- $policy := include "gpusteward.policy" . | fromJson -}}
 filterVerb: filter
 prioritizeVerb: prioritize
+preemptVerb: preempt
 weight: {{ .Values.scheduler.extenderWeight }}
 nodeCacheCapable: true
 ignorable: true

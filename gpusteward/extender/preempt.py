@@ -1,0 +1,277 @@
+"""The preempt verb: keep the scheduler's preemption candidates whose victims are the most idle.
+
+Wire format (`k8s.io/kube-scheduler/extender/v1`, no JSON tags, so Go field names):
+ExtenderPreemptionArgs {Pod, NodeNameToVictims, NodeNameToMetaVictims} in, one of the two maps
+set (full pods without nodeCacheCapable, UIDs with it); ExtenderPreemptionResult
+{NodeNameToMetaVictims} out. A node left out of the result stops being a candidate.
+
+Each victim is judged by the reclaimer's own idle rule over the reclaimer's own evidence
+(adapters/snapshot.py: a fixed set of PromQL queries), fetched in the background every
+`reclaim.interval`; a request only looks judgements up. The choice itself is
+core/preemption.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from operator import attrgetter
+from typing import Annotated, Protocol
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpusteward.core.fleet import FleetStore
+from gpusteward.core.kubewire import WirePod
+from gpusteward.core.model import Pod, class_of
+from gpusteward.core.policy import Policy
+from gpusteward.core.preemption import Candidates, Choice, Shield, choose, shield_for
+from gpusteward.core.reclaim.model import Evidence, Rule
+from gpusteward.core.reclaim.rules import judge, rule_for
+from gpusteward.extender.metrics import ExtenderMetrics
+from gpusteward.extender.wire import BadRequest
+
+log = logging.getLogger("gpusteward.extender")
+
+EvidenceByWindow = Mapping[float, Mapping[str, Evidence]]
+
+
+# --- wire --------------------------------------------------------------------------------------
+# Checked while decoding (a candidate always has victims, a victim its UID), so that a request
+# with thousands of candidates is validated at C speed.
+class MetaPod(msgspec.Struct, gc=False):
+    UID: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class MetaVictims(msgspec.Struct, gc=False):
+    Pods: Annotated[list[MetaPod], msgspec.Meta(min_length=1)]
+    NumPDBViolations: int = 0
+
+
+class Victims(msgspec.Struct):
+    Pods: Annotated[list[WirePod], msgspec.Meta(min_length=1)]
+    NumPDBViolations: int = 0
+
+
+class PreemptionArgs(msgspec.Struct, forbid_unknown_fields=True):
+    Pod: WirePod | None = None
+    NodeNameToVictims: dict[str, Victims] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+
+
+class PreemptionResult(msgspec.Struct):
+    NodeNameToMetaVictims: dict[str, MetaVictims]
+
+
+_decoder = msgspec.json.Decoder(PreemptionArgs)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_preemption_args(body: bytes) -> PreemptionArgs:
+    if not body:
+        raise BadRequest("empty body: expected ExtenderPreemptionArgs JSON")
+    try:
+        args = _decoder.decode(body)
+    except msgspec.ValidationError as e:
+        hint = (" (keys are PascalCase: Pod, NodeNameToVictims, NodeNameToMetaVictims)"
+                if "unknown field" in str(e) else "")
+        raise BadRequest(f"invalid ExtenderPreemptionArgs: {e}{hint}") from e
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"malformed JSON: {e}") from e
+    if args.Pod is None:
+        raise BadRequest("ExtenderPreemptionArgs has no Pod")
+    if args.NodeNameToVictims is None and args.NodeNameToMetaVictims is None:
+        raise BadRequest("ExtenderPreemptionArgs has neither NodeNameToVictims nor "
+                         "NodeNameToMetaVictims")
+    return args
+
+
+# --- judgements --------------------------------------------------------------------------------
+class VictimBook:
+    """Every bound GPU pod judged by its reclaim idle rule, rebuilt from evidence; kept as sets
+    so that a request with thousands of candidates costs set operations, not Python loops."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.idle: set[str] = set()  # uids
+        self.classes: dict[str, str] = {}  # uid -> workload class, every judged pod
+        self._shielded: dict[Shield, set[str]] = {}  # busy uids each Shield covers
+
+    def rebuild(self, pods: Iterable[Pod], evidence: EvidenceByWindow) -> None:
+        rules: dict[tuple[str, str], Rule] = {}  # rule_for depends on class and PriorityClass
+        idle, classes = set(), {}
+        for pod in pods:
+            if pod.node is None:
+                continue
+            cls = classes[pod.uid] = class_of(pod.labels, pod.annotations,
+                                              self.policy.default_class)
+            rule = rules.get((cls, pod.priority_class))
+            if rule is None:
+                rule = rules[(cls, pod.priority_class)] = rule_for(pod, self.policy)
+            state, _ = judge(evidence.get(rule.window, {}).get(pod.key), rule, pod.gpus)
+            if state == "idle":
+                idle.add(pod.uid)
+        self.idle, self.classes, self._shielded = idle, classes, {}
+
+    def shielded(self, shield: Shield) -> set[str]:
+        found = self._shielded.get(shield)
+        if found is None:
+            found = self._shielded[shield] = {u for u, c in self.classes.items()
+                                              if u not in self.idle and shield.covers(c)}
+        return found
+
+    def class_of_unjudged(self, uid: str, fleet: FleetStore, pod: WirePod | None) -> str | None:
+        """A pod bound since the last rebuild (busy until judged), from the watch or, in
+        full-victim mode, from the request; None: a pod gpusteward does not know."""
+        cached = fleet.pods.get(uid)
+        if cached is not None:
+            return class_of(cached.labels, cached.annotations, self.policy.default_class)
+        if pod is not None:
+            return class_of(pod.metadata.labels or {}, pod.metadata.annotations or {},
+                            self.policy.default_class)
+        return None
+
+
+class EvidenceSource(Protocol):
+    async def evidence(self, pods: tuple[Pod, ...],
+                       now: float) -> tuple[dict[float, dict[str, Evidence]], bool, str]: ...
+
+
+class PreemptionMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.answers = Counter(
+            "gpusteward_extender_preemption_answers_total",
+            "Preempt calls by the tier of the candidates kept (idle, partly-idle, busy; none: "
+            "every candidate shielded by protectBusy, the preemptor waits).",
+            ["kept"], registry=registry)
+        self.dropped = Counter(
+            "gpusteward_extender_preemption_dropped_nodes_total",
+            "Candidate nodes left out of preempt answers, by why (protected: a busy victim "
+            "shielded by protectBusy; ranked: more PDB violations or less idle than others).",
+            ["why"], registry=registry)
+        self.evidence_ok = Gauge(
+            "gpusteward_extender_preemption_evidence_ok",
+            "1 when the last idle-evidence refresh succeeded; 0: every victim counts as busy.",
+            registry=registry)
+
+
+class Preempter:
+    def __init__(self, policy: Policy, fleet: FleetStore, source: EvidenceSource | None,
+                 registry: CollectorRegistry, clock: Callable[[], float] = time.time):
+        self.policy = policy
+        self.fleet = fleet
+        self.source = source
+        self.clock = clock
+        self.book = VictimBook(policy)
+        self.metrics = PreemptionMetrics(registry)
+
+    async def refresh(self) -> None:
+        """One evidence refresh: the reclaimer's queries, then every bound GPU pod judged."""
+        evidence: dict[float, dict[str, Evidence]] = {}
+        ok, problem = False, "no Prometheus configured"
+        pods = tuple(self.fleet.pods.values())
+        if self.source is not None:
+            evidence, ok, problem = await self.source.evidence(pods, self.clock())
+        if not ok:
+            log.warning("no idle evidence for preemption, every victim counts as busy: %s",
+                        problem)
+        self.metrics.evidence_ok.set(1 if ok else 0)
+        self.book.rebuild(pods, evidence)
+
+    def respond(self, body: bytes) -> bytes:
+        """Decode and answer one request. A large request makes thousands of short-lived
+        containers, none in a reference cycle: with the cycle collector running, they were
+        promoted through its generations until a full collection over the whole watch cache
+        (tens of ms at 5,000 nodes) landed inside a request. Paused here, they are freed by
+        reference counting as usual; nothing else runs meanwhile (no await in between)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self.answer(decode_preemption_args(body))
+        finally:
+            if enabled:
+                gc.enable()
+
+    def answer(self, args: PreemptionArgs) -> bytes:
+        assert args.Pod is not None
+        preemptor = class_of(args.Pod.metadata.labels or {}, args.Pod.metadata.annotations or {},
+                             self.policy.default_class)
+        shield = shield_for(preemptor, self.policy.preemption)
+        if args.NodeNameToMetaVictims is not None:
+            echo = args.NodeNameToMetaVictims
+            full: dict[str, dict[str, WirePod]] = {}
+        else:
+            assert args.NodeNameToVictims is not None
+            full = {node: {_uid(node, p.metadata.uid): p for p in v.Pods}
+                    for node, v in args.NodeNameToVictims.items()}
+            echo = {node: MetaVictims([MetaPod(u) for u in full[node]], v.NumPDBViolations)
+                    for node, v in args.NodeNameToVictims.items()}
+        pods = list(map(_PODS, echo.values()))
+        victims = list(map(len, pods))
+        idle = self.book.idle.intersection  # per node, the lookups run in C
+        candidates = Candidates(list(echo), victims, [len(idle(map(_UID, p))) for p in pods],
+                                list(map(_PDB, echo.values())))
+        if shield:
+            candidates.shielded = [self._shielded(p, shield, full.get(n, {}))
+                                   for n, p in zip(candidates.nodes, pods, strict=True)]
+        choice = choose(candidates, self.policy.preemption)
+        self._count(choice)
+        return _encoder.encode(PreemptionResult({node: echo[node] for node in choice.kept}))
+
+    def _shielded(self, victims: list[MetaPod], shield: Shield,
+                  pods: Mapping[str, WirePod]) -> bool:
+        book = self.book
+        uids = list(map(_UID, victims))
+        return not book.shielded(shield).isdisjoint(uids) or any(
+            shield.covers(book.class_of_unjudged(u, self.fleet, pods.get(u)))
+            for u in uids if u not in book.classes)
+
+    def _count(self, choice: Choice) -> None:
+        self.metrics.answers.labels(choice.tier or "none").inc()
+        if choice.vetoed:
+            self.metrics.dropped.labels("protected").inc(len(choice.vetoed))
+        if choice.dropped:
+            self.metrics.dropped.labels("ranked").inc(len(choice.dropped))
+
+
+_UID, _PODS, _PDB = attrgetter("UID"), attrgetter("Pods"), attrgetter("NumPDBViolations")
+
+
+def _uid(node: str, uid: str) -> str:
+    if not uid:
+        raise BadRequest(f"a victim on node {node!r} has no UID")
+    return uid
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+PREEMPTER = web.AppKey("preempter", Preempter)
+
+
+def install(app: web.Application, policy: Policy, fleet: FleetStore,
+            source: EvidenceSource | None, metrics: ExtenderMetrics) -> None:
+    """Hold the Preempter for POST /preempt (routed, limited and counted in app.py like the
+    other verbs) and refresh its evidence every reclaim.interval in the background."""
+    app[PREEMPTER] = Preempter(policy, fleet, source, metrics.registry)
+    app.cleanup_ctx.append(_background)
+
+
+async def _refresh_loop(preempter: Preempter) -> None:
+    while True:
+        try:
+            await preempter.refresh()
+        except Exception:  # a bug here must not stop scheduling: log it and go on
+            log.exception("preemption evidence refresh crashed")
+        await asyncio.sleep(float(preempter.policy.reclaim.interval))
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(_refresh_loop(app[PREEMPTER]))
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
