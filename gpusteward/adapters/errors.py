@@ -21,3 +21,8 @@ class WatchExpired(KubeError):
 
 class KubeConfigError(AdapterError):
     """No usable kubeconfig or in-cluster service account."""
+
+
+class LeaseLost(AdapterError):
+    """This replica may not write to the cluster now: it does not hold the Lease (any more),
+    or cannot show the API server that it does."""

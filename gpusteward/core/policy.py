@@ -94,6 +94,8 @@ class WorkloadClass(Config, frozen=True):
     placement: Literal["binpack", "spread"] = "binpack"
     weights: Weights = _factory(Weights)
     idle: IdleRule = _factory(IdleRule)
+    # Caps the eviction grace of this class's pods (else their own grace is the floor).
+    eviction_grace_cap: Duration | None = None
 
 
 def _default_classes() -> dict[str, WorkloadClass]:
@@ -260,3 +262,5 @@ def _class_errors(
     w = cls.weights
     if w.card + w.coolness + w.packing + w.health <= 0:
         yield FieldError((*path, "weights"), "at least one weight must be above zero")
+    if cls.eviction_grace_cap is not None and cls.eviction_grace_cap <= 0:
+        yield FieldError((*path, "evictionGraceCap"), "must be above zero: pods get time to exit")
