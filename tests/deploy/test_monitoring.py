@@ -45,7 +45,7 @@ def test_promtool_accepts_the_prometheusrule_groups(
     result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout
 
 
 def test_alerts_cover_what_operators_must_hear_about(
@@ -55,7 +55,8 @@ def test_alerts_cover_what_operators_must_hear_about(
         "GpustewardTelemetryStale", "GpustewardReclaimerTelemetryDown",
         "GpustewardReclaimerNotLeading", "GpustewardReclaimerCyclesFailing",
         "GpustewardExtenderErrors", "GpustewardExtenderSlow",
-        "GpustewardEvictionsRepeatedlyBlocked", "GpustewardReclaimLedgerNotSaved"}
+        "GpustewardEvictionsRepeatedlyBlocked", "GpustewardReclaimLedgerNotSaved",
+        "GpustewardReclaimerFenced"}
 
 
 def test_alerts_name_only_metrics_the_apps_export(
