@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -117,21 +118,33 @@ class LeaseGuard:
         holder = spec.holder_identity
         if holder and holder != self.identity and not self._expired(holder, spec):
             return False
-        now = datetime.fromtimestamp(self.clock(), UTC)
-        if holder != self.identity:
-            spec.acquire_time = now
-            spec.lease_transitions = (spec.lease_transitions or 0) + 1
-        spec.holder_identity, spec.renew_time = self.identity, now
-        spec.lease_duration_seconds = self.duration
+        now = self.clock()
+        taking = holder != self.identity
+        body = self._record(now if taking or spec.acquire_time is None
+                            else spec.acquire_time.timestamp(), now,
+                            (spec.lease_transitions or 0) + taking)
+        body["metadata"]["resourceVersion"] = lease.metadata.resource_version
         try:
             await self.coordination.replace_namespaced_lease(
-                self.name, self.namespace, lease, _request_timeout=self.call_timeout)
+                self.name, self.namespace, body, _request_timeout=self.call_timeout)
         except ApiException as e:
             if e.status == 409:
                 return False  # another candidate wrote first
             raise
         self._renewed = started
         return True
+
+    def _record(self, acquired: float, renewed: float, transitions: int,
+                holder: str | None = None, duration: int | None = None) -> Any:
+        """The Lease as a plain body (the client sends dicts as they are; its models would
+        serialize a MicroTime without its fraction when that is zero, which the server rejects)."""
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {"holderIdentity": self.identity if holder is None else holder,
+                         "acquireTime": _micro_time(acquired),
+                         "renewTime": _micro_time(renewed),
+                         "leaseDurationSeconds": duration or self.duration,
+                         "leaseTransitions": transitions}}
 
     def _expired(self, holder: str, spec: client.V1LeaseSpec) -> bool:
         record = (holder, spec.renew_time)
@@ -141,12 +154,8 @@ class LeaseGuard:
         return self.monotonic() - self._seen_at > duration
 
     async def _create(self, started: float) -> bool:
-        now = datetime.fromtimestamp(self.clock(), UTC)
-        body = client.V1Lease(
-            metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
-            spec=client.V1LeaseSpec(holder_identity=self.identity, acquire_time=now,
-                                    renew_time=now, lease_duration_seconds=self.duration,
-                                    lease_transitions=0))
+        now = self.clock()
+        body = self._record(now, now, 0)
         try:
             await self.coordination.create_namespaced_lease(
                 self.namespace, body, _request_timeout=self.call_timeout)
@@ -165,14 +174,22 @@ class LeaseGuard:
         try:
             lease = await self.coordination.read_namespaced_lease(
                 self.name, self.namespace, _request_timeout=self.call_timeout)
-            if lease.spec.holder_identity == self.identity:
-                lease.spec.holder_identity = ""
-                lease.spec.lease_duration_seconds = 1
+            spec = lease.spec
+            if spec.holder_identity == self.identity:
+                body = self._record(self.clock(), self.clock(), spec.lease_transitions or 0,
+                                    holder="", duration=1)
+                body["metadata"]["resourceVersion"] = lease.metadata.resource_version
                 await self.coordination.replace_namespaced_lease(
-                    self.name, self.namespace, lease, _request_timeout=self.call_timeout)
+                    self.name, self.namespace, body, _request_timeout=self.call_timeout)
         except FAILURES as e:
             log.warning("%s not released (a standby waits for it to expire): %s", self.where,
                         _describe(e))
+
+
+def _micro_time(t: float) -> str:
+    """A MicroTime as the API server parses it: always six fraction digits (Python's isoformat
+    drops them when they are all zero)."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _at(t: datetime | None) -> float:

@@ -28,7 +28,15 @@ from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_REASON, REPLICAS_BEFORE, Action
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
-from tests.e2e.kube import annotations, cycle_for, cycle_until, gone, gpu_pod, reasons
+from tests.e2e.kube import (
+    annotations,
+    cycle_for,
+    cycle_until,
+    gone,
+    gpu_pod,
+    promql,
+    reasons,
+)
 from tests.e2e.scenarios import due_pod
 
 DURATION = 6  # seconds: renew deadline 3 s, check margin 1.5 s
@@ -95,9 +103,12 @@ class HeldBeforeWrite:
         return await self.inner.apply(action)
 
 
-async def make_busy(ns, name: str) -> None:  # noqa: ANN001
+async def make_busy(ns, name: str, box) -> None:  # noqa: ANN001
+    """The pod computes again; returns once Prometheus holds a busy sample of it."""
     ns.api.merge_patch(ns.path("pods", name), {"metadata": {"annotations": {
         UTIL_ANNOTATION: "90"}}})
+    query = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{ns.name}",pod="{name}"}} >= 90'
+    await until(f"a busy sample of {name}", lambda: promql(box.prometheus_url, query))
 
 
 async def wait_out_min_pod_age(rec: Reclaimer) -> None:
@@ -105,7 +116,8 @@ async def wait_out_min_pod_age(rec: Reclaimer) -> None:
     await asyncio.sleep(float(rec.policy.reclaim.min_pod_age) + 1)
 
 
-async def test_a_paused_leader_does_not_evict_what_the_new_leader_found_busy(ns, reclaimer):
+async def test_a_paused_leader_does_not_evict_what_the_new_leader_found_busy(sandbox, ns,
+                                                                             reclaimer):
     lease = f"e2e-{ns.name}"
     ns.create_pod(due_pod("victim", node="h100-0"))
     ns.running("victim")
@@ -122,7 +134,7 @@ async def test_a_paused_leader_does_not_evict_what_the_new_leader_found_busy(ns,
     await asyncio.wait_for(gate.reached.wait(), 90)
     # The leader has decided to evict and stops, renewals included: the process is paused.
     renewing.cancel()
-    await make_busy(ns, "victim")
+    await make_busy(ns, "victim", sandbox)
     await asyncio.wait_for(new.acquire(), 4 * DURATION)
     standing = asyncio.create_task(new.hold())
     try:
@@ -138,7 +150,8 @@ async def test_a_paused_leader_does_not_evict_what_the_new_leader_found_busy(ns,
     assert paused.metrics.actions.labels("reclaim", "idle", ns.name, "fenced")._value.get() == 1
 
 
-async def test_a_leader_paused_after_its_fence_check_still_rechecks_the_pod(ns, reclaimer):
+async def test_a_leader_paused_after_its_fence_check_still_rechecks_the_pod(sandbox, ns,
+                                                                            reclaimer):
     # The fence passed just before the pause: the re-check of the pod itself must stop it.
     ns.create_pod(due_pod("victim", node="h100-1"))
     ns.running("victim")
@@ -149,7 +162,7 @@ async def test_a_leader_paused_after_its_fence_check_still_rechecks_the_pod(ns, 
     held = asyncio.create_task(cycle_until(paused, "the held cycle", gate.reached.is_set,
                                            timeout=90))
     await asyncio.wait_for(gate.reached.wait(), 90)
-    await make_busy(ns, "victim")
+    await make_busy(ns, "victim", sandbox)
     await cycle_until(other, "the busy pod's marks cleared",
                       lambda: IDLE_SINCE not in annotations(ns, "victim"))
     gate.release.set()
