@@ -70,6 +70,7 @@ class Gate:
     def __init__(self) -> None:
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
+        self.action: Action | None = None  # what the held cycle was about to do
 
     async def hold(self) -> None:
         self.reached.set()
@@ -92,13 +93,15 @@ class HeldAfterRead:
 
 
 class HeldBeforeWrite:
-    """The writer, paused just before the reclaim of ``pod`` (after the fence passed)."""
+    """The writer, paused just before the reclaim of ``pod`` (None: any), after the fence
+    passed."""
 
-    def __init__(self, rec: Reclaimer, pod: str, gate: Gate) -> None:
+    def __init__(self, rec: Reclaimer, pod: str | None, gate: Gate) -> None:
         self.inner, self.pod, self.gate = rec.writer, pod, gate
 
     async def apply(self, action: Action) -> str:
-        if action.kind == "reclaim" and action.pod.name == self.pod:
+        if action.kind == "reclaim" and self.pod in (None, action.pod.name):
+            self.gate.action = action
             await self.gate.hold()
         return await self.inner.apply(action)
 
@@ -168,6 +171,28 @@ async def test_a_leader_paused_after_its_fence_check_still_rechecks_the_pod(sand
     gate.release.set()
     await asyncio.wait_for(held, 60)
     assert not gone(ns, "victim")
+    assert paused.metrics.actions.labels("reclaim", "idle", ns.name, "stale")._value.get() == 1
+
+
+async def test_a_scale_down_rechecks_every_pod_of_the_workload(sandbox, ns, reclaimer):
+    # Both replicas idle when decided; one gets busy (its marks cleared by another replica)
+    # while the leader is held before the write: the Deployment keeps its replicas.
+    path = deployment(ns, "serve", 2, {}, node="a100-1", util="0")
+    await until("2 replicas running", lambda: len(running(ns, "serve")) == 2, timeout=90)
+    paused, other = await reclaimer("enforce"), await reclaimer("warn")
+    gate = Gate()
+    first, second = sorted(p["metadata"]["name"] for p in running(ns, "serve"))
+    paused.writer = HeldBeforeWrite(paused, None, gate)
+    held = asyncio.create_task(cycle_until(paused, "the held cycle", gate.reached.is_set,
+                                           timeout=120))
+    await asyncio.wait_for(gate.reached.wait(), 120)
+    busy = second if gate.action.pod.name == first else first
+    await make_busy(ns, busy, sandbox)
+    await cycle_until(other, "the busy replica's marks cleared",
+                      lambda: IDLE_SINCE not in annotations(ns, busy))
+    gate.release.set()
+    await asyncio.wait_for(held, 60)
+    assert ns.api.get(path)["spec"]["replicas"] == 2
     assert paused.metrics.actions.labels("reclaim", "idle", ns.name, "stale")._value.get() == 1
 
 
@@ -268,14 +293,22 @@ async def test_a_leader_killed_between_intent_and_action_still_counts_against_th
 
 # --- restore refuses what gpusteward did not stop, or a record it cannot believe ------------
 
-def deployment(ns, name: str, replicas: int, annotations: dict[str, str]) -> str:  # noqa: ANN001
-    pod = gpu_pod("x", 1, util="0", node="l4-2", labels={"app": name})
+def deployment(ns, name: str, replicas: int, annotations: dict[str, str],  # noqa: ANN001
+               node: str = "l4-2", util: str | None = None) -> str:
+    pod = gpu_pod("x", 1, util=util, node=node, labels={"app": name})
     ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/deployments", {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "annotations": annotations},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}}, "spec": pod["spec"]}}})
+                 "template": {"metadata": {"labels": {"app": name},
+                                           "annotations": pod["metadata"]["annotations"]},
+                              "spec": pod["spec"]}}})
     return f"/apis/apps/v1/namespaces/{ns.name}/deployments/{name}"
+
+
+def running(ns, app: str) -> list[dict]:  # noqa: ANN001
+    return [p for p in ns.pods() if p["metadata"].get("labels", {}).get("app") == app
+            and p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]]
 
 
 def restore(sandbox, target: str) -> subprocess.CompletedProcess:  # noqa: ANN001
@@ -307,14 +340,30 @@ def test_restore_refuses_a_deployment_it_cannot_trust(sandbox, ns, replicas, mar
     assert ns.api.get(path)["spec"]["replicas"] == replicas
 
 
-def test_restore_never_resumes_a_job_someone_else_suspended(sandbox, ns):
+def suspended_job(ns, name: str, annotations: dict[str, str]) -> str:  # noqa: ANN001
     template = gpu_pod("x", 1, util="0", node="l4-2")
     template["spec"]["restartPolicy"] = "Never"
-    path = f"/apis/batch/v1/namespaces/{ns.name}/jobs/queued"
     ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "queued"},
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "annotations": annotations},
         "spec": {"suspend": True, "template": {"spec": template["spec"]}}})
+    return f"/apis/batch/v1/namespaces/{ns.name}/jobs/{name}"
+
+
+def test_restore_never_resumes_a_job_someone_else_suspended(sandbox, ns):
+    path = suspended_job(ns, "queued", {})  # a queue controller's suspension: no reason
     out = restore(sandbox, f"{ns.name}/Job/queued")
     assert out.returncode == 1
     assert "was not stopped by gpusteward" in out.stderr
     assert ns.api.get(path)["spec"]["suspend"] is True
+
+
+def test_restore_resumes_a_job_gpusteward_suspended_once(sandbox, ns):
+    path = suspended_job(ns, "train", {RECLAIM_REASON: "idle"})
+    out = restore(sandbox, f"{ns.name}/Job/train")
+    assert out.returncode == 0, out.stderr
+    job = ns.api.get(path)
+    assert job["spec"]["suspend"] is False
+    assert RECLAIM_REASON not in (job["metadata"].get("annotations") or {})
+    again = restore(sandbox, f"{ns.name}/Job/train")
+    assert again.returncode == 1 and "was not stopped by gpusteward" in again.stderr
