@@ -1,9 +1,13 @@
 """Carry out reclaim actions against the API server: marks, Events, evictions, Job suspension,
-scaling to zero, and restoring. Returns a result word for metrics; never raises on API refusals.
+scaling to zero. Returns a result word for metrics; never raises on API refusals.
+
+Each action is first re-checked against the pods as they are now (``core.reclaim.recheck``):
+the decision was made on a snapshot, and a pod replaced, terminating or re-marked since (another
+replica cleared its marks because it got busy) is left alone.
 
 Results: done, blocked (a PodDisruptionBudget says not now: HTTP 429), gone (deleted meanwhile),
-forbidden (RBAC: the log names the permission), conflict (changed meanwhile, after retries),
-error.
+stale (changed since the decision), forbidden (RBAC: the log names the permission), conflict
+(changed meanwhile, after retries), error.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import stamp
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
@@ -26,6 +31,7 @@ from gpusteward.core.reclaim.model import (
     REPLICAS_BEFORE,
     Action,
 )
+from gpusteward.core.reclaim.recheck import changed, eviction_grace
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -39,19 +45,17 @@ CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
 
 
 class Actor:
-    def __init__(self, api: client.ApiClient, eviction_grace: float,
+    def __init__(self, api: client.ApiClient, policy: Policy,
                  clock: Callable[[], float] = time.time):
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
-        self.grace = max(1, int(eviction_grace))  # never a zero grace period
+        self.policy = policy
         self.clock = clock
         self.instance = socket.gethostname()
 
     async def apply(self, action: Action) -> str:
-        handler = {"mark": self._mark, "warn": self._warn, "clear": self._clear,
-                   "reclaim": self._reclaim}[action.kind]
-        result = await _guard(action, handler(action))
+        result = await _guard(action, self._carry_out(action))
         if result == "done":
             await self.event(action, EVENT_REASON[action.kind], action.message)
         elif result == "blocked":
@@ -59,6 +63,42 @@ class Actor:
                              f"eviction refused by a PodDisruptionBudget; retrying next cycle "
                              f"({action.message})", warning=True)
         return result
+
+    async def _carry_out(self, action: Action) -> str:
+        own_grace, why = await self._recheck(action)
+        if why:
+            return why
+        if action.kind == "reclaim":
+            await self._reclaim(action, own_grace)
+        else:
+            await {"mark": self._mark, "warn": self._warn, "clear": self._clear}[action.kind](
+                action)
+        return "done"
+
+    async def _recheck(self, action: Action) -> tuple[int | None, str]:
+        """(the pod's own terminationGracePeriodSeconds, "" or why the action is not carried
+        out: gone, stale). The acting pod and, for a workload, every pod the decision rests on."""
+        own: int | None = None
+        for decided in (action.pod, *action.peers):
+            try:
+                fresh = await self.core.read_namespaced_pod(decided.name, decided.namespace,
+                                                            _request_timeout=CALL_TIMEOUT)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                if decided is action.pod:
+                    raise
+                fresh = None
+            why = (f"pod {decided.key} is gone" if fresh is None else
+                   changed(decided, fresh.metadata.uid, fresh.metadata.annotations or {},
+                           fresh.metadata.deletion_timestamp is not None))
+            if why:
+                log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
+                            "%s", action.pod.key, action.kind, why)
+                return None, "stale"
+            if fresh is not None and decided is action.pod:
+                own = fresh.spec.termination_grace_period_seconds
+        return own, ""
 
     async def _annotate(self, action: Action, annotations: dict[str, str | None]) -> None:
         await self.core.patch_namespaced_pod(action.pod.name, action.pod.namespace,
@@ -75,12 +115,12 @@ class Actor:
     async def _clear(self, action: Action) -> None:
         await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None})
 
-    async def _reclaim(self, action: Action) -> None:
+    async def _reclaim(self, action: Action, own_grace: int | None) -> None:
         assert action.owner is not None
         await self._annotate(action, {RECLAIM_REASON: f"{action.reason}: {action.message}"})
         owner = action.owner
         if action.how == "evict":
-            await self._evict(action)
+            await self._evict(action, own_grace)
         elif action.how == "suspend":
             await self.batch.patch_namespaced_job(owner.name, owner.namespace, {
                 "metadata": {"annotations": {RECLAIM_REASON: action.reason}},
@@ -90,22 +130,25 @@ class Actor:
         else:
             raise ValueError(f"no way to reclaim by {action.how!r}")
 
-    async def _evict(self, action: Action) -> None:
+    async def _evict(self, action: Action, own_grace: int | None) -> None:
+        grace = eviction_grace(action.pod, own_grace, self.policy)
+        log.info("pod=%s evicting with a %ds grace period (its own: %s)", action.pod.key, grace,
+                 "unset" if own_grace is None else f"{own_grace}s")
         body = client.V1Eviction(
             metadata=client.V1ObjectMeta(name=action.pod.name, namespace=action.pod.namespace),
-            delete_options=client.V1DeleteOptions(grace_period_seconds=self.grace))
+            delete_options=client.V1DeleteOptions(grace_period_seconds=grace))
         await self.core.create_namespaced_pod_eviction(action.pod.name, action.pod.namespace,
                                                        body, _request_timeout=CALL_TIMEOUT)
 
     async def _scale_to_zero(self, kind: str, namespace: str, name: str, reason: str) -> None:
         """Record the replicas and scale to zero in one patch, guarded by resourceVersion."""
-        read, patch = self._workload_api(kind)
+        read, patch = workload_api(self.apps, kind)
         for attempt in range(RETRIES_ON_CONFLICT):
             obj = await read(name, namespace, _request_timeout=CALL_TIMEOUT)
             before = obj.spec.replicas or 0
             body = {"metadata": {"resourceVersion": obj.metadata.resource_version,
                                  "annotations": {REPLICAS_BEFORE: str(before),
-                                                 RECLAIM_REASON: reason}},
+                                                 RECLAIM_REASON: scaled_reason(reason, before)}},
                     "spec": {"replicas": 0}}
             try:
                 await patch(name, namespace, body, _request_timeout=CALL_TIMEOUT)
@@ -113,33 +156,6 @@ class Actor:
             except ApiException as e:
                 if e.status != 409 or attempt == RETRIES_ON_CONFLICT - 1:
                     raise
-
-    async def restore(self, namespace: str, kind: str, name: str) -> str:
-        """Undo a scale-down or suspension; returns what was done."""
-        if kind == "Job":
-            await self.batch.patch_namespaced_job(name, namespace, {
-                "metadata": {"annotations": {RECLAIM_REASON: None}}, "spec": {"suspend": False}},
-                _request_timeout=CALL_TIMEOUT)
-            return f"Job {namespace}/{name} resumed"
-        read, patch = self._workload_api(kind)
-        obj = await read(name, namespace, _request_timeout=CALL_TIMEOUT)
-        before = (obj.metadata.annotations or {}).get(REPLICAS_BEFORE)
-        if before is None:
-            raise LookupError(f"{kind} {namespace}/{name} has no {REPLICAS_BEFORE} annotation")
-        await patch(name, namespace, {
-            "metadata": {"resourceVersion": obj.metadata.resource_version,
-                         "annotations": {REPLICAS_BEFORE: None, RECLAIM_REASON: None}},
-            "spec": {"replicas": int(before)}}, _request_timeout=CALL_TIMEOUT)
-        return f"{kind} {namespace}/{name} scaled back to {before}"
-
-    def _workload_api(self, kind: str) -> tuple[Callable[..., Awaitable[Any]],
-                                                Callable[..., Awaitable[Any]]]:
-        if kind == "Deployment":
-            return self.apps.read_namespaced_deployment, self.apps.patch_namespaced_deployment
-        if kind == "StatefulSet":
-            return (self.apps.read_namespaced_stateful_set,
-                    self.apps.patch_namespaced_stateful_set)
-        raise ValueError(f"cannot scale a {kind}")
 
     async def event(self, action: Action, reason: str, message: str,
                     warning: bool = False) -> None:
@@ -161,10 +177,24 @@ class Actor:
             _log_refusal(action, e, "event")
 
 
-async def _guard(action: Action, work: Awaitable[None]) -> str:
+def workload_api(apps: client.AppsV1Api, kind: str) -> tuple[Callable[..., Awaitable[Any]],
+                                                            Callable[..., Awaitable[Any]]]:
+    """(read, patch) of a scalable kind."""
+    if kind == "Deployment":
+        return apps.read_namespaced_deployment, apps.patch_namespaced_deployment
+    if kind == "StatefulSet":
+        return apps.read_namespaced_stateful_set, apps.patch_namespaced_stateful_set
+    raise ValueError(f"cannot scale a {kind}")
+
+
+def scaled_reason(reason: str, replicas: int) -> str:
+    """The owner's reclaim-reason annotation: why, and the replica count restore may bring back."""
+    return f"{reason}: scaled from {replicas} to 0"
+
+
+async def _guard(action: Action, work: Awaitable[str]) -> str:
     try:
-        await work
-        return "done"
+        return await work
     except ApiException as e:
         return _log_refusal(action, e, action.how or "annotate")
 

@@ -43,3 +43,8 @@ class KubeConfigError(SettingsError):
 
 class PrometheusSettingsError(SettingsError):
     """A Prometheus connection setting that cannot work (missing CA file, unreadable token)."""
+
+
+class LeaseLost(AdapterError):
+    """This replica may not write to the cluster now: it does not hold the Lease (any more),
+    or cannot show the API server that it does."""

@@ -105,6 +105,8 @@ class WorkloadClass(Config, frozen=True):
     placement: Literal["binpack", "spread"] = "binpack"
     weights: Weights = _factory(Weights)
     idle: IdleRule = _factory(IdleRule)
+    # Caps the eviction grace of this class's pods (else their own grace is the floor).
+    eviction_grace_cap: Wait | None = None
 
 
 def _default_classes() -> dict[str, WorkloadClass]:

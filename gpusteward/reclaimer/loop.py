@@ -1,4 +1,10 @@
-"""The reclaim cycle: read a snapshot, decide (pure), log the evidence, act as the mode allows."""
+"""The reclaim cycle: read a snapshot, decide (pure), log the evidence, act as the mode allows.
+
+Every write passes the Fence first (the API server confirms this replica still holds the Lease),
+no decision older than ``decision_ttl`` is carried out, and a reclaim is recorded in the ledger
+as an intent before it is attempted (write-ahead), so a crash between the two still counts it
+against the per-hour limits.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpusteward.adapters.errors import AdapterError
+import msgspec
+
+from gpusteward.adapters.errors import AdapterError, LeaseLost
+from gpusteward.adapters.ledger import LedgerConflict
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import HOUR, Action, PastAction, Plan, Snapshot, Verdict
@@ -31,7 +40,8 @@ class Writer(Protocol):
 
 
 class Ledger(Protocol):
-    """Where the last hour's reclaims outlive this process (``adapters.ledger``)."""
+    """Where the last hour's reclaims outlive this process (``adapters.ledger``). ``save``
+    raises LedgerConflict when someone wrote since this replica's last load or save."""
 
     async def load(self) -> list[PastAction]: ...
 
@@ -62,6 +72,21 @@ class DecisionLog:
             del self.last[uid]
 
 
+class Fence(Protocol):
+    """Asked before every write (``adapters.lease.LeaseGuard``)."""
+
+    async def check(self) -> None:
+        """Return only while this replica may write to the cluster; else raise LeaseLost."""
+
+
+class Halt(Exception):
+    """Stop carrying out this cycle's decisions; the result word says why."""
+
+    def __init__(self, result: str, why: str):
+        super().__init__(why)
+        self.result = result
+
+
 @dataclass
 class Reclaimer:
     policy: Policy
@@ -70,13 +95,19 @@ class Reclaimer:
     writer: Writer
     metrics: ReclaimerMetrics = field(default_factory=ReclaimerMetrics)
     clock: Callable[[], float] = time.time
-    # Reclaims of the last hour, for the per-hour limits; read from the ledger when this
-    # replica starts leading and written back after every cycle that reclaimed.
+    # Reclaims of the last hour (intents included), for the per-hour limits; read from the
+    # ledger when this replica starts leading, written ahead of each reclaim.
     recent: list[PastAction] = field(default_factory=list)
     ledger: Ledger | None = None
+    fence: Fence | None = None
     _ledger_read: bool = False
     _ledger_behind: bool = False
     decisions: DecisionLog = field(default_factory=DecisionLog)
+
+    @property
+    def decision_ttl(self) -> float:
+        """A decision older than this is dropped, not carried out: the world it saw is gone."""
+        return max(float(self.policy.reclaim.interval), 30.0)
 
     def reread_ledger(self) -> None:
         """On taking the Lease: another replica may have reclaimed since this one last led."""
@@ -86,12 +117,15 @@ class Reclaimer:
         started = time.perf_counter()
         if self.ledger is not None and not self._ledger_read:
             # Unreadable ledger: the cycle fails here, before anything is decided or done.
-            self.recent = self._last_hour(await self.ledger.load())
+            loaded = await self.ledger.load()
+            self.recent = self._last_hour(loaded)
+            # Future-dated entries were clamped to now: store that, so they age from here.
+            self._ledger_behind = any(a.at > self.clock() for a in loaded)
             self._ledger_read = True
         snap = await self.reader.read(self.recent)
         decided = plan(snap, self.policy)
         logged = audit(decided, snap, self.decisions)
-        results = [await self._act(a) for a in decided.actions]
+        results = await self._act_all(decided.actions, snap.now)
         await self._write_ledger()
         self.metrics.observe(snap, decided, float(self.policy.reclaim.interval))
         elapsed = time.perf_counter() - started
@@ -100,35 +134,102 @@ class Reclaimer:
         summarize(decided, results, self.mode, elapsed, logged)
         return decided
 
-    async def _act(self, action: Action) -> str:
-        if action.kind not in WRITES[self.mode]:
-            result = "skipped"
-        else:
-            result = await self.writer.apply(action)
-            if action.kind == "reclaim" and result == "done":
-                self.recent = [*self._last_hour(self.recent), PastAction(self.clock(), action.team)]
-                self._ledger_behind = self.ledger is not None
-        self.metrics.actions.labels(action.kind, action.reason, action.team, result).inc()
-        # What the mode skips repeats every cycle (observe never writes the mark): it is
-        # news only with a new decision.
-        quiet = result == "skipped" and action.pod.key not in self.decisions.fresh
-        log.log(logging.DEBUG if quiet else logging.INFO,
-                "action=%s pod=%s team=%s reason=%s how=%s mode=%s result=%s msg=%r",
-                action.kind, action.pod.key, action.team, action.reason, action.how or "-",
-                self.mode, result, action.message,
-                extra={"pod": action.pod.key, "team": action.team, "action": action.kind})
+    async def _act_all(self, actions: tuple[Action, ...], decided_at: float) -> list[str]:
+        results: list[str] = []
+        halt: Halt | None = None
+        for action in actions:
+            if action.kind not in WRITES[self.mode]:
+                result = "skipped"
+            elif halt is not None:
+                result = halt.result
+            else:
+                try:
+                    result = await self._act(action, decided_at)
+                except Halt as h:
+                    halt, result = h, h.result
+                    log.warning("this cycle's remaining writes are not carried out (%s): %s",
+                                h.result, h)
+            if result in ("fenced", "stale") and action.kind in WRITES[self.mode]:
+                self.metrics.fenced.labels(result).inc()
+            self.metrics.actions.labels(action.kind, action.reason, action.team, result).inc()
+            # What the mode skips repeats every cycle (observe never writes the mark): it is
+            # news only with a new decision.
+            quiet = result == "skipped" and action.pod.key not in self.decisions.fresh
+            log.log(logging.DEBUG if quiet else logging.INFO,
+                    "action=%s pod=%s team=%s reason=%s how=%s mode=%s result=%s msg=%r",
+                    action.kind, action.pod.key, action.team, action.reason, action.how or "-",
+                    self.mode, result, action.message,
+                    extra={"pod": action.pod.key, "team": action.team, "action": action.kind})
+            results.append(result)
+        return results
+
+    async def _act(self, action: Action, decided_at: float) -> str:
+        age = self.clock() - decided_at
+        if age > self.decision_ttl:
+            raise Halt("stale", f"decided {age:.0f}s ago, longer than {self.decision_ttl:g}s")
+        await self._fenced()
+        if action.kind != "reclaim":
+            return await self.writer.apply(action)
+        intent = PastAction(self.clock(), action.team, action.pod.key, "intent")
+        await self._record(intent)
+        result = await self.writer.apply(action)
+        self._settle(intent, result)
         return result
 
+    async def _fenced(self) -> None:
+        if self.fence is None:
+            return
+        try:
+            await self.fence.check()
+        except LeaseLost as e:
+            raise Halt("fenced", str(e)) from e
+
+    async def _record(self, intent: PastAction) -> None:
+        """Write ahead: the intent is stored before the reclaim, or the reclaim is not tried."""
+        ahead = [*self._last_hour(self.recent), intent]
+        if self.ledger is not None:
+            try:
+                await self.ledger.save(ahead)
+            except LedgerConflict as e:
+                self._ledger_read = False  # another writer: re-read and re-decide next cycle
+                raise Halt("conflict", f"per-hour ledger changed meanwhile: {e}") from e
+            except AdapterError as e:
+                self.metrics.ledger_errors.inc()
+                raise Halt("error", f"per-hour ledger not written, so no reclaim: {e}") from e
+        self.recent = ahead
+        self._ledger_behind = False
+
+    def _settle(self, intent: PastAction, result: str) -> None:
+        """Done: the intent becomes a reclaim. Refused before anything changed: forget it. An
+        error may have happened half-way: the intent keeps counting."""
+        if result == "error":
+            return
+        rest = [a for a in self.recent if a is not intent]
+        self.recent = rest + ([PastAction(intent.at, intent.team, intent.pod)]
+                              if result == "done" else [])
+        self._ledger_behind = self.ledger is not None
+
     def _last_hour(self, actions: list[PastAction]) -> list[PastAction]:
+        """Entries dated in the future (a skewed clock, a hand edit) count from now."""
         now = self.clock()
-        return [a for a in actions if now - a.at < HOUR]
+        clamped = (a if a.at <= now else msgspec.structs.replace(a, at=now) for a in actions)
+        return [a for a in clamped if now - a.at < HOUR]
 
     async def _write_ledger(self) -> None:
-        """A failed write is retried after the next cycle; this replica's count stays right."""
+        """The settled intents; a failed write is retried after the next cycle (until then the
+        ledger over-counts, never under-counts)."""
         if self.ledger is None or not self._ledger_behind:
             return
         try:
-            await self.ledger.save(self.recent)
+            await self._fenced()
+            await self.ledger.save(self._last_hour(self.recent))
+        except Halt as h:
+            log.warning("per-hour ledger not written: %s", h)
+            return
+        except LedgerConflict as e:
+            self._ledger_read = False
+            log.warning("per-hour ledger changed meanwhile; re-read next cycle: %s", e)
+            return
         except AdapterError as e:
             self.metrics.ledger_errors.inc()
             log.error("per-hour reclaim count not saved (a restart would forget it): %s", e)

@@ -50,6 +50,10 @@ class ReclaimerMetrics:
         self.ledger_errors = Counter("gpusteward_reclaimer_ledger_errors_total",
                                      "Failed writes of the per-hour reclaim count to its "
                                      "ConfigMap (retried after the next cycle).", registry=r)
+        self.fenced = Counter("gpusteward_reclaimer_fenced_actions_total",
+                              "Writes not carried out because this replica could not confirm "
+                              "it holds the Lease (why=fenced) or the decision no longer "
+                              "matched the cluster (why=stale).", ["why"], registry=r)
 
     def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)

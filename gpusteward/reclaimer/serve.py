@@ -13,16 +13,16 @@ import uuid
 
 from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
-from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpusteward.adapters.actor import Actor
 from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import connect
+from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.restore import Restorer
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy
 from gpusteward.reclaimer.loop import Reclaimer
@@ -53,7 +53,7 @@ async def serve(policy: Policy, args: argparse.Namespace,
     source = PrometheusSource(prometheus, policy.telemetry, policy.health)
     reclaimer = Reclaimer(policy, args.mode or policy.reclaim.mode,
                           SnapshotReader(api, source, policy),
-                          Actor(api, float(policy.reclaim.eviction_grace)),
+                          Actor(api, policy),
                           ledger=ConfigMapLedger(api, args.lease_namespace,
                                                  ledger_name(args.lease_name)))
     log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
@@ -87,35 +87,37 @@ async def _serve_forever(reclaimer: Reclaimer, api, args: argparse.Namespace) ->
     if failed:
         log.error("leader election failed; exiting so the pod restarts", exc_info=failed)
     election.cancel()
+    await asyncio.wait([election], timeout=5)  # lets it hand the Lease back
     await runner.cleanup()
     return 1 if failed else 0
 
 
 async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  # noqa: ANN001
-    """Only the Lease holder cycles; a replica that loses the Lease stops at once and waits."""
+    """Only the Lease holder cycles. Every write checks the Lease with the API server first
+    (the guard is the reclaimer's fence); a holder that cannot renew cancels its cycles."""
     identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-
-    async def started() -> None:
-        reclaimer.metrics.leader.set(1)
-        reclaimer.reread_ledger()
-        log.info("leading as %s (Lease %s/%s)", identity, args.lease_namespace, args.lease_name)
-        await reclaimer.run()
-
-    async def stopped() -> None:
-        reclaimer.metrics.leader.set(0)
-        log.warning("lost the Lease; standing by")
-
-    while True:
-        lock = LeaseLock(args.lease_name, args.lease_namespace, identity, api)
-        # The lock stores the duration as a string and reads it back with int().
-        duration = int(args.lease_duration)
-        config = electionconfig.Config(lock, lease_duration=duration,
-                                       renew_deadline=duration * 2 / 3,
-                                       retry_period=max(1.0, duration / 8),
-                                       onstarted_leading=started, onstopped_leading=stopped)
-        log.info("waiting for the Lease %s/%s as %s", args.lease_namespace, args.lease_name,
-                 identity)
-        await leaderelection.LeaderElection(config).run()
+    guard = LeaseGuard(api, args.lease_namespace, args.lease_name, identity,
+                       int(args.lease_duration))
+    reclaimer.fence = guard
+    try:
+        while True:
+            log.info("waiting for the Lease %s/%s as %s", args.lease_namespace, args.lease_name,
+                     identity)
+            await guard.acquire()
+            reclaimer.metrics.leader.set(1)
+            reclaimer.reread_ledger()
+            log.info("leading as %s (Lease %s/%s)", identity, args.lease_namespace,
+                     args.lease_name)
+            acting = asyncio.create_task(reclaimer.run())
+            holding = asyncio.create_task(guard.hold())
+            await asyncio.wait([acting, holding], return_when=asyncio.FIRST_COMPLETED)
+            acting.cancel()
+            holding.cancel()
+            reclaimer.metrics.leader.set(0)
+            why = holding.result() if holding.done() and not holding.cancelled() else "?"
+            log.warning("lost the Lease (%s); cycles stopped, standing by", why)
+    finally:
+        await asyncio.shield(guard.release())
 
 
 def ledger_name(lease_name: str) -> str:
@@ -131,9 +133,9 @@ async def restore(args: argparse.Namespace) -> int:
                             f"Job), got {args.target!r}") from None
     api = await connect(args.kubeconfig, args.context)
     try:
-        print(await Actor(api, 30).restore(namespace, kind, name))
+        print(await Restorer(api).restore(namespace, kind, name))
         return 0
-    except (LookupError, ValueError) as e:
+    except ValueError as e:
         log.error("%s", e)
         return 1
     except ApiException as e:

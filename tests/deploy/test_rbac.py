@@ -23,12 +23,12 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
                             for v in ("get", "list", "watch")},
     "gpusteward-reclaimer": {
         ("", "nodes", "list", "*"), ("", "namespaces", "list", "*"),
-        ("", "pods", "list", "*"), ("", "pods", "patch", "*"),
+        *{("", "pods", v, "*") for v in ("get", "list", "patch")},
         ("", "pods/eviction", "create", "*"), ("", "events", "create", "*"),
         ("apps", "replicasets", "list", "*"),
         *{("apps", r, v, "*") for r in ("deployments", "statefulsets")
           for v in ("get", "list", "patch")},
-        ("batch", "jobs", "list", "*"), ("batch", "jobs", "patch", "*")},
+        *{("batch", "jobs", v, "*") for v in ("get", "list", "patch")}},
     "gpusteward-reclaimer-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-reclaimer"),
@@ -163,8 +163,10 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
                       "/apis/apps/v1/statefulsets", "/apis/batch/v1/jobs"]
     assert _check(client, [
         *[("GET", f"{path}?limit=500", None, 200) for path in snapshot_lists],
+        ("GET", f"/api/v1/namespaces/{ns}/pods/p", None, 200),
         ("PATCH", f"/api/v1/namespaces/{ns}/pods/p", annotate, 200),
         ("POST", f"/api/v1/namespaces/{ns}/events", event, 201),
+        ("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/j", None, 200),
         ("PATCH", f"/apis/batch/v1/namespaces/{ns}/jobs/j", {"spec": {"suspend": True}}, 200),
         ("GET", f"/apis/apps/v1/namespaces/{ns}/deployments/w", None, 200),
         ("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/w", annotate, 200),

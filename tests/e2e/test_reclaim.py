@@ -124,6 +124,25 @@ async def test_a_damaged_ledger_stops_the_cycle_before_anything_is_done(ns, recl
     assert not gone(ns, "due")
 
 
+async def test_an_eviction_keeps_the_pods_own_longer_grace(ns, reclaimer):
+    # A checkpointing trainer asks for 600 s (spec.terminationGracePeriodSeconds); the sandbox
+    # policy's evictionGrace is 1 s. The API server records the grace the eviction's
+    # DeleteOptions gave in metadata.deletionGracePeriodSeconds; a finalizer of the test's own
+    # keeps the pod readable (kwok's pod-delete stage waits for pods without finalizers).
+    manifest = due_pod("trainer", node="h100-1")
+    manifest["spec"]["terminationGracePeriodSeconds"] = 600
+    manifest["metadata"]["finalizers"] = ["e2e.gpusteward.io/hold"]
+    ns.create_pod(manifest)
+    ns.running("trainer")
+    rec = await reclaimer("enforce")
+    try:
+        await cycle_until(rec, "eviction", lambda: gone(ns, "trainer"))
+        assert ns.pod("trainer")["metadata"]["deletionGracePeriodSeconds"] == 600
+    finally:
+        ns.api.merge_patch(ns.path("pods", "trainer"), {"metadata": {"finalizers": None}})
+        ns.api.delete(ns.path("pods", "trainer"), {"gracePeriodSeconds": 0})
+
+
 async def test_a_pdb_blocks_eviction_until_it_is_relaxed(ns, reclaimer):
     ns.create_pod(due_pod("guarded", node="h100-0", labels={"app": "guarded"}))
     ns.api.create(f"/apis/policy/v1/namespaces/{ns.name}/poddisruptionbudgets", {

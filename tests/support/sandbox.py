@@ -82,7 +82,7 @@ async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
         source = PrometheusSource(prometheus_url or box.prometheus_url, policy.telemetry,
                                   policy.health, attempts=1)
         return Reclaimer(policy, mode, SnapshotReader(api, source, policy),
-                         Actor(api, float(policy.reclaim.eviction_grace)),
+                         Actor(api, policy),
                          ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None)
 
     yield make

@@ -150,7 +150,7 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
         reason = "over-quota" if uid in over else "idle"
         out.append(Action("reclaim", pod, team(pod, snap.namespace_labels), reason,
                           f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} "
-                          f"{owner.name}", owner, how))
+                          f"{owner.name}", owner, how, peers=_peers(owner, uid, how, by_uid)))
     return out
 
 
@@ -178,12 +178,20 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
         free[c.node] = free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - pending.gpus
         for v in c.victims:
             owner = owner_of(v.pod, snap)
+            how = how_to_reclaim(owner, policy)
             actions.append(Action(
                 "reclaim", v.pod, v.team, "queue",
                 f"reclaiming {v.pod.gpus} idle GPU(s) on {c.node} for pending {pending.key} "
-                f"(priority {pending.priority} > {v.pod.priority})", owner,
-                how_to_reclaim(owner, policy)))
+                f"(priority {pending.priority} > {v.pod.priority})", owner, how,
+                peers=_peers(owner, v.pod.uid, how, by_uid)))
     return actions
+
+
+def _peers(owner: Owner, uid: str, how: str, by_uid: Mapping[str, Pod]) -> tuple[Pod, ...]:
+    """The workload's other GPU pods, whose state a suspension or scale-down also rests on."""
+    if how not in GROUP_ACTIONS:
+        return ()
+    return tuple(by_uid[u] for u in owner.pods if u != uid and u in by_uid)
 
 
 def _free_gpus(snap: Snapshot) -> dict[str, int]:

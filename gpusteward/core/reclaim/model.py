@@ -59,8 +59,13 @@ HOUR = 3600.0  # the span of the per-hour limits
 
 
 class PastAction(msgspec.Struct, frozen=True):
+    """A reclaim of the last hour. ``intent``: recorded before acting and not yet known to be
+    done; it counts against the limits like a done one (the actor may have died mid-way)."""
+
     at: float
     team: str
+    pod: str = ""  # namespace/name
+    state: str = "done"  # intent | done
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -90,6 +95,8 @@ class Action(msgspec.Struct, frozen=True):
     owner: Owner | None = None
     how: str = ""  # evict | suspend | scale | annotate (reclaim only)
     reclaim_at: float | None = None  # warn only
+    # Reclaim of a whole workload: its other GPU pods as decided on, re-checked before acting.
+    peers: tuple[Pod, ...] = ()
 
 
 class Verdict(msgspec.Struct, frozen=True):
