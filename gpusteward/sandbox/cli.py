@@ -12,6 +12,9 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--fleet", help="fleet YAML file (default: a mixed H100/A100/L4 fleet)")
     up.add_argument("--with-extender", action="store_true",
                     help="run the extender behind the real kube-scheduler")
+    up.add_argument("--extender-replicas", type=int, default=1, metavar="N",
+                    help="run N extender processes behind one loopback address with ClientIP "
+                         "affinity, as a Service with sessionAffinity reaches them (default 1)")
     up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")
     up.add_argument("--telemetry", choices=("simulator", "agent"), default="simulator",
                     help="GPU metrics from the DCGM simulator (default) or from a real "

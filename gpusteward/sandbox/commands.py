@@ -32,6 +32,9 @@ def up(args: argparse.Namespace) -> int:
     if (state_dir / "state.json").exists():
         _err(f"a sandbox already runs from {state_dir}; `gpusteward sandbox down` first")
         return 1
+    if args.extender_replicas < 1:
+        _err(f"--extender-replicas must be at least 1, got {args.extender_replicas}")
+        return 2
     try:
         fleet = load_fleet(args.fleet) if args.fleet else DEFAULT_FLEET
     except (FleetError, OSError) as e:
@@ -40,6 +43,7 @@ def up(args: argparse.Namespace) -> int:
     cfg = SandboxConfig(state_dir=state_dir, fleet=fleet, with_extender=args.with_extender,
                         with_reclaimer=args.with_reclaimer, telemetry=args.telemetry,
                         honor_labels=args.honor_labels,
+                        extender_replicas=args.extender_replicas,
                         detach=True,
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.policy:
