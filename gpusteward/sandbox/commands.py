@@ -32,9 +32,6 @@ def up(args: argparse.Namespace) -> int:
     if (state_dir / "state.json").exists():
         _err(f"a sandbox already runs from {state_dir}; `gpusteward sandbox down` first")
         return 1
-    if args.extender_replicas < 1:
-        _err(f"--extender-replicas must be at least 1, got {args.extender_replicas}")
-        return 2
     try:
         fleet = load_fleet(args.fleet) if args.fleet else DEFAULT_FLEET
     except (FleetError, OSError) as e:
