@@ -383,17 +383,14 @@ class Sandbox:
             self._start_extender("extender", self.ports["extender"])
             return
         for i in range(self.cfg.extender_replicas):
-            self.ports.setdefault(f"{REPLICA_PREFIX}{i}", free_port())
-            self.start_extender_replica(i)
+            port = self.ports.setdefault(f"{REPLICA_PREFIX}{i}", free_port())
+            self._start_extender(f"{REPLICA_PREFIX}{i}", port)
         self._run("extender", [
             sys.executable, "-m", "gpusteward.sandbox.affinity",
             f"--listen=127.0.0.1:{self.ports['extender']}",
             f"--affinity={self.cfg.extender_affinity}",
             *(f"--backend=127.0.0.1:{port}" for port in self.replica_ports()),
         ], lambda: _http_ok(f"{self.extender_url}/readyz"))
-
-    def start_extender_replica(self, i: int) -> None:
-        self._start_extender(f"{REPLICA_PREFIX}{i}", self.ports[f"{REPLICA_PREFIX}{i}"])
 
     def replica_ports(self) -> list[int]:
         return [self.ports[f"{REPLICA_PREFIX}{i}"] for i in range(self.cfg.extender_replicas)]
