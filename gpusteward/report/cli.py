@@ -2,7 +2,7 @@
 
     gpusteward report [--policy FILE] [--window 24h] [--step 5m]
                       [--by team|card|node|namespace|class] [--format table|json|csv]
-                      [--html FILE] [--top N]
+                      [--html FILE] [--top N] [--cluster-name NAME] [--currency SYMBOL]
                       [--kubeconfig FILE] [--context NAME] [--prometheus-url URL]
                       [--prometheus-ca-file FILE] [--prometheus-bearer-token-file FILE] ...
 
@@ -55,6 +55,13 @@ def _count(text: str) -> int:
     return value
 
 
+def _currency(text: str) -> str:
+    if not 0 < len(text.strip()) <= 8:
+        raise argparse.ArgumentTypeError(f"expected a symbol or code of 1 to 8 characters, "
+                                          f"got {text!r}")
+    return text.strip()
+
+
 def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("report", help="allocated vs actually used GPUs, idle cost, queue")
     p.add_argument("--policy", metavar="FILE",
@@ -71,6 +78,11 @@ def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also write a self-contained HTML report with charts")
     p.add_argument("--top", type=_count, default=10, metavar="N",
                    help="how many idle pods to list")
+    p.add_argument("--cluster-name", default="", metavar="NAME",
+                   help="the cluster the report is about, in its title (default: none)")
+    p.add_argument("--currency", type=_currency, default="$", metavar="SYMBOL",
+                   help="the unit of the policy's costPerGpuHour, e.g. €, EUR (nothing is "
+                        "converted)")
     add_connection_flags(p)
     return p
 
@@ -116,10 +128,14 @@ async def _report(args: argparse.Namespace, policy: Policy,
     finally:
         await api.close()
     report = build_report(inp, policy, by=args.by, top=args.top)
-    out = {"table": render.to_table, "json": render.to_json, "csv": render.to_csv}[args.format]
-    sys.stdout.write(out(report))
+    look = render.Presentation(cluster=args.cluster_name, currency=args.currency)
+    if args.format == "csv":
+        sys.stdout.write(render.to_csv(report))
+    else:
+        sys.stdout.write({"table": render.to_table, "json": render.to_json}[args.format](
+            report, look))
     if args.html:
-        args.html.write_text(to_html(report))
+        args.html.write_text(to_html(report, look))
         print(f"gpusteward report: wrote {args.html}", file=sys.stderr)
     if not report.telemetry_ok:
         print(f"gpusteward report: telemetry unavailable, usage shown as unknown: "

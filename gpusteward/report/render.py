@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gpusteward.core.report.model import GroupRow, Report
+from gpusteward.core.report.model import GroupRow, IdlePod, QueueGroup, Report, TeamQuota
 
 ROW_FIELDS = ("name", "allocatable", "allocated", "used", "idle", "unknown", "free",
               "allocation_ratio", "active_ratio", "mean_util_percent", "allocated_gpu_hours",
@@ -16,6 +17,28 @@ ROW_FIELDS = ("name", "allocatable", "allocated", "used", "idle", "unknown", "fr
 DIGITS = {"allocation_ratio": 4, "active_ratio": 4, "mean_util_percent": 1,
           "allocated_gpu_hours": 4, "idle_gpu_hours": 4, "unknown_gpu_hours": 4, "idle_cost": 2,
           "idle_since": 0, "wait_seconds": 0, "longest_wait_seconds": 0}
+
+
+@dataclass(frozen=True)
+class Presentation:
+    """How a reader sees the report: the cluster it is about and the currency of the policy's
+    costPerGpuHour (a number: the report converts nothing, it only names the unit)."""
+
+    cluster: str = ""
+    currency: str = "$"
+
+    def money(self, amount: float | None) -> str:
+        """$1,234.50; a word-like currency gets a space: EUR 1,234.50."""
+        if amount is None:
+            return "-"
+        gap = " " if self.currency[-1:].isalpha() else ""
+        return f"{self.currency}{gap}{amount:,.2f}"
+
+    def title(self) -> str:
+        return "GPU fleet report" + (f" for {self.cluster}" if self.cluster else "")
+
+
+DEFAULT_LOOK = Presentation()
 
 
 def iso(t: float | None) -> str | None:
@@ -45,8 +68,8 @@ def _plain(obj: Any) -> dict[str, Any]:
     return out
 
 
-def document(r: Report) -> dict[str, Any]:
-    """The JSON document; keys and their order are a contract for scripts."""
+def document(r: Report, look: Presentation = DEFAULT_LOOK) -> dict[str, Any]:
+    """The JSON document; keys and their order are a contract for scripts (new keys last)."""
     return {
         "window": {"start": iso(r.window.start), "end": iso(r.window.end),
                    "seconds": round(r.window.end - r.window.start),
@@ -62,11 +85,13 @@ def document(r: Report) -> dict[str, Any]:
         "timelines": {dim: {name: [[iso(p.at), _num("", p.allocated), _num("", p.used)]
                                    for p in points] for name, points in groups.items()}
                       for dim, groups in r.timelines.items()},
+        "cluster": look.cluster,
+        "currency": look.currency,
     }
 
 
-def to_json(r: Report) -> str:
-    return json.dumps(document(r), indent=2) + "\n"
+def to_json(r: Report, look: Presentation = DEFAULT_LOOK) -> str:
+    return json.dumps(document(r, look), indent=2) + "\n"
 
 
 def to_csv(r: Report) -> str:
@@ -81,8 +106,10 @@ def to_csv(r: Report) -> str:
 
 # --- terminal table ---------------------------------------------------------------------
 
-HEADERS = ("ALLOCATABLE", "ALLOCATED", "USED", "IDLE", "UNKNOWN", "FREE", "ALLOC%", "ACTIVE%",
-           "UTIL%", "GPU-H", "IDLE GPU-H", "IDLE $")
+def headers(currency: str) -> list[str]:
+    """The group table's columns after the group name; the cost column names the currency."""
+    return ["ALLOCATABLE", "ALLOCATED", "USED", "IDLE", "UNKNOWN", "FREE", "ALLOC%", "ACTIVE%",
+            "UTIL%", "GPU-H", "IDLE GPU-H", f"IDLE {currency}"]
 
 
 def _g(v: float | None, fmt: str = "{:g}") -> str:
@@ -123,47 +150,81 @@ def span(seconds: float) -> str:
     return out or "0s"
 
 
-def _ago(seconds: float) -> str:
+def ago(seconds: float) -> str:
+    """A wait: 1h05m, 4m07s."""
     s = int(seconds)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def to_table(r: Report) -> str:
-    parts = [f"GPU fleet report: {span(r.window.end - r.window.start)} window to "
+def to_table(r: Report, look: Presentation = DEFAULT_LOOK) -> str:
+    parts = [f"{look.title()}: {span(r.window.end - r.window.start)} window to "
              f"{iso(r.window.end)}, step {span(r.window.step)}, by {r.by}"]
     if not r.telemetry_ok:
         parts.append(f"telemetry: {r.telemetry_problem} (usage shown as unknown)")
-    parts.append(table([group_cells(g) for g in r.groups], [r.by.upper(), *HEADERS],
+    parts.append(table([group_cells(g) for g in r.groups], [r.by.upper(), *headers(look.currency)],
                        group_cells(r.totals)))
-    parts.append(_idle_section(r))
+    parts.append(_idle_section(r, look.currency))
     parts.append(_queue_section(r))
     parts.append(_quota_section(r))
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
-def _idle_section(r: Report) -> str:
+def headline(r: Report, look: Presentation) -> list[tuple[str, str, str]]:
+    """(figure, value, note) a finance or platform lead reads first: idle GPUs and what their
+    idle time cost over the window."""
+    t, window = r.totals, span(r.window.end - r.window.start)
+    if not r.telemetry_ok:
+        return [("Idle GPUs", "unknown", "telemetry unavailable"),
+                ("Idle GPU-hours", "unknown", f"last {window}"),
+                ("Idle cost", "unknown", f"last {window}")]
+    unknown = f"; {t.unknown:g} unknown" if t.unknown else ""
+    priced = ("" if t.idle_cost is not None
+              else "no costPerGpuHour in the policy's card tiers")
+    return [("Idle GPUs", f"{t.idle:g} of {t.allocated:g}",
+             f"allocated GPUs idle all {window}{unknown}"),
+            ("Idle GPU-hours", f"{t.idle_gpu_hours:,.2f}",
+             f"of {t.allocated_gpu_hours:,.2f} allocated in the last {window}"),
+            ("Idle cost", look.money(t.idle_cost), priced or f"last {window}")]
+
+
+def idle_pod_cells(p: IdlePod) -> list[str]:
+    return [f"{p.namespace}/{p.pod}", p.owner, p.team, f"{p.gpus:g}", iso(p.idle_since) or "-",
+            f"{p.idle_gpu_hours:.2f}", "-" if p.idle_cost is None else f"{p.idle_cost:.2f}",
+            p.reclaimer.action, p.reclaimer.why]
+
+
+def idle_pod_headers(currency: str) -> list[str]:
+    return ["POD", "OWNER", "TEAM", "GPUS", "IDLE SINCE", "IDLE GPU-H", f"IDLE {currency}",
+            "RECLAIMER", "WHY"]
+
+
+def queue_cells(g: QueueGroup) -> list[str]:
+    return [g.team, g.cls, str(g.pods), str(g.gpus), ago(g.longest_wait_seconds)]
+
+
+QUEUE_HEADERS = ["TEAM", "CLASS", "PODS", "GPUS", "LONGEST WAIT"]
+QUOTA_HEADERS = ["TEAM", "QUOTA", "USED", "BORROWED", "IDLE IN QUOTA", "IDLE BORROWED"]
+
+
+def quota_cells(q: TeamQuota) -> list[str]:
+    return [q.team, "-" if q.quota is None else str(q.quota), f"{q.used:g}", f"{q.borrowed:g}",
+            f"{q.idle_within_quota:g}", f"{q.idle_borrowed:g}"]
+
+
+def _idle_section(r: Report, currency: str) -> str:
     if not r.top_idle:
         return "Top idle pods: none"
-    rows = [[f"{p.namespace}/{p.pod}", p.owner, p.team, f"{p.gpus:g}",
-             iso(p.idle_since) or "-", f"{p.idle_gpu_hours:.2f}",
-             "-" if p.idle_cost is None else f"{p.idle_cost:.2f}",
-             p.reclaimer.action, p.reclaimer.why] for p in r.top_idle]
-    return "Top idle pods\n" + table(rows, ["POD", "OWNER", "TEAM", "GPUS", "IDLE SINCE",
-                                            "IDLE GPU-H", "IDLE $", "RECLAIMER", "WHY"], left=3)
+    return "Top idle pods\n" + table([idle_pod_cells(p) for p in r.top_idle],
+                                     idle_pod_headers(currency), left=3)
 
 
 def _queue_section(r: Report) -> str:
     if not r.queue_groups:
         return "Queue: no pending GPU pods"
-    rows = [[g.team, g.cls, str(g.pods), str(g.gpus), _ago(g.longest_wait_seconds)]
-            for g in r.queue_groups]
-    return "Queue\n" + table(rows, ["TEAM", "CLASS", "PODS", "GPUS", "LONGEST WAIT"], left=2)
+    return "Queue\n" + table([queue_cells(g) for g in r.queue_groups], QUEUE_HEADERS, left=2)
 
 
 def _quota_section(r: Report) -> str:
     if not r.quotas:
         return ""
-    rows = [[q.team, "-" if q.quota is None else str(q.quota), f"{q.used:g}", f"{q.borrowed:g}",
-             f"{q.idle_within_quota:g}", f"{q.idle_borrowed:g}"] for q in r.quotas]
-    return "Teams and quotas\n" + table(rows, ["TEAM", "QUOTA", "USED", "BORROWED",
-                                               "IDLE IN QUOTA", "IDLE BORROWED"])
+    return "Teams and quotas\n" + table([quota_cells(q) for q in r.quotas], QUOTA_HEADERS)

@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 
 
+def _replicas(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     sb = sub.add_parser("sandbox", help="local real control plane with simulated GPU nodes")
     sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
@@ -12,6 +18,9 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--fleet", help="fleet YAML file (default: a mixed H100/A100/L4 fleet)")
     up.add_argument("--with-extender", action="store_true",
                     help="run the extender behind the real kube-scheduler")
+    up.add_argument("--extender-replicas", type=_replicas, default=1, metavar="N",
+                    help="run N extender processes behind one loopback address with ClientIP "
+                         "affinity, as a Service with sessionAffinity reaches them (default 1)")
     up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")
     up.add_argument("--no-preemption", action="store_true",
                     help="disable the scheduler's DefaultPreemption (on by default, as in real "

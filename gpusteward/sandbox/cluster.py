@@ -52,6 +52,7 @@ AGENT_XID_HOLD_S = 2
 # exporter's windowed DCGM_EXP_XID_ERRORS_COUNT, so a node heals once its label goes.
 EXPORTER_XID_COUNT_WINDOW_S = 2
 AGENT_PREFIX = "agent/"  # process names "agent/<node>", stopped in the "agent" slot
+REPLICA_PREFIX = "extender/"  # extender replicas behind the "extender" proxy, same stop slot
 
 
 def stop_order(names: list[str]) -> list[str]:
@@ -66,6 +67,10 @@ class SandboxConfig:
     state_dir: Path
     fleet: Fleet = DEFAULT_FLEET
     with_extender: bool = False
+    # More than one: that many extender processes behind one loopback address, reached through
+    # gpusteward.sandbox.affinity as kube-proxy reaches a Service's pods, with this affinity.
+    extender_replicas: int = 1
+    extender_affinity: str = "ClientIP"
     with_reclaimer: bool = False
     policy: Path = SANDBOX_POLICY
     node_cache_capable: bool = True
@@ -378,11 +383,28 @@ class Sandbox:
         ], lambda: _http_ok(f"{self.prometheus_url}/-/ready"))
 
     def start_extender(self) -> None:
+        if self.cfg.extender_replicas == 1:
+            self._start_extender("extender", self.ports["extender"])
+            return
+        for i in range(self.cfg.extender_replicas):
+            port = self.ports.setdefault(f"{REPLICA_PREFIX}{i}", free_port())
+            self._start_extender(f"{REPLICA_PREFIX}{i}", port)
         self._run("extender", [
-            sys.executable, "-m", "gpusteward", "extender", f"--policy={self.cfg.policy}",
-            f"--listen=127.0.0.1:{self.ports['extender']}", f"--kubeconfig={self.kubeconfig}",
-            f"--prometheus-url={self.prometheus_url}",
+            sys.executable, "-m", "gpusteward.sandbox.affinity",
+            f"--listen=127.0.0.1:{self.ports['extender']}",
+            f"--affinity={self.cfg.extender_affinity}",
+            *(f"--backend=127.0.0.1:{port}" for port in self.replica_ports()),
         ], lambda: _http_ok(f"{self.extender_url}/readyz"))
+
+    def replica_ports(self) -> list[int]:
+        return [self.ports[f"{REPLICA_PREFIX}{i}"] for i in range(self.cfg.extender_replicas)]
+
+    def _start_extender(self, name: str, port: int) -> None:
+        self._run(name, [
+            sys.executable, "-m", "gpusteward", "extender", f"--policy={self.cfg.policy}",
+            f"--listen=127.0.0.1:{port}", f"--kubeconfig={self.kubeconfig}",
+            f"--prometheus-url={self.prometheus_url}",
+        ], lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"))
 
     def stop_component(self, name: str) -> None:
         proc = self.procs.pop(name, None)

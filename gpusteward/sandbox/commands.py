@@ -41,6 +41,7 @@ def up(args: argparse.Namespace) -> int:
                         with_reclaimer=args.with_reclaimer, telemetry=args.telemetry,
                         honor_labels=args.honor_labels,
                         preemption=not args.no_preemption,
+                        extender_replicas=args.extender_replicas,
                         detach=True,
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.policy:

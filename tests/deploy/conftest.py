@@ -32,6 +32,7 @@ HELM_VARIANT = [
     "--set", "reclaimer.extraArgs[0]=--lease-duration=20",
     "--set-json", 'policy={"resources":["nvidia.com/gpu","nvidia.com/mig-1g.10gb"]}',
     "--set", "extender.replicas=3", "--set", "tests.enabled=false",
+    "--set", "extender.sessionAffinityTimeoutSeconds=600",
     "--set", "prometheusConnection.caSecret.name=prometheus-ca",
     "--set", "prometheusConnection.serviceAccountToken.enabled=true",
     "--set", "prometheusConnection.serviceAccountToken.audience=prometheus",

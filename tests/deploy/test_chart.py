@@ -67,6 +67,9 @@ def test_the_policy_checksum_follows_the_rendered_policy(bin_dir: Path) -> None:
     (["--set", "policy.reclaim.limits.maxPerCycle=-1"],
      "at '/policy/reclaim/limits/maxPerCycle': minimum: got -1, want 0"),
     (["--set", "policy.telemetry.refresh=15q"], "at '/policy/telemetry/refresh'"),
+    # shorter than the extender's in-flight window, the scheduler could switch replicas mid-burst
+    (["--set", "extender.sessionAffinityTimeoutSeconds=10"],
+     "at '/extender/sessionAffinityTimeoutSeconds': minimum: got 10, want 30"),
 ])
 def test_the_values_schema_rejects_typos_and_wrong_types(
         bin_dir: Path, args: list[str], message: str) -> None:

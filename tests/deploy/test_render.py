@@ -117,6 +117,18 @@ def test_extender_and_reclaimer_run_two_replicas_with_probes_and_the_lease(
     assert {"PodDisruptionBudget", "Service"} <= {o["kind"] for o in rendered[render]}
 
 
+@pytest.mark.parametrize(("render", "timeout"), [
+    ("kustomize-base", 10800), ("helm-defaults", 10800), ("helm-variant", 600)])
+def test_the_scheduler_reaches_one_extender_replica_at_a_time(
+        render: str, timeout: int, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    # Each replica counts only the pods it ranked itself (docs/operations.md): the Service keeps
+    # the scheduler (one client) on one replica; Service spec.sessionAffinity(Config), core/v1.
+    (service,) = [o for o in rendered[render] if o["kind"] == "Service"
+                  and o["metadata"]["name"].endswith("-extender")]
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
+    assert service["spec"]["sessionAffinityConfig"] == {"clientIP": {"timeoutSeconds": timeout}}
+
+
 def _extenders(text: str) -> list[dict[str, Any]]:
     return yaml.safe_load(text)["extenders"]
 

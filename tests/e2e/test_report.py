@@ -7,10 +7,12 @@ report is taken, so every figure is exact: GPU-hours are GPUs x 20 s.
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -52,20 +54,27 @@ def test_the_table_and_csv_carry_the_same_totals(workload):
     assert rows[-1].startswith("total,48.0,")
 
 
+# Written into a copy of the page only (the report itself has no script): how wide the laid-out
+# page is, read back from the DOM Chromium dumps.
+WIDTH_PROBE = ('<script>document.body.dataset.scrollWidth = '
+               'document.documentElement.scrollWidth</script></body>')
+
+
 def test_the_html_report_renders_its_charts_in_headless_chromium(workload, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "chromium is missing: install Debian's `chromium` package"
     page = tmp_path / "report.html"
-    workload.report("--format=json", f"--html={page}")
+    workload.report("--format=json", f"--html={page}", "--cluster-name=sandbox-eu",
+                    "--currency=€")
     html = page.read_text()
     assert "<script" not in html and "http://" not in html.replace(
         'xmlns="http://www.w3.org/2000/svg"', "")
     flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
              "--disable-background-networking", "--no-first-run",
-             f"--user-data-dir={tmp_path / 'profile'}"]
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,2400"]
     shot = tmp_path / "report.png"
-    subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1400,2000",
-                    page.as_uri()], capture_output=True, timeout=120, check=True)
+    subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()], capture_output=True,
+                   timeout=120, check=True)
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert dom.count('class="chart timeline"') >= 2  # at least one team and one card chart
@@ -73,8 +82,25 @@ def test_the_html_report_renders_its_charts_in_headless_chromium(workload, tmp_p
     assert workload.team in dom
     for bad in ("Traceback", "Error", "NaN", "undefined"):
         assert bad not in dom
+    # the headline: the workload's 2 idle GPUs of 4 and their cost (0.50 + 0.20) among the
+    # fleet's; the cluster's name; costs in the currency asked for
+    assert "<h1>GPU fleet report for sandbox-eu</h1>" in dom
+    assert re.search(r'<div class="kpi">Idle GPUs<b>\d+ of \d+</b>', dom)
+    assert re.search(r'<div class="kpi">Idle cost<b>€\d[\d,]*\.\d\d</b>', dom)
+    assert "<th>IDLE €</th>" in dom
+    # dated UTC ticks: a date under the first tick of each chart, the report's own day among them
+    dates = re.findall(r'fill="#666">(\d{4}-\d\d-\d\d)</text>', dom)
+    assert len(dates) >= dom.count('class="chart timeline"')
+    assert time.strftime("%Y-%m-%d", time.gmtime()) in dates
+    # at 1,000 px nothing runs off to the right
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("</body>", WIDTH_PROBE))
+    laid_out = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True,
+                              text=True, timeout=120, check=True).stdout
+    width = re.search(r'data-scroll-width="(\d+)"', laid_out)
+    assert width and int(width.group(1)) <= 1000, width
     assert shot.stat().st_size > 10_000
-    print(f"\nHTML report screenshot: {shot}")
+    print(f"\nHTML report screenshot (1000 px wide): {shot}")
 
 
 def test_a_report_without_telemetry_is_written_and_exits_3(sandbox, tmp_path):

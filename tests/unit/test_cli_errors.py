@@ -122,6 +122,12 @@ def test_the_agent_on_a_busy_port_is_one_line_exit_1(busy_port: int) -> None:
     pytest.param(["report", "--top", "-1"], {},
                  "gpusteward report: argument --top: expected a whole number >= 0, got '-1' "
                  "(see gpusteward report --help)", id="top-negative"),
+    pytest.param(["report", "--currency", " "], {},
+                 "gpusteward report: argument --currency: expected a symbol or code of 1 to 8 "
+                 "characters, got ' ' (see gpusteward report --help)", id="currency-blank"),
+    pytest.param(["sandbox", "up", "--extender-replicas", "0"], {},
+                 "gpusteward sandbox up: argument --extender-replicas: expected a whole number "
+                 ">= 1, got '0' (see gpusteward sandbox up --help)", id="extender-replicas-zero"),
     pytest.param(["report", "--window", "0s"], {},
                  "gpusteward report: argument --window: expected at least 1s, got '0s' "
                  "(see gpusteward report --help)", id="window-zero"),
