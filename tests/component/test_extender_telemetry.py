@@ -14,12 +14,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpusteward.adapters.prometheus import PrometheusSource
-from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history
+from gpusteward.core.dcgm import PodRef
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender.app import Extender, create_app
 from gpusteward.extender.view import PlacementView
 from gpusteward.sandbox.scrape import DCGM_EXPORTER
+from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history
 from tests.factories import A100, H100, L4, node, pod
 from tests.support.prometheus import servicemonitor
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusteward.core.dcgm import (
-    MigInstance,
-    PodRef,
+from gpusteward.core.dcgm import MigInstance, PodRef
+from gpusteward.sandbox.simgpu import (
     Share,
     SimGpu,
     model_name_for_product,
