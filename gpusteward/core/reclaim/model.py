@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gpusteward.core.model import Node, Pod
+from gpusteward.core.times import HOUR as HOUR  # the span of the per-hour limits
 
 # Annotations the reclaimer writes; restarts lose nothing because the stage lives on the pod.
 IDLE_SINCE = "gpusteward.io/idle-since"
@@ -53,9 +54,6 @@ class Owner(msgspec.Struct, frozen=True):
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.kind}/{self.name}"
-
-
-HOUR = 3600.0  # the span of the per-hour limits
 
 
 class PastAction(msgspec.Struct, frozen=True):
