@@ -35,7 +35,7 @@ exporter's XID table and other codes print ``Unknown Error``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,6 +54,7 @@ __all__ = [
     "Series",
     "dcgm_families",
     "fields",
+    "gpu_id",
     "label_set",
     "render_text",
     "series",
@@ -294,6 +295,15 @@ def dcgm_families(
             xid_count_window_ms=xid_count_window_ms)))
 
     return [Family(f.name, f.help, printed(f)) for f in fields(xid_count_window_ms)]
+
+
+def gpu_id(labels: Mapping[str, str]) -> str:
+    """The one name of the GPU (or MIG instance) a series is about, within its node: its UUID
+    (``uuid`` in old exporters), else its index where a query kept only ``gpu``; a MIG instance
+    adds ``/mig<GPU_I_ID>``. The extender's queries keep the index alone (fewer bytes, and its
+    reasons say ``gpu 3``); the reclaimer's evidence and the report keep the UUID."""
+    gpu = labels.get("UUID") or labels.get("uuid") or labels.get("gpu", "")
+    return f"{gpu}/mig{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else gpu
 
 
 def _escape(value: str) -> str:
