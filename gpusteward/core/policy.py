@@ -157,7 +157,7 @@ class Reclaim(Config, frozen=True):
         )
     )
     # Idle GPUs inside a team's quota are only reclaimed after this longer window.
-    within_quota_window: Window = Duration(4 * 3600)
+    within_quota_window: Window = Duration(4 * HOUR)
     min_pod_age: Wait = Duration(1800)
     # Pods at or above this priority are never touched (system-*-critical are 2e9).
     protected_priority: int = 1_000_000

@@ -45,6 +45,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gpusteward.adapters.kube import Watcher, connect
+from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.dcgm import MigInstance, PodRef
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
@@ -255,11 +256,11 @@ async def _main(args: argparse.Namespace) -> None:
             return [g for g in simulate(fleet, assigner, time.time()) if g.mig is None]
 
         tasks.append(asyncio.create_task(hosts.run(model, args.hosts_tick)))
-    host, _, port = args.listen.rpartition(":")
+    host, port = parse_hostport(args.listen)
     app = create_app(fleet, assigner=assigner, xids=ExporterXids(args.xid_count_window))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, int(port)).start()
+    await web.TCPSite(runner, host, port).start()
     await asyncio.gather(*tasks)
 
 
