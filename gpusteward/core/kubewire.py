@@ -1,7 +1,7 @@
 """Typed decoding of the few Node and Pod fields gpusteward uses, straight from API JSON.
 
 A 10,000-pod list decodes ~60x faster into these structs than into kubernetes-asyncio models
-(DESIGN.md), and the same structs decode the Pod in every extender request.
+(docs/architecture.md, "Layers"), and the same structs decode the Pod in every extender request.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Reclaim decisions, rule by rule (DESIGN.md "Behaviour rules — Reclaimer"), explicit `now`."""
+"""Reclaim decisions, rule by rule (docs/architecture.md, "Where each rule lives"), explicit
+`now`."""
 
 from __future__ import annotations
 
