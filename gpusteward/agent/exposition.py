@@ -1,6 +1,6 @@
 """The agent's ``/metrics`` text: dcgm-exporter's families, built by the core's builder, + ours.
 
-Every DCGM series comes from ``gpusteward.core.dcgm.series`` (the builder the sandbox's DCGM
+Every DCGM series comes from ``gpusteward.core.dcgm.sample`` (the builder the sandbox's DCGM
 simulator uses, checked by the component and e2e tests against real dcgm-exporter output), so
 names, label order and value formats cannot drift. This module only leaves out what a GPU could
 not report, adds the ``error`` label, and adds the agent's own families:
@@ -24,9 +24,9 @@ from gpusteward.core.dcgm import (
     XID_ERRORS,
     Family,
     Field,
-    Series,
+    Sample,
     render_text,
-    series,
+    sample,
 )
 
 __all__ = ["render"]
@@ -35,11 +35,11 @@ POD_UTIL_FAMILY = "gpusteward_pod_gpu_util"
 _UTIL_FIELD = next(f for f in DCGM_FIELDS if f.name == GPU_UTIL)
 
 
-def _dcgm_series(field: Field, gpu: AgentGpu, driver: str, node_label: str) -> Series | None:
+def _dcgm_sample(field: Field, gpu: AgentGpu, driver: str, node_label: str) -> Sample | None:
     """What the exporter would print; a GPU NVML could not read prints its XID, with why."""
     if gpu.error is not None and field.name != XID_ERRORS or field.name in gpu.missing:
         return None
-    printed = series(field, gpu, driver_version=driver, node_label=node_label)
+    printed = sample(field, gpu, driver_version=driver, node_label=node_label)
     if printed is not None and gpu.error is not None:
         return printed.with_labels(error=gpu.error)
     return printed
@@ -49,18 +49,18 @@ def _dcgm_families(view: AgentView, node_label: str) -> list[Family]:
     driver = view.driver_version
     return [
         Family(field.name, field.help, tuple(
-            s for g in view.gpus if (s := _dcgm_series(field, g, driver, node_label))))
+            s for g in view.gpus if (s := _dcgm_sample(field, g, driver, node_label))))
         for field in DCGM_FIELDS
     ]
 
 
-def _pod_utils(view: AgentView, node_label: str) -> tuple[Series, ...]:
+def _pod_utils(view: AgentView, node_label: str) -> tuple[Sample, ...]:
     """Per pod sharing a GPU, its utilization labelled as the GPU's, for that pod."""
     out = []
     for gpu in view.gpus:
         for share in gpu.pod_utils:
             one = replace(gpu, pod=share.pod, util_percent=share.util_percent, pod_utils=())
-            s = series(_UTIL_FIELD, one, driver_version=view.driver_version,
+            s = sample(_UTIL_FIELD, one, driver_version=view.driver_version,
                        node_label=node_label)
             if s is not None:  # always: the agent reads whole GPUs, never MIG instances
                 out.append(s.with_labels(pod_uid=share.pod_uid) if share.pod_uid else s)
@@ -69,17 +69,17 @@ def _pod_utils(view: AgentView, node_label: str) -> tuple[Series, ...]:
 
 def _agent_families(view: AgentView, node_label: str) -> list[Family]:
     errors = tuple(
-        Series((("gpu", str(g.index)), ("UUID", g.uuid), ("device", f"nvidia{g.index}"),
+        Sample((("gpu", str(g.index)), ("UUID", g.uuid), ("device", f"nvidia{g.index}"),
                 (node_label, view.node), ("error", g.error)), "1")
         for g in view.gpus
         if g.error is not None
     )
     node = ((node_label, view.node),)
     if view.nvml_error is None:
-        up = Series(node, "1")
+        up = Sample(node, "1")
     else:
-        up = Series((*node, ("error", view.nvml_error)), "0")
-    problems = tuple(Series((("problem", p),), "1") for p in view.problems)
+        up = Sample((*node, ("error", view.nvml_error)), "0")
+    problems = tuple(Sample((("problem", p),), "1") for p in view.problems)
     return [
         Family(POD_UTIL_FAMILY, "SM utilization of one pod's processes on a shared GPU (in %).",
                _pod_utils(view, node_label)),

@@ -4,7 +4,7 @@ One definition of what a real dcgm-exporter 4.x (release 4.5.3-4.8.2, default-co
 prints for a GPU, shared by the sandbox's DCGM simulator and the NVML agent, so the PromQL our
 adapters write is checked against the real names, label order and value formats, not against a
 friendlier shape of our own. It lives in the core because it is pure: readings in, families
-(family -> series -> labels and value) out, and ``render_text`` only formats them; nothing here
+(family -> samples -> labels and value) out, and ``render_text`` only formats them; nothing here
 reads or writes anything.
 
 * one ``# HELP``/``# TYPE`` pair per metric, help text from the CSV; families
@@ -51,13 +51,13 @@ __all__ = [
     "GpuReading",
     "MigInstance",
     "PodRef",
-    "Series",
+    "Sample",
     "dcgm_families",
     "fields",
     "gpu_id",
     "label_set",
     "render_text",
-    "series",
+    "sample",
 ]
 
 DEFAULT_DRIVER_VERSION = "550.90.07"
@@ -121,24 +121,24 @@ class GpuReading(Protocol):
 
 
 @dataclass(frozen=True)
-class Series:
-    """One time series: its labels in printed order and its value as printed."""
+class Sample:
+    """One series at one instant: its labels in printed order and its value as printed."""
 
     labels: tuple[tuple[str, str], ...]
     value: str
 
-    def with_labels(self, **extra: str) -> Series:
-        """The same series with ``extra`` labels appended after its own."""
-        return Series(self.labels + tuple(extra.items()), self.value)
+    def with_labels(self, **extra: str) -> Sample:
+        """The same sample with ``extra`` labels appended after its own."""
+        return Sample(self.labels + tuple(extra.items()), self.value)
 
 
 @dataclass(frozen=True)
 class Family:
-    """One metric family (always a gauge here) and its series in printed order."""
+    """One metric family (always a gauge here) and its samples in printed order."""
 
     name: str
     help: str
-    series: tuple[Series, ...] = ()
+    samples: tuple[Sample, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -257,15 +257,15 @@ def _labels(
     return tuple(labels + sorted(attributes.items()))
 
 
-def series(
+def sample(
     field: Field,
     gpu: GpuReading,
     *,
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
-) -> Series | None:
-    """The series ``gpu`` prints for ``field``, or None where the exporter prints none.
+) -> Sample | None:
+    """The sample ``gpu`` prints for ``field``, or None where the exporter prints none.
 
     ``node_label`` is ``Hostname`` in released exporters and ``hostname`` on dcgm-exporter main
     since May 2026. ``xid_count_window_ms``: the exporter's ``--xid-count-window-size``.
@@ -276,7 +276,7 @@ def series(
         value = "0"
     else:
         value = field.value(gpu)
-    return Series(_labels(gpu, field, driver_version, node_label, xid_count_window_ms), value)
+    return Sample(_labels(gpu, field, driver_version, node_label, xid_count_window_ms), value)
 
 
 def dcgm_families(
@@ -286,11 +286,11 @@ def dcgm_families(
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
 ) -> list[Family]:
-    """Every family one scrape prints for these entities, each with their series in order."""
+    """Every family one scrape prints for these entities, each with their samples in order."""
     gpus = list(gpus)
 
-    def printed(f: Field) -> tuple[Series, ...]:
-        return tuple(s for g in gpus if (s := series(
+    def printed(f: Field) -> tuple[Sample, ...]:
+        return tuple(s for g in gpus if (s := sample(
             f, g, driver_version=driver_version, node_label=node_label,
             xid_count_window_ms=xid_count_window_ms)))
 
@@ -320,5 +320,5 @@ def render_text(families: Iterable[Family]) -> str:
     lines: list[str] = []
     for family in families:
         lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
-        lines += [f"{family.name}{label_set(s.labels)} {s.value}" for s in family.series]
+        lines += [f"{family.name}{label_set(s.labels)} {s.value}" for s in family.samples]
     return "\n".join(lines) + "\n"

@@ -162,7 +162,7 @@ def render_openmetrics_history(
         lines += [f"# HELP {field.name} {field.help}", f"# TYPE {field.name} gauge"]
         by_series: dict[str, list[str]] = {}
         for ts, families in frames:
-            for s in families[i].series:
+            for s in families[i].samples:
                 labels = [*s.labels, *extra]
                 if scrape is not None:
                     node = dict(s.labels)[node_label]
