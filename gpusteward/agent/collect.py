@@ -1,6 +1,6 @@
 """NVML readings + kubelet assignments + PID owners -> what the agent exports (pure).
 
-One record per GPU, a ``gpusteward.core.dcgm.GpuReading``, so the builder of dcgm-exporter's
+One record per GPU, a ``gpusteward.core.dcgm.ExportedGpu``, so the builder of dcgm-exporter's
 families prints it. Rules:
 
 * A GPU held by exactly one pod carries that pod's ``pod``/``namespace``/``container``, as
@@ -41,7 +41,7 @@ class PodUtil:
 
 @dataclass(frozen=True)
 class AgentGpu:
-    """A ``GpuReading`` (what dcgm-exporter prints) with NVML's identity and the agent's extras."""
+    """An ``ExportedGpu`` (what dcgm-exporter prints) with NVML's identity and our extras."""
 
     node: str
     index: int

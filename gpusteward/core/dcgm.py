@@ -46,9 +46,9 @@ __all__ = [
     "XID_COUNT",
     "XID_ERRORS",
     "XID_GPU_LOST",
+    "ExportedGpu",
     "Family",
     "Field",
-    "GpuReading",
     "MigInstance",
     "PodRef",
     "Sample",
@@ -84,7 +84,7 @@ class MigInstance:
     gpu_util: str = "absent"
 
 
-class GpuReading(Protocol):
+class ExportedGpu(Protocol):
     """One entity the exporter prints series for (a GPU, a MIG instance or a per-pod copy) at
     one instant, in the exporter's units."""
 
@@ -147,7 +147,7 @@ class Field:
 
     name: str
     help: str
-    value: Callable[[GpuReading], str]
+    value: Callable[[ExportedGpu], str]
 
 
 def _go_int(value: float) -> str:
@@ -229,7 +229,7 @@ EXPORTER_LABELS = frozenset(
 
 
 def _labels(
-    gpu: GpuReading, field: Field, driver_version: str, node_label: str,
+    gpu: ExportedGpu, field: Field, driver_version: str, node_label: str,
     xid_count_window_ms: int | None,
 ) -> tuple[tuple[str, str], ...]:
     labels = [
@@ -259,7 +259,7 @@ def _labels(
 
 def sample(
     field: Field,
-    gpu: GpuReading,
+    gpu: ExportedGpu,
     *,
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
@@ -280,7 +280,7 @@ def sample(
 
 
 def dcgm_families(
-    gpus: Iterable[GpuReading],
+    gpus: Iterable[ExportedGpu],
     *,
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
