@@ -37,7 +37,7 @@ _UTIL_FIELD = next(f for f in DCGM_FIELDS if f.name == GPU_UTIL)
 
 def _dcgm_sample(field: Field, gpu: AgentGpu, driver: str, node_label: str) -> Sample | None:
     """What the exporter would print; a GPU NVML could not read prints its XID, with why."""
-    if gpu.error is not None and field.name != XID_ERRORS or field.name in gpu.missing:
+    if (gpu.error is not None and field.name != XID_ERRORS) or field.name in gpu.missing:
         return None
     printed = sample(field, gpu, driver_version=driver, node_label=node_label)
     if printed is not None and gpu.error is not None:
