@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
-# One image for every component: gpusteward extender | reclaimer | agent.
+# One image for every component: gpusteward extender | reclaimer | report | agent.
+# `gpusteward sandbox` is a development command: .dockerignore leaves out the sources it
+# builds from (sandbox/, deploy/), and it says so in one line when run here.
 #
 # Dependencies are installed with the same constraints file `make test` uses
 # (pip install -c constraints.txt ...), so the image runs the versions the tests ran;

@@ -5,9 +5,9 @@
 
 Server-side time is the handler's work (decode + answer) measured in-process. The round trip
 compares the real app, served from its own process, with a floor server that only decodes the
-same body with json.loads and encodes a same-size reply with json.dumps (DESIGN.md target:
-ratio <= 1.0). The preempt verb is measured server-side only, with every node a candidate
-proposing two victims (a third of all pods idle). Results go to
+same body with json.loads and encodes a same-size reply with json.dumps (target in
+docs/architecture.md: ratio <= 1.0). The preempt verb is measured server-side only, with every
+node a candidate proposing two victims (a third of all pods idle). Results go to
 benchmarks/results/extender.json.
 """
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusteward.core.model import Node, Pod  # noqa: E402
 from gpusteward.core.policy import load_policy, parse_policy  # noqa: E402
-from gpusteward.core.reclaim.decide import plan, stamp  # noqa: E402
+from gpusteward.core.reclaim.decide import plan  # noqa: E402
 from gpusteward.core.reclaim.model import (  # noqa: E402
     IDLE_SINCE,
     RECLAIM_AT,
@@ -34,6 +34,7 @@ from gpusteward.core.reclaim.model import (  # noqa: E402
     Owner,
     Snapshot,
 )
+from gpusteward.core.times import stamp  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NOW = 1_800_000_000.0

@@ -26,8 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusteward.adapters.prometheus import PrometheusSource  # noqa: E402
-from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history  # noqa: E402
+from gpusteward.core.dcgm import PodRef  # noqa: E402
 from gpusteward.core.policy import parse_policy  # noqa: E402
+from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history  # noqa: E402
 from tests.support.prometheus import PrometheusServer, servicemonitor  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

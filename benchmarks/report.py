@@ -147,7 +147,7 @@ def main() -> None:
            f"Written by `make bench` on {time.strftime('%Y-%m-%d')} at revision {revision()} "
            f"({platform.machine()}, 2 cores, 24 GiB; everything — apiserver, etcd, scheduler, "
            "kwok, Prometheus, the extender and the load generator — shares those 2 cores). "
-           "Targets are in DESIGN.md.", ""]
+           "Targets are in docs/architecture.md.", ""]
     if ext:
         plot_extender(ext)
         out += extender_section(ext)

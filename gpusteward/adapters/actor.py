@@ -23,7 +23,6 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim.decide import stamp
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
@@ -32,6 +31,7 @@ from gpusteward.core.reclaim.model import (
     Action,
 )
 from gpusteward.core.reclaim.recheck import changed, eviction_grace
+from gpusteward.core.times import stamp
 
 log = logging.getLogger("gpusteward.reclaimer")
 

@@ -37,6 +37,7 @@ from gpusteward.core.attribution import (
     is_per_pod,
     node_of,
 )
+from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import Health
 from gpusteward.core.policy import Telemetry as TelemetryPolicy
@@ -307,7 +308,7 @@ class PrometheusSource:
         """Fold one series into its GPU; True when the GPU already had this reading."""
         gpu = gpus.get(key)
         if gpu is None:
-            gpu = gpus[key] = {"node": key[0], "gpu": _gpu_name(labels)}
+            gpu = gpus[key] = {"node": key[0], "gpu": gpu_id(labels)}
         pod = claimed_pod(labels, self.honor)
         if pod and pod < gpu.get("pod", "\uffff"):  # copies of a shared GPU: the same one always
             gpu["pod"] = pod
@@ -346,8 +347,3 @@ _ANY = (-1e300, 1e300)
 _WHOLE = frozenset({"xid", "xid_counted"})
 _FIELDS = {"util": "util", "util_at": "sampled_at", "temp": "temp_c", "fb_used": "fb_used_mib",
            "xid": "xid", "xid_counted": "counted_xid"}
-
-
-def _gpu_name(labels: dict[str, str]) -> str:
-    gpu = labels.get("gpu", "")
-    return f"{gpu}/mig{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else gpu

@@ -23,6 +23,7 @@ from gpusteward.adapters.prometheus import (
 )
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
+from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
@@ -182,8 +183,7 @@ def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, A
         node = who.node(labels)
         pod = who.pod(labels, node)
         if pod is not None:
-            gpu = (node or "", labels.get("UUID") or labels.get("gpu", ""),
-                   labels.get("GPU_I_ID", ""))
+            gpu = (node or "", gpu_id(labels))
             kinds = found.setdefault(pod, {}).setdefault(gpu, {})
             kinds.setdefault(is_per_pod(labels), {})[_gpu_key(labels)] = float(s["value"][1])
     out = {}

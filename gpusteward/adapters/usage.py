@@ -13,6 +13,7 @@ from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.prometheus import ENGINE_ACTIVE, GPU_UTIL, PrometheusSource
 from gpusteward.adapters.snapshot import AGENT_POD_UTIL, SnapshotReader
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
+from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.policy import Policy
 from gpusteward.core.report.model import ReportInput, Series, Window
 
@@ -73,14 +74,9 @@ def series(results: Sequence[Mapping[str, Any]], who: Attribution) -> list[Serie
         pod = who.pod(labels, node)
         if pod is None:
             continue
-        kinds = points.setdefault((pod, node, _gpu_id(labels)), {})
+        kinds = points.setdefault((pod, node, gpu_id(labels)), {})
         merged = kinds.setdefault(is_per_pod(labels), {})
         for t, v in s["values"]:  # one GPU in several series: its peak
             merged[float(t)] = max(float(v), merged.get(float(t), 0.0))
     return [Series(pod, node, gpu, tuple(sorted((k.get(True) or k[False]).items())))
             for (pod, node, gpu), k in sorted(points.items())]
-
-
-def _gpu_id(labels: Mapping[str, str]) -> str:
-    gpu = labels.get("UUID") or labels.get("uuid") or labels.get("gpu", "")
-    return f"{gpu}/mig{labels['GPU_I_ID']}" if labels.get("GPU_I_ID") else gpu

@@ -1,7 +1,7 @@
 """NVML readings + kubelet assignments + PID owners -> what the agent exports (pure).
 
-One record per GPU, shaped like the sandbox's ``SimGpu`` so dcgm-exporter's own renderer prints
-it. Rules:
+One record per GPU, a ``gpusteward.core.dcgm.ExportedGpu``, so the builder of dcgm-exporter's
+families prints it. Rules:
 
 * A GPU held by exactly one pod carries that pod's ``pod``/``namespace``/``container``, as
   dcgm-exporter does. A GPU shared by several pods (time-slicing or MPS replicas, ``uuid::N``)
@@ -41,7 +41,7 @@ class PodUtil:
 
 @dataclass(frozen=True)
 class AgentGpu:
-    """``SimGpu``'s fields (what ``render_exposition`` reads) with NVML's identity and extras."""
+    """An ``ExportedGpu`` (what dcgm-exporter prints) with NVML's identity and our extras."""
 
     node: str
     index: int
@@ -54,13 +54,13 @@ class AgentGpu:
     temp_c: int = 0
     power_w: float = 0.0
     xid: int = 0
+    xid_count: int = 0  # always 0: the agent exports no DCGM_EXP_XID_ERRORS_COUNT
     pod: PodRef | None = None
     mig: MigInstance | None = None  # always None: the agent reads whole GPUs (docs/agent.md)
     error: str | None = None
     missing: frozenset[str] = frozenset()
     pod_utils: tuple[PodUtil, ...] = ()
-    shares: tuple[()] = ()  # SimGpu's per-pod copies: the agent exports gpusteward_pod_gpu_util
-    vgpu: str = ""
+    vgpu: str = ""  # always "": a shared GPU's pods get gpusteward_pod_gpu_util instead
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,18 @@
 """Typed decoding of the few Node and Pod fields gpusteward uses, straight from API JSON.
 
 A 10,000-pod list decodes ~60x faster into these structs than into kubernetes-asyncio models
-(DESIGN.md), and the same structs decode the Pod in every extender request.
+(docs/architecture.md, "Layers"), and the same structs decode the Pod in every extender request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 
 import msgspec
 
 from gpusteward.core.cards import PRODUCT_LABEL
 from gpusteward.core.model import Node, OwnerRef, Pod, Taint, Toleration
+from gpusteward.core.times import parse_time
 
 
 class Meta(msgspec.Struct, rename="camel"):
@@ -147,12 +147,6 @@ def pod_request(spec: PodSpec, names: Sequence[str]) -> dict[str, int]:
 def _allocatable(amounts: dict[str, str | int | float] | None,
                  names: Sequence[str]) -> dict[str, int]:
     return {n: parse_count(amounts[n]) for n in names if amounts and n in amounts}
-
-
-def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def to_node(w: WireNode, names: Sequence[str]) -> Node:

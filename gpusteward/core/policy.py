@@ -16,6 +16,7 @@ import yaml
 
 from gpusteward.core import policyyaml
 from gpusteward.core.cards import CardPatternError, compile_patterns
+from gpusteward.core.times import DAY, HOUR, MINUTE
 from gpusteward.core.typedconfig import Between, Duration, FieldError, decode, without
 
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
@@ -24,7 +25,6 @@ Weight = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Name = Annotated[str, msgspec.Meta(min_length=1)]
 
-MINUTE, HOUR, DAY = 60, 3600, 86400
 # Every duration is bounded (docs/policy.md shows each range): a clock of `.nan` or `1e308` would
 # stop a loop or overflow the arithmetic that schedules it.
 Period = Annotated[Duration, Between(1, HOUR)]  # how often a loop runs
@@ -159,7 +159,7 @@ class Reclaim(Config, frozen=True):
         )
     )
     # Idle GPUs inside a team's quota are only reclaimed after this longer window.
-    within_quota_window: Window = Duration(4 * 3600)
+    within_quota_window: Window = Duration(4 * HOUR)
     min_pod_age: Wait = Duration(1800)
     # Pods at or above this priority are never touched (system-*-critical are 2e9).
     protected_priority: int = 1_000_000

@@ -15,8 +15,10 @@ from typing import Any, Union, get_args, get_origin
 
 import msgspec
 
+from gpusteward.core.times import DAY, HOUR, MINUTE
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": float(MINUTE), "h": float(HOUR), "d": float(DAY)}
 
 
 class Duration(float):

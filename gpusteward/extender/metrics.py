@@ -6,7 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpusteward.adapters import buildinfo
 
-# Server-side latency targets are in milliseconds (DESIGN.md: p99 <= 2 ms at 5,000 nodes).
+# Server-side latency targets are in milliseconds (docs/architecture.md: p99 <= 2 ms at 5,000
+# nodes).
 _BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.0)
 
 

@@ -21,7 +21,8 @@ from gpusteward.adapters.errors import AdapterError, LeaseLost
 from gpusteward.adapters.ledger import LedgerConflict
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
-from gpusteward.core.reclaim.model import HOUR, Action, PastAction, Plan, Snapshot, Verdict
+from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot, Verdict
+from gpusteward.core.times import HOUR
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
 
 log = logging.getLogger("gpusteward.reclaimer")

@@ -6,10 +6,10 @@ import csv
 import io
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gpusteward.core.report.model import GroupRow, IdlePod, QueueGroup, Report, TeamQuota
+from gpusteward.core.times import DAY, HOUR, MINUTE, stamp
 
 ROW_FIELDS = ("name", "allocatable", "allocated", "used", "idle", "unknown", "free",
               "allocation_ratio", "active_ratio", "mean_util_percent", "allocated_gpu_hours",
@@ -42,7 +42,7 @@ DEFAULT_LOOK = Presentation()
 
 
 def iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if t is None else stamp(t)
 
 
 def _num(key: str, value: Any) -> Any:
@@ -143,7 +143,7 @@ def table(rows: list[list[str]], headers: list[str], totals: list[str] | None = 
 def span(seconds: float) -> str:
     """90061 -> 1d1h1m1s; zero units left out."""
     s, out = int(seconds), ""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+    for unit, size in (("d", DAY), ("h", HOUR), ("m", MINUTE), ("s", 1)):
         if s >= size:
             out += f"{s // size}{unit}"
             s %= size
@@ -153,7 +153,9 @@ def span(seconds: float) -> str:
 def ago(seconds: float) -> str:
     """A wait: 1h05m, 4m07s."""
     s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    if s >= HOUR:
+        return f"{s // HOUR}h{s % HOUR // MINUTE:02d}m"
+    return f"{s // MINUTE}m{s % MINUTE:02d}s"
 
 
 def to_table(r: Report, look: Presentation = DEFAULT_LOOK) -> str:

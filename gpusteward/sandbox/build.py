@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpusteward.sandbox.checkout import REPO
+
 __all__ = ["BINARIES", "SandboxBuildError", "cache_root", "ensure_binaries", "go_source_dir"]
 
 #: Files every complete bin directory holds.
@@ -71,7 +73,7 @@ def go_source_dir() -> Path:
     override = os.environ.get("GPUSTEWARD_SANDBOX_GO_DIR")
     if override:
         return Path(override).expanduser().resolve()
-    return Path(__file__).resolve().parents[2] / "sandbox" / "go"
+    return REPO / "sandbox" / "go"
 
 
 def cache_root() -> Path:

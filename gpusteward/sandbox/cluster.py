@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from gpusteward.sandbox.build import ensure_binaries
+from gpusteward.sandbox.checkout import REPO
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
@@ -38,7 +39,6 @@ from gpusteward.sandbox.podresources import check_socket_path
 from gpusteward.sandbox.procs import Proc, free_port, stop_pid
 from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simulator_path
 
-REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics

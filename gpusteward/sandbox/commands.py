@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from gpusteward.sandbox.build import SandboxBuildError
+from gpusteward.sandbox.checkout import missing_from_checkout
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig, stop_from_state
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, FleetError, load_fleet
 from gpusteward.sandbox.procs import SandboxError, pid_alive
@@ -94,4 +95,7 @@ def env(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sandbox_command == "up" and (problem := missing_from_checkout()):
+        _err(problem)
+        return 2
     return {"up": up, "down": down, "status": status, "env": env}[args.sandbox_command](args)

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpusteward.sandbox.checkout import REPO
 from gpusteward.sandbox.procs import SandboxError
 
-SOURCE = Path(__file__).resolve().parents[2] / "sandbox" / "fakenvml" / "fakenvml.c"
+SOURCE = REPO / "sandbox" / "fakenvml" / "fakenvml.c"
 SONAME = "libnvidia-ml.so.1"
 CONFIG_ENV = "FAKENVML_CONFIG"
 MAX_GPUS = 16  # MAXN in fakenvml.c

@@ -10,7 +10,7 @@ from its annotation `sandbox.gpusteward.io/gpu-util`:
 A time-sliced node (GFD's ``nvidia.com/gpu.replicas`` R > 1, allocatable = GPUs x R) folds
 every R slots onto one physical GPU, which reads the sum of its pods' use and is named for the
 pod on its lowest slot; labelled ``sandbox.gpusteward.io/virtual-gpus: "true"`` its exporter runs
-with ``--kubernetes-virtual-gpus`` and prints a copy per pod instead (``core.dcgm.Share``).
+with ``--kubernetes-virtual-gpus`` and prints a copy per pod instead (``simgpu.Share``).
 
 Free GPUs read 0 %. Node labels `sandbox.gpusteward.io/xid` and `sandbox.gpusteward.io/gpu-temp`
 make every GPU of that node report that XID / temperature (health tests);
@@ -45,14 +45,8 @@ from pathlib import Path
 from aiohttp import web
 
 from gpusteward.adapters.kube import Watcher, connect
-from gpusteward.core.dcgm import (
-    MigInstance,
-    PodRef,
-    Share,
-    SimGpu,
-    model_name_for_product,
-    render_exposition,
-)
+from gpusteward.core.addresses import parse_hostport
+from gpusteward.core.dcgm import MigInstance, PodRef
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.sharing import MIG_RESOURCE_PREFIX, replicas
@@ -66,6 +60,7 @@ from gpusteward.sandbox.fleet import (
 )
 from gpusteward.sandbox.gpuhosts import GpuHosts
 from gpusteward.sandbox.scrape import simulator_path
+from gpusteward.sandbox.simgpu import Share, SimGpu, model_name_for_product, render_exposition
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
 VIRTUAL_GPUS_LABEL = "sandbox.gpusteward.io/virtual-gpus"
@@ -261,11 +256,11 @@ async def _main(args: argparse.Namespace) -> None:
             return [g for g in simulate(fleet, assigner, time.time()) if g.mig is None]
 
         tasks.append(asyncio.create_task(hosts.run(model, args.hosts_tick)))
-    host, _, port = args.listen.rpartition(":")
+    host, port = parse_hostport(args.listen)
     app = create_app(fleet, assigner=assigner, xids=ExporterXids(args.xid_count_window))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, int(port)).start()
+    await web.TCPSite(runner, host, port).start()
     await asyncio.gather(*tasks)
 
 

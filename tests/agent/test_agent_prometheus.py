@@ -14,9 +14,10 @@ from aiohttp.test_utils import TestServer
 
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.agent.app import AgentSettings, create_app
-from gpusteward.core.dcgm import PodRef, SimGpu
+from gpusteward.core.dcgm import PodRef
 from gpusteward.core.model import Telemetry
 from gpusteward.core.policy import parse_policy
+from gpusteward.sandbox.simgpu import SimGpu
 from tests.agent.fakes import FakeGpu, FakeKubelet, FakeNvml, Holder
 from tests.support.fixtures import DcgmEndpoint, PrometheusFactory
 

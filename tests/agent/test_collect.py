@@ -12,7 +12,7 @@ from gpusteward.agent.model import (
     PodRef,
     ProcessUtil,
 )
-from gpusteward.core.dcgm import SimGpu, render_exposition
+from gpusteward.sandbox.simgpu import SimGpu, render_exposition
 
 NODE = "gpu-node-1"
 H100 = "NVIDIA H100 80GB HBM3"

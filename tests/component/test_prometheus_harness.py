@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from gpusteward.core.dcgm import PodRef, SimGpu, render_exposition, render_openmetrics_history
+from gpusteward.core.dcgm import PodRef
 from gpusteward.sandbox.scrape import DCGM_EXPORTER, scrape_config
+from gpusteward.sandbox.simgpu import SimGpu, render_exposition, render_openmetrics_history
 from tests.support.fixtures import (  # noqa: F401 - fixtures
     DcgmEndpoint,
     PrometheusFactory,

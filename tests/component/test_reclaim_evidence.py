@@ -9,10 +9,11 @@ import pytest
 
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
-from gpusteward.core.dcgm import PodRef, SimGpu, render_openmetrics_history
+from gpusteward.core.dcgm import PodRef
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.rules import judge, rule_for
 from gpusteward.sandbox.scrape import DCGM_EXPORTER
+from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history
 from tests.support.prometheus import servicemonitor
 from tests.unit.test_reclaim_decide import gpu_pod
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from gpusteward.core.reclaim.decide import stamp
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
+from gpusteward.core.times import stamp
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox
 from gpusteward.sandbox.fleet import XID_LABEL

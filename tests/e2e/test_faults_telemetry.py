@@ -22,8 +22,9 @@ import re
 import time
 from collections.abc import Callable, Sequence
 
-from gpusteward.core.dcgm import PodRef, SimGpu, render_exposition
+from gpusteward.core.dcgm import PodRef
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
+from gpusteward.sandbox.simgpu import SimGpu, render_exposition
 from tests.e2e.kube import annotations, gone, gpu_pod
 
 # pod -> what its GPU's DCGM_FI_PROF_GR_ENGINE_ACTIVE reads, scrape after scrape, as Go's %f

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpusteward.core.dcgm import SimGpu, render_exposition
+from gpusteward.sandbox.simgpu import SimGpu, render_exposition
 from tests.support.prometheus import PrometheusServer
 
 __all__ = ["DcgmEndpoint", "dcgm_endpoint", "prometheus_factory"]

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusteward.core.dcgm import (
-    MigInstance,
-    PodRef,
+from gpusteward.core.dcgm import MigInstance, PodRef, gpu_id
+from gpusteward.sandbox.simgpu import (
     Share,
     SimGpu,
     model_name_for_product,
@@ -332,3 +331,14 @@ def test_a_mig_instance_prints_no_gpu_util_or_a_zero(variant: str, lines: list[s
     """NVIDIA/dcgm-exporter#50/#430 (not reported for MIG) and #216 (printed as 0)."""
     text = render_exposition([busy_gpu(mig=MigInstance(1, "1g.10gb", gpu_util=variant))])
     assert [ln.rsplit(" ", 1)[1] for ln in sample_lines(text, "DCGM_FI_DEV_GPU_UTIL")] == lines
+
+
+@pytest.mark.parametrize(("labels", "name"), [
+    pytest.param({"gpu": "3", "UUID": "GPU-a"}, "GPU-a", id="uuid-wins"),
+    pytest.param({"gpu": "3", "uuid": "GPU-a"}, "GPU-a", id="old-exporter-uuid"),
+    pytest.param({"gpu": "3"}, "3", id="index-where-a-query-kept-only-gpu"),
+    pytest.param({"gpu": "0", "UUID": "GPU-a", "GPU_I_ID": "2"}, "GPU-a/mig2", id="mig-instance"),
+    pytest.param({"gpu": "0", "GPU_I_ID": ""}, "0", id="empty-instance-is-the-gpu"),
+])
+def test_one_name_per_gpu_from_the_exporter_labels(labels, name):
+    assert gpu_id(labels) == name

@@ -1,4 +1,5 @@
-"""Reclaim decisions, rule by rule (DESIGN.md "Behaviour rules — Reclaimer"), explicit `now`."""
+"""Reclaim decisions, rule by rule (docs/architecture.md, "Where each rule lives"), explicit
+`now`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import parse_policy
-from gpusteward.core.reclaim.decide import parse_stamp, plan, stamp
+from gpusteward.core.reclaim.decide import parse_stamp, plan
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     OPT_OUT,
@@ -17,10 +18,10 @@ from gpusteward.core.reclaim.model import (
     Snapshot,
 )
 from gpusteward.core.reclaim.rules import rule_for, windows
+from gpusteward.core.times import HOUR, stamp
 from tests.factories import H100, L4
 
 NOW = 1_800_000_000.0
-HOUR = 3600.0
 WINDOW = 1800.0  # the policy default
 POLICY = parse_policy({})
 

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpusteward.core.dcgm import MigInstance, PodRef, SimGpu
+from gpusteward.core.dcgm import MigInstance, PodRef
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, to_node
 from gpusteward.core.model import Node, Pod
@@ -26,6 +26,7 @@ from gpusteward.sandbox.fleet import (
 from gpusteward.sandbox.gpuhosts import holders, nvml_gpu
 from gpusteward.sandbox.podresources import Holder
 from gpusteward.sandbox.scrape import simulator_path
+from gpusteward.sandbox.simgpu import SimGpu
 from gpusteward.sandbox.simulator import (
     VIRTUAL_GPUS_LABEL,
     ExporterXids,

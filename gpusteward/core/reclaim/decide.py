@@ -10,7 +10,6 @@ reclaims of a cycle; marks and warnings are reversible metadata and are not limi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 
 import msgspec
 
@@ -18,7 +17,6 @@ from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import queue
 from gpusteward.core.reclaim.model import (
-    HOUR,
     IDLE_SINCE,
     RECLAIM_AT,
     Action,
@@ -31,6 +29,7 @@ from gpusteward.core.reclaim.model import (
 )
 from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
 from gpusteward.core.reclaim.rules import judge, protections, rule_for
+from gpusteward.core.times import HOUR, parse_time, stamp
 
 GROUP_ACTIONS = {"suspend", "scale"}  # act on a whole workload: only when all its pods are idle
 
@@ -236,14 +235,9 @@ def _limit(reclaims: list[Action], snap: Snapshot,
     return allowed, held
 
 
-def stamp(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def parse_stamp(text: str | None) -> float | None:
-    if not text:
-        return None
+    """A mark's time; None when absent or unreadable (a hand-edited mark counts as none)."""
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return parse_time(text)
     except ValueError:
         return None

@@ -55,9 +55,6 @@ class Owner(msgspec.Struct, frozen=True):
         return f"{self.namespace}/{self.kind}/{self.name}"
 
 
-HOUR = 3600.0  # the span of the per-hour limits
-
-
 class PastAction(msgspec.Struct, frozen=True):
     """A reclaim of the last hour. ``intent``: recorded before acting and not yet known to be
     done; it counts against the limits like a done one (the actor may have died mid-way)."""

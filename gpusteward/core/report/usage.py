@@ -20,8 +20,7 @@ import msgspec
 from gpusteward.core.reclaim.model import Evidence, Rule
 from gpusteward.core.reclaim.rules import is_reading, judge, peak_of
 from gpusteward.core.report.model import PodUsage, Series, Window
-
-HOUR = 3600.0
+from gpusteward.core.times import HOUR
 
 
 class PodFacts(msgspec.Struct, frozen=True):
