@@ -141,16 +141,38 @@ def telemetry_section(tel: dict) -> list[str]:
             ""]
 
 
+def preempt_section(pre: dict) -> list[str]:
+    """The preempt-only run (``--verbs preempt``): wall and CPU time beside each other, since
+    it ran beside other work on the shared cores."""
+    lines = [f"### Preempt verb (`python {pre['command']}`)", "",
+             f"Machine: {pre['machine']}, Python {pre['python']}, {pre['date']}. Every node a "
+             "candidate proposing two victims (a third of all pods idle); server-side = decode + "
+             "answer in-process.", "",
+             "| candidates | mode | body MB | server p50 ms | server p99 ms | CPU p50 ms | "
+             "CPU p99 ms |", "|---|---|---|---|---|---|---|"]
+    for r in pre["results"]:
+        s = r["server"]
+        mode = "meta victims (nodeCacheCapable)" if r["mode"] == "names" else "full victims"
+        lines.append(f"| {r['nodes']} | {mode} | {r['body_mb']:.2f} | {s['p50_ms']:.2f} | "
+                     f"{s['p99_ms']:.2f} | {s['cpu_p50_ms']:.2f} | {s['cpu_p99_ms']:.2f} |")
+    return [*lines, ""]
+
+
 def main() -> None:
     ext, sched, rec, tel = (load(n) for n in ("extender", "scheduler", "reclaimer", "telemetry"))
     out = ["# Benchmark results", "",
-           f"Written by `make bench` on {time.strftime('%Y-%m-%d')} at revision {revision()} "
+           f"Assembled by `benchmarks/report.py` (the last step of `make bench`) on "
+           f"{time.strftime('%Y-%m-%d')} at revision {revision()} from benchmarks/results/; each "
+           "section gives the date of its own run "
            f"({platform.machine()}, 2 cores, 24 GiB; everything — apiserver, etcd, scheduler, "
            "kwok, Prometheus, the extender and the load generator — shares those 2 cores). "
            "Targets are in docs/architecture.md.", ""]
     if ext:
         plot_extender(ext)
         out += extender_section(ext)
+    pre = load("extender-preempt")
+    if pre:
+        out += preempt_section(pre)
     if sched:
         plot_scheduler(sched)
         out += scheduler_section(sched)
