@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from gpusteward.agent.exposition import _AGENT_FAMILIES
+from gpusteward.agent.collect import AgentView
+from gpusteward.agent.exposition import _agent_families
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
 from tests.deploy.conftest import REPO
@@ -21,7 +22,7 @@ SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
 def _exported() -> set[str]:
-    names: set[str] = set(_AGENT_FAMILIES)
+    names: set[str] = {f.name for f in _agent_families(AgentView("n", ""), "Hostname")}
     for registry in (ExtenderMetrics().registry, ReclaimerMetrics().registry):
         for family in registry.collect():
             names.add(family.name)
