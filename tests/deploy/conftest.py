@@ -21,6 +21,9 @@ HELM_VARIANT = [
     "--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
     "--set", "grafanaDashboard.enabled=true", "--set", "agent.enabled=true",
     "--set", "reclaimer.replicas=1", "--set", "logLevel=debug", "--set", "nameOverride=steward",
+    "--set", "logFormat=json", "--set", "extender.serviceAccount.name=steward-extender",
+    "--set-string", "reclaimer.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn="
+    "arn:aws:iam::111122223333:role/gpusteward-reclaimer",
     "--set", "extender.priorityClassName=system-cluster-critical",
     "--set", "reclaimer.priorityClassName=system-cluster-critical",
     "--set-string", "extender.nodeSelector.node-role\\.kubernetes\\.io/infra=true",
@@ -39,12 +42,20 @@ HELM_VARIANT = [
     "--set-string", "prometheusConnection.headers.X-Scope-OrgID=team-a",
 ]
 
+#: ServiceAccounts and RBAC the cluster's admin made: the chart creates neither.
+COMPONENTS = ("scheduler", "extender", "reclaimer", "agent")
+HELM_EXISTING_ACCOUNTS = [
+    "--set", "rbac.create=false", "--set", "agent.enabled=true", "--set", "logFormat=json",
+    *[arg for c in COMPONENTS for arg in (
+        "--set", f"{c}.serviceAccount.create=false", "--set", f"{c}.serviceAccount.name=ops-{c}")],
+]
+
 #: A second release beside the first: cluster-scoped names must not collide.
 HELM_SECOND_RELEASE = ("second", "gpusteward-second")
 
 RENDERS = ("kustomize-base", "kustomize-second-scheduler", "kustomize-default-scheduler",
            "kustomize-monitoring", "kustomize-secured-prometheus", "kustomize-with-agent",
-           "helm-defaults", "helm-variant", "helm-second-release")
+           "helm-defaults", "helm-variant", "helm-second-release", "helm-existing-accounts")
 
 
 @pytest.fixture(scope="session")
@@ -70,4 +81,5 @@ def rendered(bin_dir: Path) -> dict[str, list[dict[str, Any]]]:
         "helm-variant": render_helm(bin_dir, chart, *HELM_VARIANT),
         "helm-second-release": render_helm(bin_dir, chart, "--set", "agent.enabled=true",
                                            release=HELM_SECOND_RELEASE),
+        "helm-existing-accounts": render_helm(bin_dir, chart, *HELM_EXISTING_ACCOUNTS),
     }

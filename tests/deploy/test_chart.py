@@ -70,6 +70,13 @@ def test_the_policy_checksum_follows_the_rendered_policy(bin_dir: Path) -> None:
     # shorter than the extender's in-flight window, the scheduler could switch replicas mid-burst
     (["--set", "extender.sessionAffinityTimeoutSeconds=10"],
      "at '/extender/sessionAffinityTimeoutSeconds': minimum: got 10, want 30"),
+    (["--set", "logFormat=yaml"], "at '/logFormat': value must be one of '', 'text', 'json'"),
+    (["--set", "rbac.enabled=false"], "at '/rbac': additional properties 'enabled' not allowed"),
+    (["--set", "agent.serviceAccount.annotation.x=y"],
+     "at '/agent/serviceAccount': additional properties 'annotation' not allowed"),
+    # an existing ServiceAccount must be named: the chart cannot guess it
+    (["--set", "reclaimer.serviceAccount.create=false"],
+     "at '/reclaimer/serviceAccount/name': minLength: got 0, want 1"),
 ])
 def test_the_values_schema_rejects_typos_and_wrong_types(
         bin_dir: Path, args: list[str], message: str) -> None:
@@ -157,7 +164,7 @@ def test_the_usual_pod_values_reach_every_component(rendered: dict[str, Objects]
     assert extender["metadata"]["labels"]["team"] == "platform"
     assert agent["metadata"]["annotations"] == {"note": "x"}
     args = reclaimer["spec"]["containers"][0]["args"]
-    assert args[-2:] == ["--log-level=debug", "--lease-duration=20"]
+    assert args[-3:] == ["--log-level=debug", "--log-format=json", "--lease-duration=20"]
     assert extender["metadata"]["labels"]["app.kubernetes.io/name"] == "steward"
 
 
@@ -250,3 +257,63 @@ def test_helm_test_pod_calls_the_extender_and_may_pass_its_network_policy(
     role = _one(objects, "Role", "gpusteward-test")
     assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                               "resourceNames": ["gpusteward-reclaimer"], "verbs": ["get"]}]
+
+
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+def _pods(objects: Objects) -> dict[str, dict[str, Any]]:
+    """Each workload's pod spec, and the `helm test` Pod's, by object name."""
+    return {o["metadata"]["name"]: o["spec"]["template"]["spec"] if "template" in o["spec"]
+            else o["spec"] for o in objects if o["kind"] in {"Deployment", "DaemonSet", "Pod"}}
+
+
+def _argv(pod: dict[str, Any]) -> list[str]:
+    container = pod["containers"][0]
+    return [*container.get("command", []), *container.get("args", [])]
+
+
+def test_log_format_reaches_every_gpusteward_component(rendered: dict[str, Objects]) -> None:
+    for render in ("helm-variant", "helm-existing-accounts"):
+        pods = _pods(rendered[render])
+        for name, pod in pods.items():
+            gpusteward = name.split("-")[-1] in {"extender", "reclaimer", "agent"}
+            assert ("--log-format=json" in _argv(pod)) is gpusteward, (render, name)
+        assert "gpusteward-agent" in pods
+    assert "gpusteward-scheduler" in _pods(rendered["helm-existing-accounts"])
+    for pod in _pods(rendered["helm-defaults"]).values():
+        assert not [a for a in _argv(pod) if "--log-format" in a]
+
+
+def test_existing_service_accounts_and_no_rbac(bin_dir: Path,
+                                               rendered: dict[str, Objects]) -> None:
+    # The convention of descheduler's and kube-state-metrics' charts (rbac.create,
+    # serviceAccount.create/name/annotations), one serviceAccount block per component as
+    # cert-manager's chart has (webhook.serviceAccount, cainjector.serviceAccount).
+    objects = rendered["helm-existing-accounts"]
+    assert [name_of(o) for o in objects if o["kind"] in RBAC_KINDS] == []
+    pods = _pods(objects)
+    assert {name: pod["serviceAccountName"] for name, pod in pods.items()} == {
+        "gpusteward-scheduler": "ops-scheduler", "gpusteward-extender": "ops-extender",
+        "gpusteward-reclaimer": "ops-reclaimer", "gpusteward-agent": "ops-agent",
+        # without its Role, `helm test` reads the Lease with the reclaimer's rights
+        "gpusteward-test": "ops-reclaimer"}
+    # nothing else is left out: the same release with the chart's own accounts and RBAC
+    created = render_helm(bin_dir, CHART, "--set", "agent.enabled=true", "--set", "logFormat=json")
+    assert {name_of(o) for o in objects} == \
+        {name_of(o) for o in created if o["kind"] not in RBAC_KINDS}
+
+
+def test_named_service_accounts_are_created_bound_and_annotated(
+        rendered: dict[str, Objects]) -> None:
+    objects = rendered["helm-variant"]
+    accounts = {o["metadata"]["name"]: o["metadata"].get("annotations")
+                for o in objects if o["kind"] == "ServiceAccount"}
+    assert accounts == {  # IRSA: the annotation EKS's pod identity webhook reads
+        "steward-extender": None, "gpusteward-agent": None,
+        "gpusteward-reclaimer": {
+            "eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/gpusteward-reclaimer"}}
+    assert _pods(objects)["gpusteward-extender"]["serviceAccountName"] == "steward-extender"
+    binding = _one(objects, "ClusterRoleBinding", "gpusteward-extender")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "steward-extender",
+                                    "namespace": "gpusteward"}]

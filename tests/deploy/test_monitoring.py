@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from gpusteward.agent.collect import AgentView
-from gpusteward.agent.exposition import _agent_families
+from gpusteward.agent import exposition
+from gpusteward.agent.collect import unavailable_view
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
 from tests.deploy.conftest import REPO
@@ -22,7 +22,9 @@ SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 
 
 def _exported() -> set[str]:
-    names: set[str] = {f.name for f in _agent_families(AgentView("n", ""), "Hostname")}
+    # the agent prints every family's TYPE line, even with no GPU to report
+    agent = exposition.render(unavailable_view("gpu-1", "NVML not found"))
+    names = set(re.findall(r"^# TYPE (\S+) ", agent, re.MULTILINE))
     for registry in (ExtenderMetrics().registry, ReclaimerMetrics().registry):
         for family in registry.collect():
             names.add(family.name)

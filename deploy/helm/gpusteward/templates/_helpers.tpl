@@ -95,6 +95,9 @@ else the chart's files/policy.yaml (deploy/policy.example.yaml). */ -}}
 {{- with .root.Values.logLevel }}
 - --log-level={{ . }}
 {{- end }}
+{{- with .root.Values.logFormat }}
+- --log-format={{ . }}
+{{- end }}
 {{- range .values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -227,4 +230,29 @@ environment variables for the flags, and one projected volume for the CA and cre
 {{- /* The profile name GPU pods put in spec.schedulerName. */ -}}
 {{- define "gpusteward.schedulerName" -}}
 {{- .Values.scheduler.name | default (printf "%s-scheduler" (include "gpusteward.fullname" .)) -}}
+{{- end -}}
+
+{{- /* A component's ServiceAccount: serviceAccount.name, else <fullname>-<component> when the
+chart creates it (an existing one must be named: values.schema.json). (dict "root" $
+"component" "extender") */ -}}
+{{- define "gpusteward.serviceAccountName" -}}
+{{- $sa := (index .root.Values .component).serviceAccount -}}
+{{- $sa.name | default (printf "%s-%s" (include "gpusteward.fullname" .root) .component) -}}
+{{- end -}}
+
+{{- /* The ServiceAccount object, when the chart creates it. */ -}}
+{{- define "gpusteward.serviceAccount" -}}
+{{- $sa := (index .root.Values .component).serviceAccount -}}
+{{- if $sa.create }}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ include "gpusteward.serviceAccountName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels: {{- include "gpusteward.labels" . | nindent 4 }}
+  {{- with $sa.annotations }}
+  annotations: {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
 {{- end -}}
