@@ -110,7 +110,10 @@ async def make_busy(ns, name: str, box) -> None:  # noqa: ANN001
     """The pod computes again; returns once Prometheus holds a busy sample of it."""
     ns.api.merge_patch(ns.path("pods", name), {"metadata": {"annotations": {
         UTIL_ANNOTATION: "90"}}})
-    query = f'DCGM_FI_DEV_GPU_UTIL{{namespace="{ns.name}",pod="{name}"}} >= 90'
+    # The session sandbox stores the scrape as a ServiceMonitor with honorLabels false does:
+    # the workload's labels are exported_*; with true they are plain. Either will do.
+    query = " or ".join(f'DCGM_FI_DEV_GPU_UTIL{{{p}namespace="{ns.name}",{p}pod="{name}"}} >= 90'
+                        for p in ("exported_", ""))
     await until(f"a busy sample of {name}", lambda: promql(box.prometheus_url, query))
 
 
