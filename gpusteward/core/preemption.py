@@ -83,6 +83,9 @@ def choose(c: Candidates, policy: Preemption) -> Choice:
                        list(compress(c.idle, open_)), list(compress(c.pdb_violations, open_)))
     if not c.nodes:
         return Choice((), None, vetoed)
+    if policy.prefer_idle and c.pdb_violations.count(c.pdb_violations[0]) == len(c.nodes) \
+            and min(c.victims) > 0:
+        return _best_tier(c, vetoed)
     # One sort key per row: PDB violations first (3 per violation), then the tier (0-2):
     # 2 - (any idle) - (all idle).
     keys = list(map(mul, c.pdb_violations, repeat(3)))
@@ -96,6 +99,24 @@ def choose(c: Candidates, policy: Preemption) -> Choice:
     worst = best % 3 if policy.prefer_idle else max(
         map(tier_rank, compress(c.victims, is_best), compress(c.idle, is_best)))
     return Choice(kept, _TIERS[worst], vetoed, dropped)
+
+
+def _best_tier(c: Candidates, vetoed: tuple[str, ...]) -> Choice:
+    """The usual request (one PDB count for all, every node proposing a victim) ranked by tier
+    alone: the sort keys above would all share their PDB part, so three column passes give the
+    same choice as building them."""
+    most_idle = max(c.idle)
+    best: list[bool] | list[int] = []  # all idle (victims > 0, so some idle too)
+    if most_idle >= min(c.victims):
+        best = list(map(ge, c.idle, c.victims))
+    if any(best):
+        tier = IDLE
+    elif most_idle > 0:
+        best, tier = c.idle, PARTLY_IDLE
+    else:
+        return Choice(tuple(c.nodes), BUSY, vetoed)
+    return Choice(tuple(compress(c.nodes, best)), tier, vetoed,
+                  tuple(compress(c.nodes, map(not_, best))))
 
 
 def tier_rank(victims: int, idle: int) -> int:

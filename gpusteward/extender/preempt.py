@@ -18,8 +18,11 @@ import contextlib
 import gc
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from operator import attrgetter
+from functools import reduce
+from itertools import accumulate, chain, compress
+from operator import add, attrgetter, sub
 from typing import Annotated, Protocol
 
 import msgspec
@@ -118,6 +121,24 @@ class VictimBook:
                 idle.add(pod.uid)
         self.idle, self.classes, self._shielded = idle, classes, {}
 
+    def idle_counts(self, pods: list[list[MetaPod]], victims: list[int]) -> list[int]:
+        """Per candidate node, how many of its victims are idle. One lookup per victim over
+        all nodes' victims at once, then each node's share of the hits from running totals:
+        whole-list passes in C, where a set per node cost more than the rest of the request."""
+        uids = list(map(_UID, chain.from_iterable(pods)))
+        hits: list[int] = list(map(self.idle.__contains__, uids))
+        found = list(compress(uids, hits))
+        if not found:
+            return [0] * len(pods)
+        if len(set(found)) < len(found):  # a victim listed twice counts once
+            return [len(self.idle.intersection(map(_UID, p))) for p in pods]
+        size = victims[0]
+        if victims.count(size) == len(victims):  # as many victims on every node: the usual
+            return reduce(_add, [hits[i::size] for i in range(size)])  # the i-th victims
+        totals = [0, *accumulate(hits)]
+        at_end = list(map(totals.__getitem__, accumulate(victims)))
+        return list(map(sub, at_end, [0, *at_end[:-1]]))
+
     def shielded(self, shield: Shield) -> set[str]:
         found = self._shielded.get(shield)
         if found is None:
@@ -198,6 +219,7 @@ class Preempter:
                 gc.enable()
 
     def answer(self, args: PreemptionArgs) -> bytes:
+        """The reply to args, whose victim map it reuses (the nodes left out are removed)."""
         assert args.Pod is not None
         preemptor = class_of(args.Pod.metadata.labels or {}, args.Pod.metadata.annotations or {},
                              self.policy.default_class)
@@ -213,15 +235,16 @@ class Preempter:
                     for node, v in args.NodeNameToVictims.items()}
         pods = list(map(_PODS, echo.values()))
         victims = list(map(len, pods))
-        idle = self.book.idle.intersection  # per node, the lookups run in C
-        candidates = Candidates(list(echo), victims, [len(idle(map(_UID, p))) for p in pods],
+        candidates = Candidates(list(echo), victims, self.book.idle_counts(pods, victims),
                                 list(map(_PDB, echo.values())))
         if shield:
             candidates.shielded = [self._shielded(p, shield, full.get(n, {}))
                                    for n, p in zip(candidates.nodes, pods, strict=True)]
         choice = choose(candidates, self.policy.preemption)
         self._count(choice)
-        return _encoder.encode(PreemptionResult({node: echo[node] for node in choice.kept}))
+        # The request's map less what was left out is the kept nodes in the request's order.
+        deque(map(echo.__delitem__, chain(choice.vetoed, choice.dropped)), maxlen=0)
+        return _encoder.encode(PreemptionResult(echo))
 
     def _shielded(self, victims: list[MetaPod], shield: Shield,
                   pods: Mapping[str, WirePod]) -> bool:
@@ -240,6 +263,10 @@ class Preempter:
 
 
 _UID, _PODS, _PDB = attrgetter("UID"), attrgetter("Pods"), attrgetter("NumPDBViolations")
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    return list(map(add, a, b))
 
 
 def _uid(node: str, uid: str) -> str:
