@@ -56,6 +56,16 @@ class KubeHTTP:
     def get(self, path: str) -> Any:
         return self.request("GET", path)
 
+    def watch(self, path: str, resource_version: str, seconds: int = 2) -> list[dict[str, Any]]:
+        """The watch events on ``path`` since ``resource_version``, gathered for ``seconds``:
+        the API server replays what its watch cache still holds, then closes the stream."""
+        sep = "&" if "?" in path else "?"
+        req = urllib.request.Request(f"{self.server}{path}{sep}watch=1&resourceVersion="
+                                     f"{resource_version}&timeoutSeconds={seconds}")
+        req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, context=self._ssl, timeout=self.timeout + seconds) as r:
+            return [json.loads(line) for line in r.read().splitlines() if line.strip()]
+
     def create(self, path: str, obj: dict[str, Any]) -> Any:
         return self.request("POST", path, obj)
 

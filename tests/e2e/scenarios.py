@@ -44,11 +44,15 @@ from tests.e2e.kube import (
 H100S, A100S, L4S = {"h100-0", "h100-1"}, {"a100-0", "a100-1"}, {"l4-0", "l4-1", "l4-2"}
 
 
-def pods_land_only_on_cards_they_accept_in_preference_order(ns: Namespace) -> None:
+def pods_land_only_on_cards_they_accept_in_preference_order(box: Sandbox,
+                                                           ns: Namespace) -> None:
     # 4-GPU pods preferring A100 over H100: A100s hold 4 of them, the rest spill to H100s.
     for i in range(6):
         ns.create_pod(gpu_pod(f"p{i}", 4, cards="NVIDIA-A100*,NVIDIA-H100*", cls="batch"))
         ns.node_of(f"p{i}")  # one at a time, so the order is the preference order
+        # ... and each judged on its predecessors' samples: within telemetry.podWarmup a new
+        # pod counts as fully busy, which made a half-full A100 look hotter than an empty H100.
+        wait_for_gpu_samples(box.prometheus_url, ns.name, [f"p{i}"])
     nodes = [ns.pod(f"p{i}")["spec"]["nodeName"] for i in range(6)]
     assert set(nodes[:4]) <= A100S, nodes
     assert set(nodes[4:]) <= H100S, nodes

@@ -179,7 +179,7 @@ def test_the_extender_answers_alike_from_either_source(sandbox, agent_sandbox):
 
 
 def test_pods_land_only_on_cards_they_accept_in_preference_order(agent_sandbox, agent_ns):
-    scenarios.pods_land_only_on_cards_they_accept_in_preference_order(agent_ns)
+    scenarios.pods_land_only_on_cards_they_accept_in_preference_order(agent_sandbox, agent_ns)
 
 
 def test_a_burst_does_not_all_land_on_the_node_that_looked_idlest(agent_sandbox, agent_ns):

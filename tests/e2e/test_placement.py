@@ -22,7 +22,7 @@ def scheduler_mode(request, sandbox):
 
 
 def test_pods_land_only_on_cards_they_accept_in_preference_order(sandbox, ns, scheduler_mode):
-    scenarios.pods_land_only_on_cards_they_accept_in_preference_order(ns)
+    scenarios.pods_land_only_on_cards_they_accept_in_preference_order(sandbox, ns)
 
 
 def test_spread_class_prefers_the_cooler_node(sandbox, ns, scheduler_mode):

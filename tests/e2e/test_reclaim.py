@@ -128,16 +128,22 @@ async def test_an_eviction_keeps_the_pods_own_longer_grace(ns, reclaimer):
     # A checkpointing trainer asks for 600 s (spec.terminationGracePeriodSeconds); the sandbox
     # policy's evictionGrace is 1 s. The API server records the grace the eviction's
     # DeleteOptions gave in metadata.deletionGracePeriodSeconds; a finalizer of the test's own
-    # keeps the pod readable (kwok's pod-delete stage waits for pods without finalizers).
+    # keeps the pod readable. kwok's pod-delete stage (its default Stages) then deletes the pod
+    # again with no grace, which lowers the live value at once, so the test reads the update
+    # the eviction made, replayed by a watch from before it.
     manifest = due_pod("trainer", node="h100-1")
     manifest["spec"]["terminationGracePeriodSeconds"] = 600
     manifest["metadata"]["finalizers"] = ["e2e.gpusteward.io/hold"]
     ns.create_pod(manifest)
     ns.running("trainer")
+    before = ns.pod("trainer")["metadata"]["resourceVersion"]
     rec = await reclaimer("enforce")
     try:
         await cycle_until(rec, "eviction", lambda: gone(ns, "trainer"))
-        assert ns.pod("trainer")["metadata"]["deletionGracePeriodSeconds"] == 600
+        marked = [e["object"]["metadata"] for e in ns.api.watch(
+                  ns.path() + "?fieldSelector=metadata.name%3Dtrainer", before)
+                  if "deletionTimestamp" in e["object"]["metadata"]]
+        assert marked[0]["deletionGracePeriodSeconds"] == 600
     finally:
         ns.api.merge_patch(ns.path("pods", "trainer"), {"metadata": {"finalizers": None}})
         ns.api.delete(ns.path("pods", "trainer"), {"gracePeriodSeconds": 0})
