@@ -179,10 +179,10 @@ def headline(r: Report, look: Presentation) -> list[tuple[str, str, str]]:
         return [("Idle GPUs", "unknown", "telemetry unavailable"),
                 ("Idle GPU-hours", "unknown", f"last {window}"),
                 ("Idle cost", "unknown", f"last {window}")]
-    unknown = f"; {t.unknown:g} unknown" if t.unknown else ""
+    unknown = f"; {_g(t.unknown)} unknown" if t.unknown else ""
     priced = ("" if t.idle_cost is not None
               else "no costPerGpuHour in the policy's card tiers")
-    return [("Idle GPUs", f"{t.idle:g} of {t.allocated:g}",
+    return [("Idle GPUs", f"{_g(t.idle)} of {_g(t.allocated)}",
              f"allocated GPUs idle all {window}{unknown}"),
             ("Idle GPU-hours", f"{t.idle_gpu_hours:,.2f}",
              f"of {t.allocated_gpu_hours:,.2f} allocated in the last {window}"),
@@ -190,7 +190,7 @@ def headline(r: Report, look: Presentation) -> list[tuple[str, str, str]]:
 
 
 def idle_pod_cells(p: IdlePod) -> list[str]:
-    return [f"{p.namespace}/{p.pod}", p.owner, p.team, f"{p.gpus:g}", iso(p.idle_since) or "-",
+    return [f"{p.namespace}/{p.pod}", p.owner, p.team, _g(p.gpus), iso(p.idle_since) or "-",
             f"{p.idle_gpu_hours:.2f}", "-" if p.idle_cost is None else f"{p.idle_cost:.2f}",
             p.reclaimer.action, p.reclaimer.why]
 
@@ -209,8 +209,9 @@ QUOTA_HEADERS = ["TEAM", "QUOTA", "USED", "BORROWED", "IDLE IN QUOTA", "IDLE BOR
 
 
 def quota_cells(q: TeamQuota) -> list[str]:
-    return [q.team, "-" if q.quota is None else str(q.quota), f"{q.used:g}", f"{q.borrowed:g}",
-            f"{q.idle_within_quota:g}", f"{q.idle_borrowed:g}"]
+    # GPUs are fractional where a MIG slice or a time-sliced replica counts as its share
+    return [q.team, "-" if q.quota is None else str(q.quota), _g(q.used), _g(q.borrowed),
+            _g(q.idle_within_quota), _g(q.idle_borrowed)]
 
 
 def _idle_section(r: Report, currency: str) -> str:

@@ -9,8 +9,9 @@ import re
 import pytest
 
 from gpusteward.core.report.axes import Tick, shared_top, time_ticks
+from gpusteward.core.report.model import TeamQuota
 from gpusteward.report.html import to_html
-from gpusteward.report.render import Presentation, ago, headline, to_table
+from gpusteward.report.render import Presentation, ago, headline, quota_cells, to_table
 from tests.unit.test_report import BUSY, HOURS, NOW, ZERO, pod, report, samples
 
 DAY = 86_400
@@ -105,3 +106,9 @@ def test_team_charts_share_one_y_scale_and_carry_dated_utc_ticks():
         dates = re.findall(r">(\d{4}-\d\d-\d\d)</text>", chart)
         clocks = re.findall(r">(\d\d:\d\d(?::\d\d)?)</text>", chart)
         assert dates == ["2027-01-15"] and len(clocks) >= 2
+
+
+def test_fractional_team_gpus_print_like_the_card_table():
+    # A MIG 1g.10gb slice is 1/7 of its card (core/sharing.py): 24 whole GPUs and one slice.
+    cells = quota_cells(TeamQuota("demo", None, 24 + 1 / 7, 0.0, 1 / 7, 0.0))
+    assert cells == ["demo", "-", "24.14", "0", "0.14", "0"]
