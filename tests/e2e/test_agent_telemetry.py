@@ -23,19 +23,19 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
+from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.scrape import AGENT
 from tests.e2e import scenarios
 from tests.e2e.kube import Namespace, gpu_pod, promql, wait_for_gpu_samples
 from tests.e2e.scenarios import A100S, H100S, L4S
+from tests.support.sandbox import fresh_namespace, started
 
 NODES = sorted(H100S | A100S | L4S)
 GPUS = 2 * 8 + 2 * 8 + 3 * 4
@@ -48,23 +48,15 @@ Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 @pytest.fixture(scope="module")
 def agent_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    state = Path(tmp_path_factory.mktemp("agent-sandbox"))
     # honor_labels: true, as our agent's ServiceMonitor sets it (the session sandbox scrapes the
     # simulator with dcgm-exporter's chart default, false): every scenario runs in both modes.
-    box = Sandbox(SandboxConfig(state_dir=state, fleet=WHOLE_GPU_FLEET, with_extender=True,
-                                telemetry="agent", honor_labels=True)).start()
-    try:
-        yield box
-    finally:
-        box.stop()
+    yield from started(tmp_path_factory, "agent-sandbox", fleet=WHOLE_GPU_FLEET,
+                       telemetry="agent", honor_labels=True)
 
 
 @pytest.fixture
 def agent_ns(agent_sandbox: Sandbox) -> Iterator[Namespace]:
-    namespace = Namespace(agent_sandbox.api(), f"e2e-{secrets.token_hex(3)}")
-    namespace.create()
-    yield namespace
-    namespace.delete()
+    yield from fresh_namespace(agent_sandbox.api())
 
 
 def _get(url: str) -> str:

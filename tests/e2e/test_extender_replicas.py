@@ -20,22 +20,21 @@ provoked reliably here and is not compared (docs/operations.md explains the choi
 
 from __future__ import annotations
 
-import secrets
 import threading
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpusteward.sandbox.cluster import REPLICA_PREFIX, Sandbox, SandboxConfig
+from gpusteward.sandbox.cluster import REPLICA_PREFIX, Sandbox
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet
 from gpusteward.sandbox.kubehttp import wait_for
 from tests.e2e import scenarios
 from tests.e2e.kube import Namespace, gpu_pod
 from tests.e2e.scenarios import H100S
+from tests.support.sandbox import fresh_namespace, started
 
 FLEET = Fleet(pools=[p if p.name == "h100" else msgspec.structs.replace(p, count=1)
                      for p in DEFAULT_FLEET.pools if p.name in ("h100", "l4")])
@@ -43,21 +42,12 @@ FLEET = Fleet(pools=[p if p.name == "h100" else msgspec.structs.replace(p, count
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    state = Path(tmp_path_factory.mktemp("replicas-sandbox"))
-    sandbox = Sandbox(SandboxConfig(state_dir=state, fleet=FLEET, with_extender=True,
-                                    extender_replicas=2)).start()
-    try:
-        yield sandbox
-    finally:
-        sandbox.stop()
+    yield from started(tmp_path_factory, "replicas-sandbox", fleet=FLEET, extender_replicas=2)
 
 
 @pytest.fixture
 def ns(box: Sandbox) -> Iterator[Namespace]:
-    namespace = Namespace(box.api(), f"replicas-{secrets.token_hex(3)}")
-    namespace.create()
-    yield namespace
-    namespace.delete()
+    yield from fresh_namespace(box.api(), "replicas")
 
 
 def scheduling_calls(port: int) -> float:

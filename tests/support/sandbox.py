@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import config as kconfig
@@ -26,14 +27,28 @@ from gpusteward.sandbox.kubehttp import KubeHTTP
 from tests.e2e.kube import Namespace
 
 
-@pytest.fixture(scope="session")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    state = Path(tmp_path_factory.mktemp("sandbox"))
-    box = Sandbox(SandboxConfig(state_dir=state, with_extender=True)).start()
+def started(tmp_path_factory: pytest.TempPathFactory, name: str,
+            **config: Any) -> Iterator[Sandbox]:
+    """A sandbox for a fixture to yield, stopped after; ``config``: SandboxConfig fields."""
+    state = Path(tmp_path_factory.mktemp(name))
+    box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, **config)).start()
     try:
         yield box
     finally:
         box.stop()
+
+
+def fresh_namespace(api: KubeHTTP, prefix: str = "e2e") -> Iterator[Namespace]:
+    """A fresh namespace; at teardown its pods are deleted and waited for, freeing their GPUs."""
+    namespace = Namespace(api, f"{prefix}-{secrets.token_hex(3)}")
+    namespace.create()
+    yield namespace
+    namespace.delete()
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    yield from started(tmp_path_factory, "sandbox")
 
 
 @pytest.fixture
@@ -56,11 +71,7 @@ def api(sandbox: Sandbox) -> KubeHTTP:
 
 @pytest.fixture
 def ns(api: KubeHTTP) -> Iterator[Namespace]:
-    """A fresh namespace; at teardown its pods are deleted and waited for, freeing their GPUs."""
-    namespace = Namespace(api, f"e2e-{secrets.token_hex(3)}")
-    namespace.create()
-    yield namespace
-    namespace.delete()
+    yield from fresh_namespace(api)
 
 
 MakeReclaimer = Callable[..., Awaitable[Reclaimer]]
