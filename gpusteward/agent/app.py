@@ -22,17 +22,17 @@ from aiohttp import web
 from gpusteward.adapters import buildinfo
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import connect
-from gpusteward.agent.collect import AgentView, collect, shared, unavailable_view
-from gpusteward.agent.exposition import render
-from gpusteward.agent.model import DeviceAssignment, NvmlSnapshot, PidOwner
-from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
-from gpusteward.agent.pidmap import read_owners
-from gpusteward.agent.poddirectory import PodDirectory, api_lister
-from gpusteward.agent.podresources import (
+from gpusteward.adapters.nvml import NvmlReader, NvmlUnavailable
+from gpusteward.adapters.pidmap import read_owners
+from gpusteward.adapters.podresources import (
     DEFAULT_SOCKET,
     PodResourcesClient,
     PodResourcesUnavailable,
 )
+from gpusteward.agent.collect import AgentView, collect, shared, unavailable_view
+from gpusteward.agent.exposition import render
+from gpusteward.agent.poddirectory import PodDirectory, api_lister
+from gpusteward.core.nodereadings import DeviceAssignment, NvmlSnapshot, PidOwner
 
 log = logging.getLogger("gpusteward.agent")
 

@@ -14,9 +14,9 @@ from aiohttp import web
 
 from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.logs import add_log_flags
+from gpusteward.adapters.nvml import NvmlReader, NvmlUnavailable
+from gpusteward.adapters.podresources import DEFAULT_SOCKET
 from gpusteward.agent.app import AgentDeps, AgentSettings, create_app
-from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
-from gpusteward.agent.podresources import DEFAULT_SOCKET
 from gpusteward.core.addresses import parse_hostport
 
 log = logging.getLogger("gpusteward.agent")

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpusteward.agent.model import DeviceAssignment, GpuSample, NvmlSnapshot, PidOwner, PodRef
 from gpusteward.core.dcgm import XID_GPU_LOST, MigInstance
+from gpusteward.core.nodereadings import DeviceAssignment, GpuSample, NvmlSnapshot, PidOwner, PodRef
 
 __all__ = ["AgentGpu", "AgentView", "PodUtil", "collect", "shared", "unavailable_view"]
 

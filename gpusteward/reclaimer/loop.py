@@ -18,11 +18,11 @@ from typing import Protocol
 import msgspec
 
 from gpusteward.adapters.errors import AdapterError, LeaseLost
-from gpusteward.adapters.ledger import LedgerConflict
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot, Verdict
 from gpusteward.core.times import HOUR
+from gpusteward.reclaimer.ledger import LedgerConflict
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
 
 log = logging.getLogger("gpusteward.reclaimer")
@@ -41,7 +41,7 @@ class Writer(Protocol):
 
 
 class Ledger(Protocol):
-    """Where the last hour's reclaims outlive this process (``adapters.ledger``). ``save``
+    """Where the last hour's reclaims outlive this process (``reclaimer.ledger``). ``save``
     raises LedgerConflict when someone wrote since this replica's last load or save."""
 
     async def load(self) -> list[PastAction]: ...

@@ -15,17 +15,17 @@ from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpusteward.adapters.actor import Actor
 from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import connect
 from gpusteward.adapters.lease import LeaseGuard
-from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
-from gpusteward.adapters.restore import Restorer
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy
+from gpusteward.reclaimer.actor import Actor
+from gpusteward.reclaimer.ledger import ConfigMapLedger
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.reclaimer.restore import Restorer
 
 log = logging.getLogger("gpusteward.reclaimer")
 

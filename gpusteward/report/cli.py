@@ -112,10 +112,10 @@ async def _report(args: argparse.Namespace, policy: Policy,
     from gpusteward.adapters.kube import connect
     from gpusteward.adapters.prometheus import PrometheusSource
     from gpusteward.adapters.snapshot import SnapshotReader
-    from gpusteward.adapters.usage import UsageReader
     from gpusteward.core.report.aggregate import build_report
     from gpusteward.report import render
     from gpusteward.report.html import to_html
+    from gpusteward.report.usage import UsageReader
 
     api = await connect(args.kubeconfig, args.context)
     source = PrometheusSource(prometheus, policy.telemetry, policy.health)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpusteward.agent.collect import collect, shared, unavailable_view
 from gpusteward.agent.exposition import render
-from gpusteward.agent.model import (
+from gpusteward.core.nodereadings import (
     DeviceAssignment,
     GpuSample,
     NvmlSnapshot,

@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from gpusteward.agent.model import ProcessUtil
-from gpusteward.agent.nvml import NvmlReader, NvmlUnavailable
+from gpusteward.adapters.nvml import NvmlReader, NvmlUnavailable
+from gpusteward.core.nodereadings import ProcessUtil
 from tests.agent.fakes import GIB, FakeGpu, FakeNvml
 
 A = "GPU-c89b14a3-ce7c-6725-8424-b55d37d9c332"

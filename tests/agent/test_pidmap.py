@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusteward.agent.model import PidOwner
-from gpusteward.agent.pidmap import hostname_from_environ, pod_uid_from_cgroup, read_owners
+from gpusteward.adapters.pidmap import hostname_from_environ, pod_uid_from_cgroup, read_owners
+from gpusteward.core.nodereadings import PidOwner
 from tests.agent.fakes import write_proc
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"

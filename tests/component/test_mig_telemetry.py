@@ -16,11 +16,11 @@ import pytest
 
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
-from gpusteward.adapters.usage import series, utilization_query
 from gpusteward.core.attribution import Attribution
 from gpusteward.core.dcgm import MigInstance, PodRef
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.rules import judge, rule_for
+from gpusteward.report.usage import series, utilization_query
 from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history
 from tests.unit.test_reclaim_decide import gpu_pod
 

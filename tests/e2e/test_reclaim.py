@@ -16,9 +16,9 @@ import urllib.request
 import msgspec
 import pytest
 
-from gpusteward.adapters.ledger import LedgerError
 from gpusteward.core.policy import load_policy
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, REPLICAS_BEFORE
+from gpusteward.reclaimer.ledger import LedgerError
 from gpusteward.sandbox.fleet import Pool
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.procs import Proc, free_port

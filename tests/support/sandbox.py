@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import config as kconfig
 
-from gpusteward.adapters.actor import Actor
-from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy, load_policy
+from gpusteward.reclaimer.actor import Actor
+from gpusteward.reclaimer.ledger import ConfigMapLedger
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import KubeHTTP

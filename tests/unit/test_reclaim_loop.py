@@ -8,10 +8,10 @@ import msgspec
 import pytest
 
 from gpusteward.adapters.errors import LeaseLost
-from gpusteward.adapters.ledger import LedgerConflict, LedgerError
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.model import Action, PastAction, Snapshot
 from gpusteward.core.times import HOUR
+from gpusteward.reclaimer.ledger import LedgerConflict, LedgerError
 from gpusteward.reclaimer.loop import Reclaimer
 from tests.unit.test_reclaim_decide import NOW, gpu_pod, snapshot, warned
 

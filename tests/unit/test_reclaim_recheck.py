@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpusteward.adapters.restore import plain_count
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
 from gpusteward.core.reclaim.recheck import changed, eviction_grace
+from gpusteward.reclaimer.restore import plain_count
 from tests.unit.test_reclaim_decide import gpu_pod
 
 MARKS = {IDLE_SINCE: "2027-01-15T08:00:00Z", RECLAIM_AT: "2027-01-15T08:15:00Z"}

@@ -21,7 +21,7 @@ from typing import Any
 
 import pynvml
 
-from gpusteward.agent.nvmlcall import NotSupported, NvmlError, call
+from gpusteward.adapters.nvmlcall import NotSupported, NvmlError, call
 
 log = logging.getLogger("gpusteward.agent.xid")
 

@@ -14,8 +14,8 @@ import re
 
 from kubernetes_asyncio import client
 
-from gpusteward.adapters.actor import CALL_TIMEOUT, workload_api
 from gpusteward.core.reclaim.model import RECLAIM_REASON, REPLICAS_BEFORE
+from gpusteward.reclaimer.actor import CALL_TIMEOUT, workload_api
 
 _COUNT = re.compile(r"[0-9]{1,9}")  # ASCII digits only: not "٣", "+3", " 3" or "3\n"
 _RECORDED = re.compile(r"scaled from ([0-9]{1,9}) to 0")

@@ -15,7 +15,7 @@ import grpc
 
 from gpusteward.adapters._podresources import api_pb2, api_pb2_grpc
 from gpusteward.adapters.errors import AdapterError
-from gpusteward.agent.model import DeviceAssignment, PodRef
+from gpusteward.core.nodereadings import DeviceAssignment, PodRef
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 GPU_RESOURCES = ("nvidia.com/gpu",)

@@ -12,8 +12,7 @@ from typing import Any
 
 import pynvml
 
-from gpusteward.agent.model import GpuSample, NvmlSnapshot, ProcessUtil
-from gpusteward.agent.nvmlcall import (
+from gpusteward.adapters.nvmlcall import (
     GpuLost,
     Idle,
     NotSupported,
@@ -23,7 +22,8 @@ from gpusteward.agent.nvmlcall import (
     call,
     optional,
 )
-from gpusteward.agent.xidevents import XidEvents
+from gpusteward.adapters.xidevents import XidEvents
+from gpusteward.core.nodereadings import GpuSample, NvmlSnapshot, ProcessUtil
 
 log = logging.getLogger("gpusteward.agent.nvml")
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpusteward.agent.model import PidOwner
+from gpusteward.core.nodereadings import PidOwner
 
 __all__ = ["hostname_from_environ", "pod_uid_from_cgroup", "read_owners"]
 
