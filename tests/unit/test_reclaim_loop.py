@@ -9,7 +9,7 @@ import pytest
 
 from gpusteward.adapters.errors import LeaseLost
 from gpusteward.adapters.ledger import LedgerConflict, LedgerError
-from gpusteward.core.policy import parse_policy
+from gpusteward.core.policy import ReclaimMode, parse_policy
 from gpusteward.core.reclaim.model import Action, PastAction, Snapshot
 from gpusteward.core.times import HOUR
 from gpusteward.reclaimer.loop import Reclaimer
@@ -91,7 +91,7 @@ class Fence:
 
 def reclaimer(pods, *, ledger=None, writer=None, fence=None, clock=None, policy=POLICY):
     clock = clock or Clock()
-    return Reclaimer(policy, "enforce", Reader(snapshot(pods)), writer or Writer(ledger),
+    return Reclaimer(policy, ReclaimMode.ENFORCE, Reader(snapshot(pods)), writer or Writer(ledger),
                      clock=clock, ledger=ledger, fence=fence)
 
 
