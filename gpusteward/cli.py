@@ -29,7 +29,7 @@ from gpusteward.adapters.connectflags import (
 from gpusteward.adapters.errors import AdapterError, SettingsError
 from gpusteward.adapters.logs import add_log_flags, configure
 from gpusteward.core.addresses import parse_hostport
-from gpusteward.core.policy import Policy, PolicyError, load_policy
+from gpusteward.core.policy import Policy, PolicyError, ReclaimMode, load_policy
 
 if TYPE_CHECKING:
     from gpusteward.adapters.promconnection import PrometheusConnection
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("reclaimer", help="reclaim GPUs that pods hold idle")
     rec.add_argument("--policy", metavar="FILE",
                      help="policy YAML file (required unless restoring)")
-    rec.add_argument("--mode", choices=["observe", "warn", "enforce"],
+    rec.add_argument("--mode", choices=[m.value for m in ReclaimMode],
                      help="override the policy's reclaim.mode")
     rec.add_argument("--once", action="store_true", help="run one cycle and exit (no Lease)")
     rec.add_argument("--metrics-listen", type=_hostport, default="0.0.0.0:8080",

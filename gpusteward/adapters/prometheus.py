@@ -39,8 +39,7 @@ from gpusteward.core.attribution import (
 )
 from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.model import GpuReading, Telemetry
-from gpusteward.core.policy import Health
-from gpusteward.core.policy import Telemetry as TelemetryPolicy
+from gpusteward.core.policy import Health, TelemetryPolicy
 
 log = logging.getLogger("gpusteward.telemetry")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -42,7 +43,7 @@ def _factory(cls: type) -> Any:
     return msgspec.field(default_factory=cls)
 
 
-class Telemetry(Config, frozen=True):
+class TelemetryPolicy(Config, frozen=True):
     source: Literal["prometheus"] = "prometheus"
     # Overridden by --prometheus-url or PROMETHEUS_URL.
     prometheus_url: str | None = None
@@ -99,10 +100,17 @@ class IdleRule(Config, frozen=True):
     grace: Wait | None = None
 
 
+class Placement(StrEnum):
+    """How a class's pods are packed: onto the fullest nodes that fit, or the emptiest."""
+
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
 class WorkloadClass(Config, frozen=True):
     # Tiers in order of preference, used when a pod names no card types of its own.
     preferred_tiers: list[Name] = msgspec.field(default_factory=list)
-    placement: Literal["binpack", "spread"] = "binpack"
+    placement: Placement = Placement.BINPACK
     weights: Weights = _factory(Weights)
     idle: IdleRule = _factory(IdleRule)
     # Caps the eviction grace of this class's pods (else their own grace is the floor).
@@ -110,11 +118,12 @@ class WorkloadClass(Config, frozen=True):
 
 
 def _default_classes() -> dict[str, WorkloadClass]:
+    binpack, spread = Placement.BINPACK, Placement.SPREAD
     return {
-        "training": WorkloadClass(preferred_tiers=["premium", "standard"], placement="binpack"),
-        "inference": WorkloadClass(preferred_tiers=["economy", "standard"], placement="spread"),
-        "batch": WorkloadClass(preferred_tiers=["standard", "economy"], placement="binpack"),
-        "experiment": WorkloadClass(preferred_tiers=["economy", "standard"], placement="binpack"),
+        "training": WorkloadClass(preferred_tiers=["premium", "standard"], placement=binpack),
+        "inference": WorkloadClass(preferred_tiers=["economy", "standard"], placement=spread),
+        "batch": WorkloadClass(preferred_tiers=["standard", "economy"], placement=binpack),
+        "experiment": WorkloadClass(preferred_tiers=["economy", "standard"], placement=binpack),
     }
 
 
@@ -124,9 +133,6 @@ def _default_tiers() -> list[CardTier]:
         CardTier(name="standard", products=["NVIDIA-A100*", "A100-*", "NVIDIA-L40S*"]),
         CardTier(name="economy", products=["NVIDIA-L4", "NVIDIA-A10", "NVIDIA-T4", "Tesla-T4"]),
     ]
-
-
-Action = Literal["evict", "suspend", "scale", "annotate"]
 
 
 class OwnerActions(Config, frozen=True):
@@ -149,9 +155,16 @@ class Limits(Config, frozen=True):
     max_per_team_per_hour: Count = 10
 
 
+class ReclaimMode(StrEnum):
+    """How far the reclaimer goes: decide and log only; also annotate and send Events; also act."""
+
+    OBSERVE = "observe"
+    WARN = "warn"
+    ENFORCE = "enforce"
+
+
 class Reclaim(Config, frozen=True):
-    # observe: decide and log only. warn: also annotate and send Events. enforce: also act.
-    mode: Literal["observe", "warn", "enforce"] = "observe"
+    mode: ReclaimMode = ReclaimMode.OBSERVE
     interval: Period = Duration(60)
     idle: IdleRule = msgspec.field(
         default_factory=lambda: IdleRule(
@@ -197,7 +210,7 @@ class Policy(Config, frozen=True):
     api_version: Literal["gpusteward.io/v1alpha1"] = "gpusteward.io/v1alpha1"
     kind: Literal["Policy"] = "Policy"
     resources: list[Name] = msgspec.field(default_factory=lambda: ["nvidia.com/gpu"])
-    telemetry: Telemetry = _factory(Telemetry)
+    telemetry: TelemetryPolicy = _factory(TelemetryPolicy)
     health: Health = _factory(Health)
     card_tiers: list[CardTier] = msgspec.field(default_factory=_default_tiers)
     default_class: Name = "batch"

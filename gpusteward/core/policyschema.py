@@ -7,6 +7,7 @@ with `gpusteward policy check`.
 
 from __future__ import annotations
 
+import enum
 import types
 import typing
 from typing import Any, Literal, Union
@@ -56,6 +57,8 @@ def _schema(typ: Any, bounds: Between | None = None) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": _schema(typing.get_args(typ)[1])}
     if origin is Literal:
         return {"enum": list(typing.get_args(typ))}
+    if isinstance(typ, type) and issubclass(typ, enum.Enum):
+        return {"enum": [m.value for m in typ]}
     if typ is type(None):
         return {"type": "null"}
     return {"type": _PLAIN[typ]}
@@ -80,6 +83,8 @@ def _struct(typ: type[msgspec.Struct]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
     if isinstance(value, Duration):
         return duration_text(value)
     if isinstance(value, msgspec.Struct):

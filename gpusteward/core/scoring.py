@@ -31,12 +31,13 @@ Score: a weighted mean of four terms, each clamped to [0, 1], with the class's w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import assert_never
 
 import msgspec
 
 from gpusteward.core.cards import preference_rank
 from gpusteward.core.nodestate import NodeState
-from gpusteward.core.policy import Weights, WorkloadClass
+from gpusteward.core.policy import Placement, Weights, WorkloadClass
 from gpusteward.core.sharing import replicas
 
 NEUTRAL = 0.5
@@ -55,41 +56,53 @@ class Demand(msgspec.Struct, frozen=True):
 
 class ClassRule(msgspec.Struct, frozen=True):
     preferred_tiers: tuple[str, ...]
-    placement: str  # binpack | spread
+    placement: Placement
     weights: Weights
 
 
-class Verdict(msgspec.Struct, frozen=True):
+class NodeFit(msgspec.Struct, frozen=True):
+    """Whether a node can take the pod; if not, why, and whether preemption could change that."""
+
     ok: bool
     resolvable: bool = True
     reason: str = ""
 
+    @classmethod
+    def failed(cls, reason: str) -> NodeFit:
+        """Not now: pods leaving the node (preemption among them) could make room."""
+        return cls(ok=False, resolvable=True, reason=reason)
 
-PASS = Verdict(ok=True)
+    @classmethod
+    def unresolvable(cls, reason: str) -> NodeFit:
+        """Never, whatever leaves the node: preemption must not try it."""
+        return cls(ok=False, resolvable=False, reason=reason)
 
 
-def filter_node(state: NodeState, demand: Demand) -> Verdict:
+FITS = NodeFit(ok=True)
+
+
+def filter_node(state: NodeState, demand: Demand) -> NodeFit:
     if demand.gpus == 0:
-        return PASS  # not a GPU pod: not ours to judge
+        return FITS  # not a GPU pod: not ours to judge
     node = state.node
     if node.gpus <= 0:
-        return Verdict(False, False, "node has no allocatable GPUs")
+        return NodeFit.unresolvable("node has no allocatable GPUs")
     if demand.card_patterns:
         if node.product is None:
-            return Verdict(False, False, "node has no nvidia.com/gpu.product label")
+            return NodeFit.unresolvable("node has no nvidia.com/gpu.product label")
         if preference_rank(node.product, demand.card_patterns) is None:
             wanted = ",".join(demand.card_patterns)
-            return Verdict(False, False, f"card {node.product} not accepted (pod wants {wanted})")
+            return NodeFit.unresolvable(f"card {node.product} not accepted (pod wants {wanted})")
     if demand.gpus > node.gpus:
-        return Verdict(False, False, f"pod needs {demand.gpus} GPUs, node has {node.gpus}")
+        return NodeFit.unresolvable(f"pod needs {demand.gpus} GPUs, node has {node.gpus}")
     if node.resources:
         for name, count in demand.resources:
             if node.resources.get(name, 0) < count:
-                return Verdict(False, False, f"pod needs {count} {name}, node has "
-                                             f"{node.resources.get(name, 0)}")
+                return NodeFit.unresolvable(f"pod needs {count} {name}, node has "
+                                            f"{node.resources.get(name, 0)}")
     if state.healthy_free < demand.gpus:
-        return Verdict(False, True, _capacity_reason(state, demand))
-    return PASS
+        return NodeFit.failed(_capacity_reason(state, demand))
+    return FITS
 
 
 def _capacity_reason(state: NodeState, demand: Demand) -> str:
@@ -114,9 +127,14 @@ def coolness_term(state: NodeState) -> float:
     return NEUTRAL if state.util is None else _clamp(1.0 - state.util)
 
 
-def packing_term(state: NodeState, demand: Demand, placement: str) -> float:
+def packing_term(state: NodeState, demand: Demand, placement: Placement) -> float:
     used = _clamp((state.allocated + state.inflight + demand.gpus) / max(state.node.gpus, 1))
-    return used if placement == "binpack" else 1.0 - used
+    match placement:
+        case Placement.BINPACK:
+            return used
+        case Placement.SPREAD:
+            return 1.0 - used
+    assert_never(placement)
 
 
 def health_term(state: NodeState) -> float:

@@ -6,6 +6,7 @@ walk the Struct definitions field by field and let msgspec check each leaf value
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 import types
@@ -241,9 +242,10 @@ def default_of(f: msgspec.structs.FieldInfo) -> Any:
 
 
 def _leaf(data: Any, typ: Any, path: Path) -> tuple[Any, list[FieldError]]:
-    if get_origin(typ) is typing.Literal and data not in get_args(typ):
-        choices = ", ".join(str(a) for a in get_args(typ))
-        return None, [FieldError(path, f"expected one of {choices}, got {data!r}")]
+    choices = _choices(typ)
+    if choices is not None and data not in choices:
+        return None, [FieldError(path, f"expected one of {', '.join(map(str, choices))}, "
+                                      f"got {data!r}")]
     try:
         value = msgspec.convert(data, typ, strict=True)
     except msgspec.ValidationError as e:
@@ -252,6 +254,15 @@ def _leaf(data: Any, typ: Any, path: Path) -> tuple[Any, list[FieldError]]:
     if isinstance(value, float) and not math.isfinite(value):
         return None, [FieldError(path, f"expected a finite number, got {value}")]
     return value, []
+
+
+def _choices(typ: Any) -> list[Any] | None:
+    """The values a closed vocabulary (a Literal or an Enum) accepts; None for any other type."""
+    if get_origin(typ) is typing.Literal:
+        return list(get_args(typ))
+    if isinstance(typ, type) and issubclass(typ, enum.Enum):
+        return [m.value for m in typ]
+    return None
 
 
 def _kind(data: Any) -> str:

@@ -26,12 +26,12 @@ class Fragments:
     def __init__(self, state: NodeState, demand: Demand, rule: ClassRule):
         self.name = state.name
         self.quoted = wire.encode_str(state.name)
-        verdict = filter_node(state, demand)
-        self.outcome = PASSED if verdict.ok else FAILED if verdict.resolvable else UNRESOLVABLE
+        fit = filter_node(state, demand)
+        self.outcome = PASSED if fit.ok else FAILED if fit.resolvable else UNRESOLVABLE
         # `"name":"reason"`, ready to join into FailedNodes or FailedAndUnresolvableNodes.
-        self.failure = b"" if verdict.ok else self.quoted + b":" + wire.encode_str(verdict.reason)
+        self.failure = b"" if fit.ok else self.quoted + b":" + wire.encode_str(fit.reason)
         # What a node-names filter reply lists for this node, in the list of its outcome.
-        self.entry = self.quoted if verdict.ok else self.failure
+        self.entry = self.quoted if fit.ok else self.failure
         self.score = score_node(state, demand, rule)
         self.priority = wire.host_priority(state.name, self.score)
 

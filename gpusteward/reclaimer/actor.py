@@ -29,17 +29,22 @@ from gpusteward.core.reclaim.model import (
     RECLAIM_REASON,
     REPLICAS_BEFORE,
     Action,
+    ActionKind,
+    ActResult,
+    How,
 )
 from gpusteward.core.reclaim.recheck import changed, eviction_grace
 from gpusteward.core.times import stamp
 
 log = logging.getLogger("gpusteward.reclaimer")
 
-EVENT_REASON = {"mark": "GPUIdle", "warn": "GPUIdleWarning", "clear": "GPUActive",
-                "reclaim": "GPUReclaimed", "blocked": "GPUReclaimBlocked"}
-PERMISSION = {"evict": "create pods/eviction", "suspend": "patch batch/jobs",
-              "scale": "patch apps/deployments and apps/statefulsets",
-              "annotate": "patch pods", "event": "create events"}
+EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
+                ActionKind.CLEAR: "GPUActive", ActionKind.RECLAIM: "GPUReclaimed"}
+BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
+PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs",
+              How.SCALE: "patch apps/deployments and apps/statefulsets",
+              How.ANNOTATE: "patch pods"}
+EVENT_PERMISSION = "create events"
 RETRIES_ON_CONFLICT = 3
 CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
 
@@ -54,30 +59,31 @@ class Actor:
         self.clock = clock
         self.instance = socket.gethostname()
 
-    async def apply(self, action: Action) -> str:
+    async def apply(self, action: Action) -> ActResult:
         result = await _guard(action, self._carry_out(action))
-        if result == "done":
+        if result == ActResult.DONE:
             await self.event(action, EVENT_REASON[action.kind], action.message)
-        elif result == "blocked":
-            await self.event(action, EVENT_REASON["blocked"],
+        elif result == ActResult.BLOCKED:
+            await self.event(action, BLOCKED_EVENT_REASON,
                              f"eviction refused by a PodDisruptionBudget; retrying next cycle "
                              f"({action.message})", warning=True)
         return result
 
-    async def _carry_out(self, action: Action) -> str:
-        own_grace, why = await self._recheck(action)
-        if why:
-            return why
-        if action.kind == "reclaim":
+    async def _carry_out(self, action: Action) -> ActResult:
+        own_grace, stale = await self._recheck(action)
+        if stale:
+            return ActResult.STALE
+        if action.kind == ActionKind.RECLAIM:
             await self._reclaim(action, own_grace)
         else:
-            await {"mark": self._mark, "warn": self._warn, "clear": self._clear}[action.kind](
-                action)
-        return "done"
+            await {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
+                   ActionKind.CLEAR: self._clear}[action.kind](action)
+        return ActResult.DONE
 
-    async def _recheck(self, action: Action) -> tuple[int | None, str]:
-        """(the pod's own terminationGracePeriodSeconds, "" or why the action is not carried
-        out: gone, stale). The acting pod and, for a workload, every pod the decision rests on."""
+    async def _recheck(self, action: Action) -> tuple[int | None, bool]:
+        """(the pod's own terminationGracePeriodSeconds, whether the action is stale: the cluster
+        changed since the decision). The acting pod and, for a workload, every pod the decision
+        rests on; the acting pod gone raises the API's 404."""
         own: int | None = None
         for decided in (action.pod, *action.peers):
             try:
@@ -95,10 +101,10 @@ class Actor:
             if why:
                 log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
                             "%s", action.pod.key, action.kind, why)
-                return None, "stale"
+                return None, True
             if fresh is not None and decided is action.pod:
                 own = fresh.spec.termination_grace_period_seconds
-        return own, ""
+        return own, False
 
     async def _annotate(self, action: Action, annotations: dict[str, str | None]) -> None:
         await self.core.patch_namespaced_pod(action.pod.name, action.pod.namespace,
@@ -119,13 +125,13 @@ class Actor:
         assert action.owner is not None
         await self._annotate(action, {RECLAIM_REASON: f"{action.reason}: {action.message}"})
         owner = action.owner
-        if action.how == "evict":
+        if action.how == How.EVICT:
             await self._evict(action, own_grace)
-        elif action.how == "suspend":
+        elif action.how == How.SUSPEND:
             await self.batch.patch_namespaced_job(owner.name, owner.namespace, {
                 "metadata": {"annotations": {RECLAIM_REASON: action.reason}},
                 "spec": {"suspend": True}}, _request_timeout=CALL_TIMEOUT)
-        elif action.how == "scale":
+        elif action.how == How.SCALE:
             await self._scale_to_zero(owner.kind, owner.namespace, owner.name, action.reason)
         else:
             raise ValueError(f"no way to reclaim by {action.how!r}")
@@ -174,7 +180,7 @@ class Actor:
             await self.core.create_namespaced_event(pod.namespace, body,
                                                     _request_timeout=CALL_TIMEOUT)
         except ApiException as e:
-            _log_refusal(action, e, "event")
+            _log_refusal(action, e, EVENT_PERMISSION)
 
 
 def workload_api(apps: client.AppsV1Api, kind: str) -> tuple[Callable[..., Awaitable[Any]],
@@ -192,28 +198,28 @@ def scaled_reason(reason: str, replicas: int) -> str:
     return f"{reason}: scaled from {replicas} to 0"
 
 
-async def _guard(action: Action, work: Awaitable[str]) -> str:
+async def _guard(action: Action, work: Awaitable[ActResult]) -> ActResult:
     try:
         return await work
     except ApiException as e:
-        return _log_refusal(action, e, action.how or "annotate")
+        return _log_refusal(action, e, PERMISSION[action.how or How.ANNOTATE])
 
 
-def _log_refusal(action: Action, e: ApiException, what: str) -> str:
+def _log_refusal(action: Action, e: ApiException, permission: str) -> ActResult:
     pod = action.pod.key
     if e.status == 429:
         log.info("pod=%s eviction blocked by a PodDisruptionBudget; retrying next cycle", pod)
-        return "blocked"
+        return ActResult.BLOCKED
     if e.status == 404:
         log.info("pod=%s is gone; skipping %s", pod, action.kind)
-        return "gone"
+        return ActResult.GONE
     if e.status == 403:
         log.error("pod=%s %s forbidden: grant the reclaimer's ServiceAccount '%s' (%s)",
-                  pod, action.kind, PERMISSION.get(what, what), e.reason)
-        return "forbidden"
+                  pod, action.kind, permission, e.reason)
+        return ActResult.FORBIDDEN
     if e.status == 409:
         log.warning("pod=%s %s conflicted with a concurrent change; next cycle re-reads it",
                     pod, action.kind)
-        return "conflict"
+        return ActResult.CONFLICT
     log.error("pod=%s %s failed: HTTP %s %s", pod, action.kind, e.status, e.reason)
-    return "error"
+    return ActResult.ERROR

@@ -18,9 +18,18 @@ from typing import Protocol
 import msgspec
 
 from gpusteward.adapters.errors import AdapterError, LeaseLost
-from gpusteward.core.policy import Policy
+from gpusteward.core.policy import Policy, ReclaimMode
 from gpusteward.core.reclaim.decide import plan
-from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot, Verdict
+from gpusteward.core.reclaim.model import (
+    Action,
+    ActionKind,
+    ActResult,
+    PastAction,
+    Plan,
+    Snapshot,
+    Verdict,
+    VerdictState,
+)
 from gpusteward.core.times import HOUR
 from gpusteward.reclaimer.ledger import LedgerConflict
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
@@ -28,8 +37,10 @@ from gpusteward.reclaimer.metrics import ReclaimerMetrics
 log = logging.getLogger("gpusteward.reclaimer")
 
 # What each mode lets through to the API server.
-WRITES = {"observe": set(), "warn": {"mark", "warn", "clear"},
-          "enforce": {"mark", "warn", "clear", "reclaim"}}
+_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR}
+WRITES: dict[ReclaimMode, set[ActionKind]] = {
+    ReclaimMode.OBSERVE: set(), ReclaimMode.WARN: _STAGES,
+    ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM}}
 
 
 class Reader(Protocol):
@@ -37,7 +48,7 @@ class Reader(Protocol):
 
 
 class Writer(Protocol):
-    async def apply(self, action: Action) -> str: ...
+    async def apply(self, action: Action) -> ActResult: ...
 
 
 class Ledger(Protocol):
@@ -61,7 +72,7 @@ class DecisionLog:
     def changed(self, uid: str, v: Verdict) -> bool:
         # The figures (peak, coverage) move every cycle; the decision is what they led to.
         decision = (v.state, v.team, v.gpus, v.borrowed, None if v.rule is None else
-                    v.rule.window, v.reasons if v.state == "protected" else ())
+                    v.rule.window, v.reasons if v.state == VerdictState.PROTECTED else ())
         if self.last.get(uid) == decision:
             return False
         self.last[uid] = decision
@@ -83,7 +94,7 @@ class Fence(Protocol):
 class Halt(Exception):
     """Stop carrying out this cycle's decisions; the result word says why."""
 
-    def __init__(self, result: str, why: str):
+    def __init__(self, result: ActResult, why: str):
         super().__init__(why)
         self.result = result
 
@@ -91,7 +102,7 @@ class Halt(Exception):
 @dataclass
 class Reclaimer:
     policy: Policy
-    mode: str
+    mode: ReclaimMode
     reader: Reader
     writer: Writer
     metrics: ReclaimerMetrics = field(default_factory=ReclaimerMetrics)
@@ -135,12 +146,13 @@ class Reclaimer:
         summarize(decided, results, self.mode, elapsed, logged)
         return decided
 
-    async def _act_all(self, actions: tuple[Action, ...], decided_at: float) -> list[str]:
-        results: list[str] = []
+    async def _act_all(self, actions: tuple[Action, ...],
+                       decided_at: float) -> list[ActResult]:
+        results: list[ActResult] = []
         halt: Halt | None = None
         for action in actions:
             if action.kind not in WRITES[self.mode]:
-                result = "skipped"
+                result = ActResult.SKIPPED
             elif halt is not None:
                 result = halt.result
             else:
@@ -150,12 +162,12 @@ class Reclaimer:
                     halt, result = h, h.result
                     log.warning("this cycle's remaining writes are not carried out (%s): %s",
                                 h.result, h)
-            if result in ("fenced", "stale") and action.kind in WRITES[self.mode]:
+            if result in (ActResult.FENCED, ActResult.STALE) and action.kind in WRITES[self.mode]:
                 self.metrics.fenced.labels(result).inc()
             self.metrics.actions.labels(action.kind, action.reason, action.team, result).inc()
             # What the mode skips repeats every cycle (observe never writes the mark): it is
             # news only with a new decision.
-            quiet = result == "skipped" and action.pod.key not in self.decisions.fresh
+            quiet = result == ActResult.SKIPPED and action.pod.key not in self.decisions.fresh
             log.log(logging.DEBUG if quiet else logging.INFO,
                     "action=%s pod=%s team=%s reason=%s how=%s mode=%s result=%s msg=%r",
                     action.kind, action.pod.key, action.team, action.reason, action.how or "-",
@@ -164,12 +176,13 @@ class Reclaimer:
             results.append(result)
         return results
 
-    async def _act(self, action: Action, decided_at: float) -> str:
+    async def _act(self, action: Action, decided_at: float) -> ActResult:
         age = self.clock() - decided_at
         if age > self.decision_ttl:
-            raise Halt("stale", f"decided {age:.0f}s ago, longer than {self.decision_ttl:g}s")
+            raise Halt(ActResult.STALE,
+                       f"decided {age:.0f}s ago, longer than {self.decision_ttl:g}s")
         await self._fenced()
-        if action.kind != "reclaim":
+        if action.kind != ActionKind.RECLAIM:
             return await self.writer.apply(action)
         intent = PastAction(self.clock(), action.team, action.pod.key, "intent")
         await self._record(intent)
@@ -183,7 +196,7 @@ class Reclaimer:
         try:
             await self.fence.check()
         except LeaseLost as e:
-            raise Halt("fenced", str(e)) from e
+            raise Halt(ActResult.FENCED, str(e)) from e
 
     async def _record(self, intent: PastAction) -> None:
         """Write ahead: the intent is stored before the reclaim, or the reclaim is not tried."""
@@ -193,21 +206,22 @@ class Reclaimer:
                 await self.ledger.save(ahead)
             except LedgerConflict as e:
                 self._ledger_read = False  # another writer: re-read and re-decide next cycle
-                raise Halt("conflict", f"per-hour ledger changed meanwhile: {e}") from e
+                raise Halt(ActResult.CONFLICT, f"per-hour ledger changed meanwhile: {e}") from e
             except AdapterError as e:
                 self.metrics.ledger_errors.inc()
-                raise Halt("error", f"per-hour ledger not written, so no reclaim: {e}") from e
+                raise Halt(ActResult.ERROR,
+                           f"per-hour ledger not written, so no reclaim: {e}") from e
         self.recent = ahead
         self._ledger_behind = False
 
-    def _settle(self, intent: PastAction, result: str) -> None:
+    def _settle(self, intent: PastAction, result: ActResult) -> None:
         """Done: the intent becomes a reclaim. Refused before anything changed: forget it. An
         error may have happened half-way: the intent keeps counting."""
-        if result == "error":
+        if result == ActResult.ERROR:
             return
         rest = [a for a in self.recent if a is not intent]
         self.recent = rest + ([PastAction(intent.at, intent.team, intent.pod)]
-                              if result == "done" else [])
+                              if result == ActResult.DONE else [])
         self._ledger_behind = self.ledger is not None
 
     def _last_hour(self, actions: list[PastAction]) -> list[PastAction]:
@@ -278,15 +292,15 @@ def audit(p: Plan, snap: Snapshot, decisions: DecisionLog) -> int:
     return len(decisions.fresh)
 
 
-def summarize(p: Plan, results: list[str], mode: str, elapsed: float, logged: int) -> None:
-    states = {s: sum(1 for v in p.verdicts if v.state == s)
-              for s in ("busy", "idle", "unknown", "protected")}
-    reclaimed = sum(1 for a, r in zip(p.actions, results, strict=True)
-                    if a.kind == "reclaim" and r == "done")
-    gpus = sum(a.pod.gpus for a, r in zip(p.actions, results, strict=True)
-               if a.kind == "reclaim" and r == "done")
+def summarize(p: Plan, results: list[ActResult], mode: ReclaimMode, elapsed: float,
+              logged: int) -> None:
+    states = {s: sum(1 for v in p.verdicts if v.state == s) for s in VerdictState}
+    reclaimed = [a for a, r in zip(p.actions, results, strict=True)
+                 if a.kind == ActionKind.RECLAIM and r == ActResult.DONE]
+    gpus = sum(a.pod.gpus for a in reclaimed)
     log.info("cycle mode=%s pods=%d busy=%d idle=%d unknown=%d protected=%d "
              "decisions_changed=%d actions=%d reclaimed=%d gpus_returned=%d held_back=%d "
-             "halted=%r took=%.3fs", mode, len(p.verdicts), states["busy"], states["idle"],
-             states["unknown"], states["protected"], logged, len(p.actions), reclaimed, gpus,
+             "halted=%r took=%.3fs", mode, len(p.verdicts), states[VerdictState.BUSY],
+             states[VerdictState.IDLE], states[VerdictState.UNKNOWN],
+             states[VerdictState.PROTECTED], logged, len(p.actions), len(reclaimed), gpus,
              len(p.held_back), p.halted, elapsed)

@@ -8,7 +8,7 @@ from collections import Counter as Tally
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpusteward.adapters import buildinfo
-from gpusteward.core.reclaim.model import RECLAIM_AT, Plan, Snapshot
+from gpusteward.core.reclaim.model import RECLAIM_AT, Plan, Snapshot, VerdictState
 from gpusteward.core.reclaim.quota import team
 from gpusteward.core.sharing import physical
 
@@ -70,11 +70,11 @@ class ReclaimerMetrics:
             card = cards.get(pod.node or "", "unknown")
             held = physical(pod.resources, pod.gpus, snap.nodes.get(pod.node or ""))
             gpus[(v.team, card, "allocated")] = gpus.get((v.team, card, "allocated"), 0.0) + held
-            if v.state in ("idle", "unknown"):
+            if v.state in (VerdictState.IDLE, VerdictState.UNKNOWN):
                 gpus[(v.team, card, v.state)] = gpus.get((v.team, card, v.state), 0.0) + held
-            if v.state == "idle":
+            if v.state == VerdictState.IDLE:
                 self.idle_seconds.labels(v.team).inc(held * interval)
-            stages["warned" if v.state == "idle" and RECLAIM_AT in pod.annotations
+            stages["warned" if v.state == VerdictState.IDLE and RECLAIM_AT in pod.annotations
                    else v.state] += 1
         self.gpus.clear()
         for (owner, card, state), n in gpus.items():

@@ -21,7 +21,7 @@ from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
-from gpusteward.core.policy import Policy
+from gpusteward.core.policy import Policy, ReclaimMode
 from gpusteward.reclaimer.actor import Actor
 from gpusteward.reclaimer.ledger import ConfigMapLedger
 from gpusteward.reclaimer.loop import Reclaimer
@@ -51,7 +51,7 @@ async def serve(policy: Policy, args: argparse.Namespace,
         return 2
     api = await connect(args.kubeconfig, args.context)
     source = PrometheusSource(prometheus, policy.telemetry, policy.health)
-    reclaimer = Reclaimer(policy, args.mode or policy.reclaim.mode,
+    reclaimer = Reclaimer(policy, ReclaimMode(args.mode or policy.reclaim.mode),
                           SnapshotReader(api, source, policy),
                           Actor(api, policy),
                           ledger=ConfigMapLedger(api, args.lease_namespace,

@@ -18,7 +18,7 @@ from kubernetes_asyncio import config as kconfig
 
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
-from gpusteward.core.policy import Policy, load_policy
+from gpusteward.core.policy import Policy, ReclaimMode, load_policy
 from gpusteward.reclaimer.actor import Actor
 from gpusteward.reclaimer.ledger import ConfigMapLedger
 from gpusteward.reclaimer.loop import Reclaimer
@@ -92,7 +92,7 @@ async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
         clients.append(api)
         source = PrometheusSource(prometheus_url or box.prometheus_url, policy.telemetry,
                                   policy.health, attempts=1)
-        return Reclaimer(policy, mode, SnapshotReader(api, source, policy),
+        return Reclaimer(policy, ReclaimMode(mode), SnapshotReader(api, source, policy),
                          Actor(api, policy),
                          ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None)
 

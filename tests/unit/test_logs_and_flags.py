@@ -22,7 +22,7 @@ from gpusteward.adapters.connectflags import env_name
 from gpusteward.adapters.logs import configure
 from gpusteward.cli import _leaves, build_parser
 from gpusteward.core.model import Pod
-from gpusteward.core.policy import parse_policy
+from gpusteward.core.policy import ReclaimMode, parse_policy
 from gpusteward.core.reclaim.model import Action, Evidence, PastAction, Snapshot
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.reclaimer.loop import Reclaimer
@@ -125,7 +125,7 @@ async def test_a_pods_decision_is_logged_once_while_it_does_not_change(
     cluster = Cluster()
     a, b = gpu_pod("a", "uid-a"), gpu_pod("b", "uid-b")
     cluster.peaks = [(a, 80.0), (b, 1.0)]
-    reclaimer = Reclaimer(parse_policy({}), "observe", cluster, NoWrites())
+    reclaimer = Reclaimer(parse_policy({}), ReclaimMode.OBSERVE, cluster, NoWrites())
     caplog.set_level(logging.DEBUG, logger="gpusteward.reclaimer")
 
     await reclaimer.cycle()

@@ -89,12 +89,16 @@ def test_policy_check_exits_0_for_a_valid_file(capsys):
 
 def test_policy_check_exits_2_naming_every_bad_field(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("resources: [gpu]\nreclaim:\n  mode: destroy\n")
+    bad.write_text("resources: [gpu]\nreclaim:\n  mode: destroy\n"
+                   "classes:\n  batch:\n    placement: spraed\n")
     with pytest.raises(SystemExit) as info:
         main(["policy", "check", str(bad)])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "resources[0]" in err and "reclaim.mode" in err
+    assert "resources[0]" in err
+    assert "reclaim.mode: expected one of observe, warn, enforce, got 'destroy'" in err
+    # A misspelt placement is an error, never a silent fallback to one of the two.
+    assert "classes.batch.placement: expected one of binpack, spread, got 'spraed'" in err
 
 
 @pytest.mark.parametrize(

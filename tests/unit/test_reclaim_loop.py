@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from gpusteward.adapters.errors import LeaseLost
-from gpusteward.core.policy import parse_policy
+from gpusteward.core.policy import ReclaimMode, parse_policy
 from gpusteward.core.reclaim.model import Action, PastAction, Snapshot
 from gpusteward.core.times import HOUR
 from gpusteward.reclaimer.ledger import LedgerConflict, LedgerError
@@ -91,7 +91,7 @@ class Fence:
 
 def reclaimer(pods, *, ledger=None, writer=None, fence=None, clock=None, policy=POLICY):
     clock = clock or Clock()
-    return Reclaimer(policy, "enforce", Reader(snapshot(pods)), writer or Writer(ledger),
+    return Reclaimer(policy, ReclaimMode.ENFORCE, Reader(snapshot(pods)), writer or Writer(ledger),
                      clock=clock, ledger=ledger, fence=fence)
 
 

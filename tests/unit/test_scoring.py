@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusteward.core.policy import Health, Weights
+from gpusteward.core.policy import Health, Placement, Weights
 from gpusteward.core.scoring import (
     NEUTRAL,
     ClassRule,
@@ -20,9 +20,9 @@ from gpusteward.core.scoring import (
 )
 from tests.factories import A10, A100, H100, L4, NOW, node, pod, readings, state
 
-BINPACK = ClassRule(("premium", "standard"), "binpack", Weights())
-SPREAD = ClassRule(("economy", "standard"), "spread", Weights())
-ONLY_COOLNESS = ClassRule((), "binpack", Weights(card=0, coolness=1, packing=0, health=0))
+BINPACK = ClassRule(("premium", "standard"), Placement.BINPACK, Weights())
+SPREAD = ClassRule(("economy", "standard"), Placement.SPREAD, Weights())
+ONLY_COOLNESS = ClassRule((), Placement.BINPACK, Weights(card=0, coolness=1, packing=0, health=0))
 
 
 def demand(gpus: int = 1, cards: tuple[str, ...] = (), cls: str = "training") -> Demand:
@@ -180,10 +180,10 @@ def test_a_pod_in_its_warmup_counts_as_busy_though_a_sample_covers_it():
 @pytest.mark.parametrize(
     ("placement", "allocated", "expected"),
     [
-        pytest.param("binpack", 6, 7 / 8, id="binpack-prefers-full-nodes"),
-        pytest.param("binpack", 0, 1 / 8, id="binpack-empty-node-scores-low"),
-        pytest.param("spread", 6, 1 / 8, id="spread-avoids-full-nodes"),
-        pytest.param("spread", 0, 7 / 8, id="spread-prefers-empty-nodes"),
+        pytest.param(Placement.BINPACK, 6, 7 / 8, id="binpack-prefers-full-nodes"),
+        pytest.param(Placement.BINPACK, 0, 1 / 8, id="binpack-empty-node-scores-low"),
+        pytest.param(Placement.SPREAD, 6, 1 / 8, id="spread-avoids-full-nodes"),
+        pytest.param(Placement.SPREAD, 0, 7 / 8, id="spread-prefers-empty-nodes"),
     ],
 )
 def test_packing_term(placement, allocated, expected):
@@ -195,8 +195,8 @@ def test_binpack_and_spread_disagree_on_the_same_nodes():
     full = state(node("full"), pods=[pod(f"p{i}", node="full") for i in range(6)],
                  gpu_readings=readings("full"))
     empty = state(node("empty"), gpu_readings=readings("empty"))
-    pack = ClassRule((), "binpack", Weights(card=0, coolness=0, packing=1, health=0))
-    spread = ClassRule((), "spread", Weights(card=0, coolness=0, packing=1, health=0))
+    pack = ClassRule((), Placement.BINPACK, Weights(card=0, coolness=0, packing=1, health=0))
+    spread = ClassRule((), Placement.SPREAD, Weights(card=0, coolness=0, packing=1, health=0))
     assert score_node(full, demand(), pack) > score_node(empty, demand(), pack)
     assert score_node(full, demand(), spread) < score_node(empty, demand(), spread)
 

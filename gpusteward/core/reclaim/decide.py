@@ -20,18 +20,22 @@ from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
     Action,
+    ActionKind,
     Evidence,
+    How,
     Owner,
     Plan,
+    Reason,
     Rule,
     Snapshot,
     Verdict,
+    VerdictState,
 )
 from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
 from gpusteward.core.reclaim.rules import judge, protections, rule_for
 from gpusteward.core.times import HOUR, parse_time, stamp
 
-GROUP_ACTIONS = {"suspend", "scale"}  # act on a whole workload: only when all its pods are idle
+GROUP_ACTIONS = {How.SUSPEND, How.SCALE}  # act on a whole workload: only when all its pods are idle
 
 
 def plan(snap: Snapshot, policy: Policy) -> Plan:
@@ -70,8 +74,8 @@ def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy,
     rule = rule_for(pod, policy)
     vetoes = tuple(protections(pod, owner, policy, snap.now))
     if vetoes:
-        v = Verdict(pod.key, name, pod.gpus, "protected", vetoes, rule=rule)
-        clear = _clear(pod, name, "protected", "; ".join(vetoes)) if _marked(pod) else None
+        v = Verdict(pod.key, name, pod.gpus, VerdictState.PROTECTED, vetoes, rule=rule)
+        clear = _clear(pod, name, Reason.PROTECTED, "; ".join(vetoes)) if _marked(pod) else None
         return v, clear, False, False
     own_state, _ = judge(_evidence(snap, rule, pod), rule, pod.gpus)
     rule = _effective(rule, policy, name, is_borrowed)
@@ -79,7 +83,7 @@ def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy,
     state, why = judge(evidence, rule, pod.gpus)
     verdict = Verdict(pod.key, name, pod.gpus, state, (why,), evidence, rule, is_borrowed)
     action, is_due = _stage(pod, name, state, why, rule, snap.now)
-    return verdict, action, own_state == "idle", is_due
+    return verdict, action, own_state == VerdictState.IDLE, is_due
 
 
 def _effective(rule: Rule, policy: Policy, team_name: str, is_borrowed: bool) -> Rule:
@@ -99,35 +103,35 @@ def owner_of(pod: Pod, snap: Snapshot) -> Owner:
     return snap.owners.get(pod.uid) or Owner("Pod", pod.namespace, pod.name, (pod.uid,))
 
 
-def _stage(pod: Pod, team_name: str, state: str, why: str, rule: Rule,
+def _stage(pod: Pod, team_name: str, state: VerdictState, why: str, rule: Rule,
            now: float) -> tuple[Action | None, bool]:
-    if state == "busy":
-        return (_clear(pod, team_name, "active", why) if _marked(pod) else None), False
-    if state != "idle":
+    if state == VerdictState.BUSY:
+        return (_clear(pod, team_name, Reason.ACTIVE, why) if _marked(pod) else None), False
+    if state != VerdictState.IDLE:
         return None, False  # unknown: neither advance nor clear; the evidence says nothing
     if IDLE_SINCE not in pod.annotations:
-        return Action("mark", pod, team_name, "idle", f"GPUs idle: {why}"), False
+        return Action(ActionKind.MARK, pod, team_name, Reason.IDLE, f"GPUs idle: {why}"), False
     deadline = parse_stamp(pod.annotations.get(RECLAIM_AT))
     if deadline is None:
         at = now + rule.grace
-        return Action("warn", pod, team_name, "idle",
+        return Action(ActionKind.WARN, pod, team_name, Reason.IDLE,
                       f"GPUs idle: {why}; reclaim at {stamp(at)} unless they get busy",
                       reclaim_at=at), False
     return None, deadline <= now
 
 
-def _clear(pod: Pod, team_name: str, reason: str, why: str) -> Action:
-    return Action("clear", pod, team_name, reason, f"marks cleared: {why}")
+def _clear(pod: Pod, team_name: str, reason: Reason, why: str) -> Action:
+    return Action(ActionKind.CLEAR, pod, team_name, reason, f"marks cleared: {why}")
 
 
 def _marked(pod: Pod) -> bool:
     return IDLE_SINCE in pod.annotations or RECLAIM_AT in pod.annotations
 
 
-def how_to_reclaim(owner: Owner, policy: Policy) -> str:
+def how_to_reclaim(owner: Owner, policy: Policy) -> How:
     a = policy.reclaim.owner_actions
-    return {"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
-            "StatefulSet": a.stateful_set}.get(owner.kind, a.unknown)
+    return How({"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
+                "StatefulSet": a.stateful_set}.get(owner.kind, a.unknown))
 
 
 def _whole_owner(owner: Owner, uid: str, ok: Mapping[str, bool]) -> bool:
@@ -144,10 +148,10 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
         how = how_to_reclaim(owner, policy)
         if how in GROUP_ACTIONS and not _whole_owner(owner, uid, dict.fromkeys(due, True)):
             continue  # partly idle workload: marks only
-        if how == "annotate":
+        if how == How.ANNOTATE:
             continue
-        reason = "over-quota" if uid in over else "idle"
-        out.append(Action("reclaim", pod, team(pod, snap.namespace_labels), reason,
+        reason = Reason.OVER_QUOTA if uid in over else Reason.IDLE
+        out.append(Action(ActionKind.RECLAIM, pod, team(pod, snap.namespace_labels), reason,
                           f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} "
                           f"{owner.name}", owner, how, peers=_peers(owner, uid, how, by_uid)))
     return out
@@ -162,7 +166,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
         pod = by_uid[uid]
         owner = owner_of(pod, snap)
         how = how_to_reclaim(owner, policy)
-        if idle and how != "annotate" and not owner.in_progress and (
+        if idle and how != How.ANNOTATE and not owner.in_progress and (
                 how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)):
             candidates.append(queue.Candidate(pod, team(pod, snap.namespace_labels)))
     free = _free_gpus(snap)
@@ -179,14 +183,14 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
             owner = owner_of(v.pod, snap)
             how = how_to_reclaim(owner, policy)
             actions.append(Action(
-                "reclaim", v.pod, v.team, "queue",
+                ActionKind.RECLAIM, v.pod, v.team, Reason.QUEUE,
                 f"reclaiming {v.pod.gpus} idle GPU(s) on {c.node} for pending {pending.key} "
                 f"(priority {pending.priority} > {v.pod.priority})", owner, how,
                 peers=_peers(owner, v.pod.uid, how, by_uid)))
     return actions
 
 
-def _peers(owner: Owner, uid: str, how: str, by_uid: Mapping[str, Pod]) -> tuple[Pod, ...]:
+def _peers(owner: Owner, uid: str, how: How, by_uid: Mapping[str, Pod]) -> tuple[Pod, ...]:
     """The workload's other GPU pods, whose state a suspension or scale-down also rests on."""
     if how not in GROUP_ACTIONS:
         return ()
@@ -202,7 +206,7 @@ def _free_gpus(snap: Snapshot) -> dict[str, int]:
     return {n: max(0, node.gpus - used.get(n, 0)) for n, node in snap.nodes.items()}
 
 
-_ORDER = {"queue": 0, "over-quota": 1, "idle": 2}
+_ORDER = {Reason.QUEUE: 0, Reason.OVER_QUOTA: 1, Reason.IDLE: 2}
 
 
 def _limit(reclaims: list[Action], snap: Snapshot,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 
 import msgspec
 
@@ -14,6 +15,55 @@ RECLAIM_AT = "gpusteward.io/reclaim-at"
 RECLAIM_REASON = "gpusteward.io/reclaim-reason"
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
+
+
+class ActionKind(StrEnum):
+    """The stages of a reclaim (module docstring of decide.py), and undoing them."""
+
+    MARK = "mark"  # idle: write idle-since
+    WARN = "warn"  # still idle: write reclaim-at
+    CLEAR = "clear"  # busy again, or protected: remove the marks
+    RECLAIM = "reclaim"  # due, or claimed by the queue: act on the owner
+
+
+class Reason(StrEnum):
+    """Why an action is taken; reclaims are ordered queue, over-quota, idle."""
+
+    IDLE = "idle"
+    OVER_QUOTA = "over-quota"  # idle GPUs a team borrows beyond its quota
+    QUEUE = "queue"  # idle GPUs a waiting higher-priority pod needs
+    ACTIVE = "active"  # busy again: marks cleared
+    PROTECTED = "protected"  # protected since it was marked: marks cleared
+
+
+class How(StrEnum):
+    """How a reclaim acts on the owner (policy reclaim.ownerActions)."""
+
+    EVICT = "evict"
+    SUSPEND = "suspend"
+    SCALE = "scale"
+    ANNOTATE = "annotate"  # marks and warnings only, never a reclaim
+
+
+class VerdictState(StrEnum):
+    PROTECTED = "protected"  # a rule forbids touching the pod
+    UNKNOWN = "unknown"  # the evidence says neither idle nor busy
+    BUSY = "busy"
+    IDLE = "idle"
+
+
+class ActResult(StrEnum):
+    """What became of one action (the `result` label of gpusteward_reclaimer_actions_total)."""
+
+    DONE = "done"
+    SKIPPED = "skipped"  # the mode does not let this kind through
+    BLOCKED = "blocked"  # a PodDisruptionBudget said not now (HTTP 429)
+    GONE = "gone"  # deleted meanwhile
+    STALE = "stale"  # the cluster changed since the decision, or the decision is too old
+    FENCED = "fenced"  # this replica no longer holds the Lease
+    FORBIDDEN = "forbidden"  # RBAC
+    CONFLICT = "conflict"  # changed meanwhile, after retries
+    ERROR = "error"
 
 
 class Evidence(msgspec.Struct, frozen=True):
@@ -84,13 +134,13 @@ class Snapshot(msgspec.Struct, frozen=True):
 class Action(msgspec.Struct, frozen=True):
     """One change the reclaimer wants; the act layer carries it out (or, by mode, only logs it)."""
 
-    kind: str  # mark | warn | clear | reclaim
+    kind: ActionKind
     pod: Pod
     team: str
-    reason: str  # idle | over-quota | queue | active | protected
+    reason: Reason
     message: str
     owner: Owner | None = None
-    how: str = ""  # evict | suspend | scale | annotate (reclaim only)
+    how: How | None = None  # reclaim only
     reclaim_at: float | None = None  # warn only
     # Reclaim of a whole workload: its other GPU pods as decided on, re-checked before acting.
     peers: tuple[Pod, ...] = ()
@@ -102,7 +152,7 @@ class Verdict(msgspec.Struct, frozen=True):
     pod: str
     team: str
     gpus: int
-    state: str  # protected | unknown | busy | idle
+    state: VerdictState
     reasons: tuple[str, ...] = ()
     evidence: Evidence | None = None
     rule: Rule | None = None

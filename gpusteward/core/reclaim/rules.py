@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import IdleRule, Policy
-from gpusteward.core.reclaim.model import OPT_OUT, Evidence, Owner, Rule
+from gpusteward.core.reclaim.model import OPT_OUT, Evidence, Owner, Rule, VerdictState
 
 
 def rule_for(pod: Pod, policy: Policy) -> Rule:
@@ -59,23 +59,25 @@ def peak_of(values: Iterable[float]) -> float:
     return broken[0] if broken else max(values)
 
 
-def judge(evidence: Evidence | None, rule: Rule, gpus: int) -> tuple[str, str]:
+def judge(evidence: Evidence | None, rule: Rule, gpus: int) -> tuple[VerdictState, str]:
     """(idle | busy | unknown, why). Missing samples mean unknown, never idle."""
+    unknown = VerdictState.UNKNOWN
     if evidence is None or evidence.gpus_seen == 0 or evidence.peak_percent is None:
-        return "unknown", "no GPU telemetry for the pod in the window"
+        return unknown, "no GPU telemetry for the pod in the window"
     if not is_reading(evidence.peak_percent):
-        return "unknown", (f"GPU utilization reads {evidence.peak_percent:g}, not a value "
-                           "in 0-100%: the exporter or its query is broken")
+        return unknown, (f"GPU utilization reads {evidence.peak_percent:g}, not a value "
+                         "in 0-100%: the exporter or its query is broken")
     if evidence.gpus_seen < gpus:
-        return "unknown", f"telemetry covers {evidence.gpus_seen} of its {gpus} GPUs"
+        return unknown, f"telemetry covers {evidence.gpus_seen} of its {gpus} GPUs"
     if evidence.coverage < rule.min_coverage:
-        return "unknown", (f"sample coverage {evidence.coverage:.0%} below "
-                           f"{rule.min_coverage:.0%}")
+        return unknown, (f"sample coverage {evidence.coverage:.0%} below "
+                         f"{rule.min_coverage:.0%}")
     if evidence.peak_percent >= rule.threshold_percent:
-        return "busy", (f"peak {evidence.peak_percent:.0f}% >= {rule.threshold_percent:.0f}% "
-                        f"in {rule.window:.0f}s")
-    return "idle", f"peak {evidence.peak_percent:.0f}% < {rule.threshold_percent:.0f}% " \
-                   f"over {rule.window:.0f}s (coverage {evidence.coverage:.0%})"
+        return VerdictState.BUSY, (f"peak {evidence.peak_percent:.0f}% >= "
+                                   f"{rule.threshold_percent:.0f}% in {rule.window:.0f}s")
+    return VerdictState.IDLE, (f"peak {evidence.peak_percent:.0f}% < "
+                               f"{rule.threshold_percent:.0f}% over {rule.window:.0f}s "
+                               f"(coverage {evidence.coverage:.0%})")
 
 
 def protections(pod: Pod, owner: Owner | None, policy: Policy, now: float) -> Iterator[str]:

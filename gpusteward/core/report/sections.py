@@ -8,7 +8,7 @@ from collections import defaultdict
 from gpusteward.core.model import class_of
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
-from gpusteward.core.reclaim.model import Plan, Snapshot
+from gpusteward.core.reclaim.model import ActionKind, Plan, Snapshot
 from gpusteward.core.reclaim.quota import borrowed, team
 from gpusteward.core.report.model import (
     Decision,
@@ -30,7 +30,7 @@ def decisions(snap: Snapshot, policy: Policy) -> dict[str, Decision]:
     for action, why in decided.held_back:
         out[action.pod.key] = Decision(out[action.pod.key].state, "held", why)
     for a in decided.actions:
-        kind = f"reclaim/{a.how}" if a.kind == "reclaim" else a.kind
+        kind = f"reclaim/{a.how}" if a.kind == ActionKind.RECLAIM else a.kind
         out[a.pod.key] = Decision(_state(decided, a.pod.key), kind, a.message)
     return out
 
