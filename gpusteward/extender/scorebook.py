@@ -27,7 +27,7 @@ class FilterOutcome(IntEnum):
 
 class Fragments:
     """Everything one node contributes to a reply for one demand, encoded once: every field
-    but name, outcome and score holds JSON bytes ready to join."""
+    but name, outcome (a FilterOutcome value) and score holds JSON bytes ready to join."""
 
     __slots__ = ("name", "quoted", "outcome", "failure", "entry", "score", "priority_json")
 
@@ -35,8 +35,11 @@ class Fragments:
         self.name = state.name
         self.quoted = wire.encode_str(state.name)
         fit = filter_node(state, demand)
-        self.outcome = (FilterOutcome.PASSED if fit.ok else FilterOutcome.FAILED
-                        if fit.resolvable else FilterOutcome.UNRESOLVABLE)
+        outcome = (FilterOutcome.PASSED if fit.ok else FilterOutcome.FAILED
+                   if fit.resolvable else FilterOutcome.UNRESOLVABLE)
+        # The plain int: an enum member as a tuple index leaves CPython's specialised path,
+        # +8% on the names-mode filter reply at 1,000 nodes.
+        self.outcome: int = outcome.value
         # `"name":"reason"`, ready to join into FailedNodes or FailedAndUnresolvableNodes.
         self.failure = b"" if fit.ok else self.quoted + b":" + wire.encode_str(fit.reason)
         # What a node-names filter reply lists for this node, in the list of its outcome.
