@@ -21,7 +21,7 @@ from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.core.model import Telemetry
 from gpusteward.extender import preempt, wire
 from gpusteward.extender.metrics import ExtenderMetrics
-from gpusteward.extender.replies import Outcome, filter_reply, prioritize_reply
+from gpusteward.extender.replies import Reply, filter_reply, prioritize_reply
 from gpusteward.extender.view import PlacementView
 
 log = logging.getLogger("gpusteward.extender")
@@ -186,7 +186,24 @@ async def _counted(request: web.Request,
     return response
 
 
-Answer = Callable[[PlacementView, wire.ExtenderArgs], Outcome]
+Answer = Callable[[PlacementView, wire.ExtenderArgs], Reply]
+
+
+def respond(view: PlacementView, answer: Answer, args: wire.ExtenderArgs) -> Reply:
+    """One filter or prioritize request. The answer itself only reads the view; these are the
+    request path's writes, each rebuilding the nodes it touches in every cached demand table:
+    the pod asked about again stops counting where it was expected (it must not crowd itself
+    out), and after prioritize it is expected on the node ranked first until the watch shows
+    where it was bound (burst correction, view.py)."""
+    assert args.Pod is not None  # decode_args refuses a request without one
+    uid = args.Pod.metadata.uid
+    view.settle_parked()
+    view.forget(uid)
+    reply = answer(view, args)
+    # No uid: a probe, or a pod the scheduler never binds under that uid.
+    if uid and reply.best_node is not None:
+        view.expect(uid, reply.best_node)
+    return reply
 
 
 class _Refused(Exception):
@@ -247,13 +264,13 @@ def _verb(verb: str, answer: Answer) -> Callable[[web.Request], Awaitable[web.Re
     async def handler(request: web.Request) -> web.Response:
         ext = request.app[EXTENDER]
         try:
-            outcome = answer(ext.view, wire.decode_args(await _body(request)))
+            reply = respond(ext.view, answer, wire.decode_args(await _body(request)))
         except (wire.BadRequest, _Refused) as e:
             return _refusal(verb, e, wire.error_result(str(e)) if verb == "filter"
                             else _error(str(e)))
-        if outcome.unknown_nodes:
-            ext.metrics.unknown_nodes.labels(verb).inc(outcome.unknown_nodes)
-        return web.Response(body=outcome.body, content_type=JSON)
+        if reply.unknown_nodes:
+            ext.metrics.unknown_nodes.labels(verb).inc(reply.unknown_nodes)
+        return web.Response(body=reply.body, content_type=JSON)
 
     return handler
 
