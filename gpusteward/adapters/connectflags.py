@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusteward.adapters.errors import PrometheusSettingsError
+from gpusteward.core.addresses import parse_hostport
 
 if TYPE_CHECKING:  # the HTTP stack loads only for commands that query Prometheus
     from gpusteward.adapters.promconnection import PrometheusConnection
@@ -106,6 +107,14 @@ class EnvParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def hostport(text: str) -> tuple[str, int]:
+    """A listen flag's value (``HOST:PORT``), as argparse wants a bad one reported."""
+    try:
+        return parse_hostport(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def add_kube_flags(parser: argparse.ArgumentParser) -> None:

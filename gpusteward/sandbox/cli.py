@@ -11,7 +11,7 @@ def _replicas(text: str) -> int:
     return int(text)
 
 
-def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
+def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sb = sub.add_parser("sandbox", help="local real control plane with simulated GPU nodes")
     sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
     up = sb_sub.add_parser("up", help="build what is missing and start the sandbox")
@@ -38,6 +38,7 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
                        ("env", "print export lines for KUBECONFIG and PROMETHEUS_URL")):
         p = sb_sub.add_parser(name, help=text)
         p.add_argument("--state-dir", help="the sandbox's state directory")
+    return sb
 
 
 def run_sandbox_command(args: argparse.Namespace) -> int:

@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import config as kconfig
 
-from gpusteward.adapters.prometheus import PrometheusSource
-from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.kube import connect
+from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.core.policy import Policy, ReclaimMode, load_policy
-from gpusteward.reclaimer.actor import Actor
-from gpusteward.reclaimer.ledger import ConfigMapLedger
+from gpusteward.reclaimer.cli import ReclaimerSettings
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.reclaimer.serve import build_reclaimer
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import KubeHTTP
 from tests.e2e.kube import Namespace
@@ -80,21 +79,20 @@ MakeReclaimer = Callable[..., Awaitable[Reclaimer]]
 @pytest.fixture
 async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
     """reclaimer(mode, box=sandbox, policy=None, ledger=None, prometheus_url=None) -> a Reclaimer
-    wired to a sandbox through the real adapters (``ledger``: a ConfigMap in kube-system;
-    ``prometheus_url``: another Prometheus than the sandbox's); each test steps its cycles
-    itself."""
+    wired to a sandbox by the command's own ``build_reclaimer`` (``ledger``: a ConfigMap in
+    kube-system; ``prometheus_url``: another Prometheus than the sandbox's); each test steps its
+    cycles itself."""
     clients = []
 
     async def make(mode: str = "enforce", box: Sandbox = sandbox, policy: Policy | None = None,
                    ledger: str | None = None, prometheus_url: str | None = None) -> Reclaimer:
-        policy = policy or load_policy(box.cfg.policy)
-        api = await kconfig.new_client_from_config(config_file=str(box.kubeconfig))
+        settings = ReclaimerSettings(
+            policy=policy or load_policy(box.cfg.policy), mode=ReclaimMode(mode),
+            prometheus=PrometheusConnection(prometheus_url or box.prometheus_url),
+            lease_namespace="kube-system", ledger=ledger, kubeconfig=str(box.kubeconfig))
+        api = await connect(settings.kubeconfig)
         clients.append(api)
-        source = PrometheusSource(prometheus_url or box.prometheus_url, policy.telemetry,
-                                  policy.health, attempts=1)
-        return Reclaimer(policy, ReclaimMode(mode), SnapshotReader(api, source, policy),
-                         Actor(api, policy),
-                         ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None)
+        return build_reclaimer(settings, api, prometheus_attempts=1)
 
     yield make
     for api in clients:
