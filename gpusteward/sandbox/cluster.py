@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from gpusteward.sandbox import dra
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.checkout import REPO
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
@@ -296,6 +297,7 @@ class Sandbox:
         for obj in node_objects(fleet):
             api.apply(f"/api/v1/nodes/{obj['metadata']['name']}", obj)
         names = {obj["metadata"]["name"] for obj in node_objects(fleet)}
+        self._publish_dra(fleet)
 
         def all_ready() -> bool:
             ready = {n["metadata"]["name"] for n in api.get("/api/v1/nodes")["items"]
@@ -305,6 +307,15 @@ class Sandbox:
         # Ready (kwok) and untainted (the node lifecycle controller lifts not-ready a few
         # seconds later): only then will the scheduler place pods there.
         wait_for("the fleet to be Ready and schedulable", all_ready, timeout=180)
+
+    def _publish_dra(self, fleet: Fleet) -> None:
+        """The DRA pools' ResourceSlices, and NVIDIA's DeviceClasses once there is one."""
+        slices = dra.fleet_slices(fleet)
+        api = self.api()
+        for obj in dra.device_classes() if slices else ():
+            api.apply(f"{dra.RESOURCE_API}/deviceclasses/{obj['metadata']['name']}", obj)
+        for obj in slices:
+            api.apply(f"{dra.RESOURCE_API}/resourceslices/{obj['metadata']['name']}", obj)
 
     def _start_simulator(self) -> None:
         port = self.ports["simulator"]
@@ -367,6 +378,8 @@ class Sandbox:
         api = self.api()
         for node in pool.node_names():
             api.delete(f"/api/v1/nodes/{node}")
+        for name in dra.pool_slice_names(pool):
+            api.delete(f"{dra.RESOURCE_API}/resourceslices/{name}")
         self._reload_prometheus()
 
     def _reload_prometheus(self) -> None:
