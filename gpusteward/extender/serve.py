@@ -17,11 +17,13 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+from gpusteward.adapters.dra import start as start_dra_watches
 from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import Policy
 from gpusteward.extender.app import Extender, Limits, create_app, create_metrics_app
@@ -53,6 +55,7 @@ async def _serve(policy: Policy, args: argparse.Namespace,
                  prometheus: PrometheusConnection | None, api: Any, tls: ssl.SSLContext | None,
                  stack: contextlib.AsyncExitStack) -> int:
     fleet = FleetStore()
+    dra = DraFleet(fleet, args.dra_driver)
     view = PlacementView(policy, fleet)
     telemetry = evidence = None
     if prometheus:
@@ -62,7 +65,10 @@ async def _serve(policy: Policy, args: argparse.Namespace,
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")
-    watches = [Watcher(api, fleet, kind, policy.resources) for kind in ("nodes", "pods")]
+    # The DRA watches feed the join but not readiness: a cluster without resource.k8s.io/v1
+    # (or without the RBAC for it) still places device-plugin pods; the watch logs why.
+    watches = [Watcher(api, dra, kind, policy.resources) for kind in ("nodes", "pods")]
+    stack.callback(start_dra_watches(api, dra).cancel)
     extender = Extender(view, telemetry, watches, float(policy.telemetry.refresh),
                         evidence=evidence)
     max_body = args.max_body_mb << 20

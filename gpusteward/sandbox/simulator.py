@@ -44,9 +44,11 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gpusteward.adapters.dra import start as start_dra_watches
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.dcgm import MigInstance, PodRef
+from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.sharing import MIG_RESOURCE_PREFIX, replicas
@@ -246,8 +248,10 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
 async def _main(args: argparse.Namespace) -> None:
     api = await connect(args.kubeconfig)
     fleet = FleetStore()
-    watchers = [Watcher(api, fleet, kind, list(GPU_RESOURCES)) for kind in ("nodes", "pods")]
+    dra = DraFleet(fleet)  # a DRA pool's GPUs and pods, as the apps see them
+    watchers = [Watcher(api, dra, kind, list(GPU_RESOURCES)) for kind in ("nodes", "pods")]
     tasks = [asyncio.create_task(w.run()) for w in watchers]
+    tasks.append(start_dra_watches(api, dra))
     assigner = GpuAssigner()  # one for /metrics and the GPU hosts: the same GPUs per pod
     if args.hosts_dir:
         hosts = GpuHosts(Path(args.hosts_dir))
