@@ -79,6 +79,9 @@ class SandboxConfig:
     # gpusteward's queue enforcement alone. preempt_verb: whether the extender steers it.
     preemption: bool = True
     preempt_verb: bool = True
+    # The extender's managedResources: kube-scheduler sends only pods that ask one of them.
+    # Off, it sends every pod, so pods whose GPUs come from DRA claims alone reach it too.
+    managed_resources: bool = True
     scrape_interval: str = "1s"
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
     telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
@@ -438,6 +441,8 @@ class Sandbox:
                 ext["nodeCacheCapable"] = self.cfg.node_cache_capable
                 if not self.cfg.preempt_verb:
                     ext.pop("preemptVerb", None)
+                if not self.cfg.managed_resources:
+                    ext.pop("managedResources", None)
         else:
             config.pop("extenders", None)
         return config
@@ -457,7 +462,8 @@ class Sandbox:
 
     def restart_scheduler(self, *, node_cache_capable: bool | None = None,
                           with_extender: bool | None = None, preemption: bool | None = None,
-                          preempt_verb: bool | None = None) -> None:
+                          preempt_verb: bool | None = None,
+                          managed_resources: bool | None = None) -> None:
         if node_cache_capable is not None:
             self.cfg.node_cache_capable = node_cache_capable
         if preemption is not None:
@@ -466,6 +472,8 @@ class Sandbox:
             self.cfg.preempt_verb = preempt_verb
         if with_extender is not None:
             self.cfg.with_extender = with_extender
+        if managed_resources is not None:
+            self.cfg.managed_resources = managed_resources
         self.stop_component("scheduler")
         self.start_scheduler()
         self.save()

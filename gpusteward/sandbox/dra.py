@@ -19,16 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpusteward.adapters.dra import RESOURCE_API
+from gpusteward.core.dra import DEFAULT_DRIVER, EXTENDED_CLAIM_ANNOTATION
 from gpusteward.sandbox.fleet import Fleet, Pool, family
 from gpusteward.sandbox.simgpu import SimGpu, model_name_for_product
 
-DRIVER = "gpu.nvidia.com"
+DRIVER = DEFAULT_DRIVER
 GPU_CLASS = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
 # KEP-5004 (DRAExtendedResource, beta and on by default in 1.36): pods asking this extended
 # resource on a node that does not offer it as allocatable are served by the class instead.
 EXTENDED_RESOURCE = "nvidia.com/gpu"
-RESOURCE_API = "/apis/resource.k8s.io/v1"
 # deviceinfo.go reads these from NVML; one plausible driver for the whole sandbox.
 _DRIVER_VERSION, _CUDA_DRIVER_VERSION = "580.95.5", "13.0.0"
 _ARCHITECTURE = {"hopper": "Hopper", "ampere": "Ampere", "ada-lovelace": "Ada Lovelace",
@@ -103,3 +104,7 @@ def slice_name(node: str) -> str:
 
 def pool_slice_names(pool: Pool) -> list[str]:
     return [slice_name(node) for node in pool.node_names()] if pool.dra else []
+
+
+__all__ = ["EXTENDED_CLAIM_ANNOTATION", "RESOURCE_API", "device_classes", "fleet_slices",
+           "pool_slice_names"]

@@ -17,21 +17,31 @@ import pytest
 
 from gpusteward.sandbox import dra
 from gpusteward.sandbox.cluster import Sandbox
-from gpusteward.sandbox.fleet import Pool
+from gpusteward.sandbox.fleet import XID_GPUS_LABEL, XID_LABEL, Pool
 from gpusteward.sandbox.kubehttp import wait_for
-from tests.e2e.kube import Namespace
+from tests.e2e import scenarios
+from tests.e2e.kube import Namespace, gpu_pod, wait_for_gpu_samples
 
-DRA_POOL = Pool(name="h100-dra", product="NVIDIA-H100-80GB-HBM3", count=2, gpus=4, dra=True)
-DRA_NODES = DRA_POOL.node_names()
+# Cards no device-plugin pool of the sandbox has: a pod accepting them can only land here.
+H200 = Pool(name="h200-dra", product="NVIDIA-H200", count=2, gpus=4, memory_mi_b=143771,
+            dra=True)
+L40S = Pool(name="l40s-dra", product="NVIDIA-L40S", count=1, gpus=4, memory_mi_b=46068,
+            dra=True)
+DRA_NODES = [*H200.node_names(), *L40S.node_names()]
+H200S = set(H200.node_names())
 
 
 @pytest.fixture(scope="module")
-def dra_pool(sandbox: Sandbox) -> Iterator[Pool]:
-    sandbox.add_pool(DRA_POOL)
+def dra_pool(sandbox: Sandbox) -> Iterator[list[Pool]]:
+    sandbox.add_pool(H200)
+    sandbox.add_pool(L40S)
     try:
-        yield DRA_POOL
+        yield [H200, L40S]
     finally:
-        sandbox.remove_pool(DRA_POOL.name)
+        for pool in (H200, L40S):
+            sandbox.remove_pool(pool.name)
+        if not sandbox.cfg.managed_resources:
+            sandbox.restart_scheduler(managed_resources=True)
 
 
 def claim_template(ns: Namespace, name: str, count: int,
@@ -45,22 +55,26 @@ def claim_template(ns: Namespace, name: str, count: int,
             "count": count}}]}}}})
 
 
-def claim_pod(name: str, template: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-        "containers": [{"name": "main", "image": "registry.invalid/cuda-job:1",
-                        "resources": {"claims": [{"name": "gpu"}]}}],
-        "terminationGracePeriodSeconds": 1}}
+def claim_pod(name: str, template: str, **kw) -> dict:
+    """``gpu_pod``'s metadata (cards, class, util) on a pod whose GPUs come from a claim."""
+    pod = gpu_pod(name, 1, **kw)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
 
 
-def pod_claim(ns: Namespace, pod: str) -> dict:
-    """The claim the resourceclaim controller made for the pod, once allocated."""
+def pod_claim(ns: Namespace, pod: str, extended: bool = False) -> dict:
+    """The claim made for the pod (by the resourceclaim controller from its template, or
+    ``extended``: by the scheduler for its extended resource), once allocated."""
     def allocated() -> dict | None:
-        statuses = ns.pod(pod)["status"].get("resourceClaimStatuses") or []
-        if not statuses:
+        status = ns.pod(pod)["status"]
+        names = ([status["extendedResourceClaimStatus"]["resourceClaimName"]]
+                 if extended and "extendedResourceClaimStatus" in status else
+                 [s["resourceClaimName"] for s in status.get("resourceClaimStatuses") or ()])
+        if not names:
             return None
         claim = ns.api.get(f"{dra.RESOURCE_API}/namespaces/{ns.name}/resourceclaims/"
-                           f"{statuses[0]['resourceClaimName']}")
+                           f"{names[0]}")
         return claim if claim.get("status", {}).get("allocation") else None
     return wait_for(f"{pod}'s claim to be allocated", allocated, timeout=60)
 
@@ -68,7 +82,7 @@ def pod_claim(ns: Namespace, pod: str) -> dict:
 def test_the_real_scheduler_allocates_a_template_claim_on_a_kwok_dra_node(sandbox, ns,
                                                                            dra_pool):
     claim_template(ns, "two-gpus", 2)
-    ns.create_pod(claim_pod("trainer", "two-gpus"))
+    ns.create_pod(claim_pod("trainer", "two-gpus", cards="NVIDIA-H200"))
     pod = ns.running("trainer")
     claim = pod_claim(ns, "trainer")
     results = claim["status"]["allocation"]["devices"]["results"]
@@ -78,3 +92,54 @@ def test_the_real_scheduler_allocates_a_template_claim_on_a_kwok_dra_node(sandbo
     assert all(r["device"].startswith("gpu-") for r in results)
     assert [(r["resource"], r["name"], r["uid"]) for r in claim["status"]["reservedFor"]] == [
         ("pods", "trainer", pod["metadata"]["uid"])]
+
+
+def test_pods_asking_nvidia_gpu_are_served_by_the_device_class_on_accepted_cards(sandbox, ns,
+                                                                                 dra_pool):
+    # Without the DRA join the extender saw no GPUs on these nodes and failed every one.
+    for i in range(3):
+        ns.create_pod(gpu_pod(f"h200-{i}", 1, cards="NVIDIA-H200"))
+    ns.create_pod(gpu_pod("l40s", 1, cards="NVIDIA-L40S"))
+    assert {ns.node_of(f"h200-{i}") for i in range(3)} <= H200S
+    assert ns.node_of("l40s") == "l40s-dra-0"
+    claim = pod_claim(ns, "l40s", extended=True)
+    assert claim["metadata"]["annotations"][dra.EXTENDED_CLAIM_ANNOTATION] == "true"
+    assert [r["pool"] for r in claim["status"]["allocation"]["devices"]["results"]] == [
+        "l40s-dra-0"]
+
+
+def test_claim_template_pods_land_on_the_cards_they_accept(sandbox, ns, dra_pool,
+                                                           scheduler_with):
+    # kube-scheduler sends a pod to an extender with managedResources only if it asks one of
+    # them; a pod whose GPUs come from claims alone asks none, so here it sends every pod.
+    scheduler_with(managed_resources=False)
+    claim_template(ns, "one-gpu", 1)
+    for i in range(3):
+        ns.create_pod(claim_pod(f"l40s-{i}", "one-gpu", cards="NVIDIA-L40S"))
+        ns.create_pod(claim_pod(f"h200-{i}", "one-gpu", cards="NVIDIA-H200"))
+    assert {ns.node_of(f"l40s-{i}") for i in range(3)} == {"l40s-dra-0"}
+    assert {ns.node_of(f"h200-{i}") for i in range(3)} <= H200S
+
+
+def test_spread_class_prefers_the_cooler_dra_node(sandbox, ns, dra_pool):
+    for node, util in (("h200-dra-0", "95"), ("h200-dra-1", "5")):
+        ns.create_pod(gpu_pod(f"load-{node}", 1, node=node, util=util))
+    for node in H200S:
+        ns.running(f"load-{node}")
+    wait_for_gpu_samples(sandbox.prometheus_url, ns.name, [f"load-{n}" for n in sorted(H200S)])
+    ns.create_pod(gpu_pod("serve", 1, cards="NVIDIA-H200", cls="inference"))
+    assert ns.node_of("serve") == "h200-dra-1"
+
+
+def test_a_node_with_a_lost_device_gets_no_pod_that_needs_it(sandbox, ns, dra_pool):
+    api, path = sandbox.api(), "/api/v1/nodes/h200-dra-0"
+    api.merge_patch(path, {"metadata": {"labels": {XID_LABEL: "79", XID_GPUS_LABEL: "0"}}})
+    try:
+        wait_for("the extender to see the XID",
+                 lambda: not scenarios.filter_passes(sandbox, "h200-dra-0", gpus=4), timeout=60)
+        ns.create_pod(gpu_pod("whole-node", 4, cards="NVIDIA-H200"))
+        assert ns.node_of("whole-node") == "h200-dra-1"
+    finally:
+        api.merge_patch(path, {"metadata": {"labels": {XID_LABEL: None, XID_GPUS_LABEL: None}}})
+        wait_for("h200-dra-0 healthy again",
+                 lambda: scenarios.filter_passes(sandbox, "h200-dra-0", gpus=4), timeout=90)
