@@ -7,11 +7,13 @@ The same raw list/watch, decoding and re-list rules as the node and pod watchers
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import msgspec
 from kubernetes_asyncio import client
 
+from gpusteward.adapters.errors import KubeError
 from gpusteward.adapters.kube import Event, Watcher, list_raw
 from gpusteward.core.dra import (
     DraFleet,
@@ -23,6 +25,7 @@ from gpusteward.core.dra import (
     to_class,
 )
 
+log = logging.getLogger("gpusteward.dra")
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 KINDS = ("resourceslices", "deviceclasses", "resourceclaims")
 _slice = msgspec.json.Decoder(WireSlice)
@@ -73,3 +76,20 @@ def start(api: client.ApiClient, dra: DraFleet) -> asyncio.Task[Any]:
     async def run() -> None:
         await asyncio.gather(*(DraWatcher(api, dra, kind).run() for kind in KINDS))
     return asyncio.create_task(run())
+
+
+async def read(api: client.ApiClient, dra: DraFleet) -> None:
+    """One LIST of each DRA kind into ``dra`` (the reclaimer's and the report's snapshot). A
+    cluster without resource.k8s.io/v1, or RBAC without it, has no DRA GPUs to show: logged."""
+    try:
+        slices, classes, claims = await asyncio.gather(
+            *(list_raw(api, f"{RESOURCE_API}/{kind}") for kind in KINDS))
+    except KubeError as e:
+        if e.status not in (403, 404):
+            raise
+        log.warning("no DRA GPUs read: %s", e)
+        return
+    dra.replace_slices({w.metadata.name: slice_devices(w, dra.driver)
+                        for w in (_slice.decode(r) for r in slices[0])})
+    dra.replace_classes(to_class(_class.decode(r), dra.driver) for r in classes[0])
+    dra.replace_claims(to_claim(_claim.decode(r), dra.driver) for r in claims[0])

@@ -61,7 +61,8 @@ async def _serve(policy: Policy, args: argparse.Namespace,
     if prometheus:
         telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health,
                                      locate=lambda: (fleet.nodes, fleet.pod_nodes()))
-        evidence = SnapshotReader(api, telemetry, policy)  # the reclaimer's idle evidence
+        # the reclaimer's idle evidence
+        evidence = SnapshotReader(api, telemetry, policy, dra_driver=args.dra_driver)
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")

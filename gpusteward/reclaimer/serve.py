@@ -52,7 +52,7 @@ async def serve(policy: Policy, args: argparse.Namespace,
     api = await connect(args.kubeconfig, args.context)
     source = PrometheusSource(prometheus, policy.telemetry, policy.health)
     reclaimer = Reclaimer(policy, args.mode or policy.reclaim.mode,
-                          SnapshotReader(api, source, policy),
+                          SnapshotReader(api, source, policy, dra_driver=args.dra_driver),
                           Actor(api, policy),
                           ledger=ConfigMapLedger(api, args.lease_namespace,
                                                  ledger_name(args.lease_name)))

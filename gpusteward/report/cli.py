@@ -119,7 +119,8 @@ async def _report(args: argparse.Namespace, policy: Policy,
 
     api = await connect(args.kubeconfig, args.context)
     source = PrometheusSource(prometheus, policy.telemetry, policy.health)
-    reader = UsageReader(SnapshotReader(api, source, policy), source, policy)
+    reader = UsageReader(SnapshotReader(api, source, policy, dra_driver=args.dra_driver),
+                         source, policy)
     progress = ProgressLine(sys.stderr)
     try:
         async with progress:

@@ -15,12 +15,22 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
 from gpusteward.sandbox import dra
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.fleet import XID_GPUS_LABEL, XID_LABEL, Pool
 from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.simulator import EXPORTER_DRA_LABEL
 from tests.e2e import scenarios
-from tests.e2e.kube import Namespace, gpu_pod, wait_for_gpu_samples
+from tests.e2e.kube import (
+    Namespace,
+    annotations,
+    cycle_until,
+    gone,
+    gpu_pod,
+    reasons,
+    wait_for_gpu_samples,
+)
 
 # Cards no device-plugin pool of the sandbox has: a pod accepting them can only land here.
 H200 = Pool(name="h200-dra", product="NVIDIA-H200", count=2, gpus=4, memory_mi_b=143771,
@@ -143,3 +153,37 @@ def test_a_node_with_a_lost_device_gets_no_pod_that_needs_it(sandbox, ns, dra_po
         api.merge_patch(path, {"metadata": {"labels": {XID_LABEL: None, XID_GPUS_LABEL: None}}})
         wait_for("h200-dra-0 healthy again",
                  lambda: scenarios.filter_passes(sandbox, "h200-dra-0", gpus=4), timeout=90)
+
+
+async def test_an_idle_pod_served_by_the_device_class_is_warned_then_reclaimed(ns, reclaimer,
+                                                                                dra_pool):
+    await scenarios.an_idle_pod_is_warned_then_evicted(ns, await reclaimer("enforce"),
+                                                       node="h200-dra-0")
+
+
+async def test_a_busy_dra_pod_is_left_alone(ns, reclaimer, dra_pool):
+    await scenarios.a_busy_pod_is_left_alone_and_its_marks_cleared(
+        ns, await reclaimer("enforce"), node="h200-dra-1")
+
+
+@pytest.fixture
+def exporter_without_dra_mapping(sandbox, dra_pool) -> Iterator[str]:
+    """l40s-dra-0's exporter labels its GPUs with their UUID alone, never with a DRA pod."""
+    api, path = sandbox.api(), "/api/v1/nodes/l40s-dra-0"
+    api.merge_patch(path, {"metadata": {"labels": {EXPORTER_DRA_LABEL: "off"}}})
+    try:
+        yield "l40s-dra-0"
+    finally:
+        api.merge_patch(path, {"metadata": {"labels": {EXPORTER_DRA_LABEL: None}}})
+
+
+async def test_an_idle_claim_pod_is_judged_by_its_devices_uuids(ns, reclaimer,
+                                                                  exporter_without_dra_mapping):
+    claim_template(ns, "two-gpus", 2)
+    ns.create_pod(claim_pod("idle", "two-gpus", node=exporter_without_dra_mapping, util="0"))
+    ns.running("idle")
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "idle mark", lambda: IDLE_SINCE in annotations(ns, "idle"))
+    await cycle_until(rec, "warning", lambda: RECLAIM_AT in annotations(ns, "idle"))
+    await cycle_until(rec, "eviction", lambda: gone(ns, "idle"))
+    assert {"GPUIdle", "GPUIdleWarning", "GPUReclaimed"} <= set(reasons(ns, "idle"))

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from gpusteward.core.attribution import Attribution
 from gpusteward.core.dra import (
     DraFleet,
     WireClaim,
@@ -217,3 +218,15 @@ def test_a_pod_names_its_claims_so_the_watcher_keeps_it_for_the_join():
         WirePod)
     pod = to_pod(wire, ["nvidia.com/gpu"])
     assert (pod.gpus, pod.claims) == (0, ("gpu",))
+
+
+def test_a_gpu_without_pod_labels_is_attributed_by_its_dra_uuid():
+    holder = Pod("ml", "p", "uid-1", 1, node="dra-0")
+    who = Attribution.of(["Hostname"], "auto", ["dra-0"], [holder],
+                         by_uuid={"GPU-1": "ml/p", "GPU-9": "ml/gone"})
+    assert who.pod({"Hostname": "dra-0", "gpu": "1", "UUID": "GPU-1"}) == "ml/p"
+    # A pod label still wins; a UUID naming a pod that holds nothing there names nobody.
+    assert who.pod({"Hostname": "dra-0", "UUID": "GPU-1", "exported_pod": "p",
+                    "exported_namespace": "ml"}) == "ml/p"
+    assert who.pod({"Hostname": "dra-0", "UUID": "GPU-9"}) is None
+    assert who.pod({"Hostname": "dra-0", "UUID": "GPU-2"}) is None
