@@ -11,13 +11,16 @@ DRAExtendedResource (KEP-5004) and DRADeviceTaints are beta and on by default
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
 from gpusteward.sandbox import dra
-from gpusteward.sandbox.cluster import Sandbox
+from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox
 from gpusteward.sandbox.fleet import XID_GPUS_LABEL, XID_LABEL, Pool
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.simulator import EXPORTER_DRA_LABEL
@@ -187,3 +190,50 @@ async def test_an_idle_claim_pod_is_judged_by_its_devices_uuids(ns, reclaimer,
     await cycle_until(rec, "warning", lambda: RECLAIM_AT in annotations(ns, "idle"))
     await cycle_until(rec, "eviction", lambda: gone(ns, "idle"))
     assert {"GPUIdle", "GPUIdleWarning", "GPUReclaimed"} <= set(reasons(ns, "idle"))
+
+
+def test_the_report_is_exact_for_a_known_dra_workload(sandbox, tmp_path,
+                                                      exporter_without_dra_mapping):
+    """Two GPUs busy through a template claim, one idle through the DeviceClass-served
+    `nvidia.com/gpu`, one idle through a claim whose GPU's series carry only its UUID."""
+    team = f"dra-report-{secrets.token_hex(3)}"
+    policy = yaml.safe_load(SANDBOX_POLICY.read_text())
+    policy["cardTiers"] = [
+        {"name": "premium", "products": ["NVIDIA-H200"], "costPerGpuHour": scenarios.PREMIUM},
+        {"name": "standard", "products": ["NVIDIA-A100*"]},
+        {"name": "economy", "products": ["NVIDIA-L40S"], "costPerGpuHour": scenarios.ECONOMY}]
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    ns = Namespace(sandbox.api(), team)
+    ns.create()
+    try:
+        labels = {"gpusteward.io/team": team}
+        claim_template(ns, "one-gpu", 1)
+        claim_template(ns, "two-gpus", 2)
+        ns.create_pod(claim_pod("busy", "two-gpus", node="h200-dra-0", util="80",
+                                labels=labels))
+        ns.create_pod(gpu_pod("idle", 1, node="h200-dra-1", util="0", labels=labels))
+        ns.create_pod(claim_pod("cheap", "one-gpu", node=exporter_without_dra_mapping,
+                                util="0", labels=labels))
+        for name in ("busy", "idle", "cheap"):
+            ns.running(name)
+        # "cheap"'s series name no pod: wait for the other two, then for its GPU's samples.
+        wait_for_gpu_samples(sandbox.prometheus_url, team, ["busy", "idle"], settle=0)
+        time.sleep(scenarios.WINDOW_S + 4)
+        workload = scenarios.Workload(sandbox, ns, team, path)
+        doc = workload.json("team")
+        (mine,) = [g for g in doc["groups"] if g["name"] == team]
+        assert {k: mine[k] for k in ("allocated", "used", "idle", "unknown", "active_ratio",
+                                     "allocated_gpu_hours", "idle_gpu_hours",
+                                     "idle_cost", "mean_util_percent")} == {
+            "allocated": 4.0, "used": 2.0, "idle": 2.0, "unknown": 0.0, "active_ratio": 0.5,
+            "allocated_gpu_hours": scenarios.hours(4), "idle_gpu_hours": scenarios.hours(2),
+            "idle_cost": 0.7, "mean_util_percent": 40.0}
+        idle = {p["pod"]: p for p in doc["top_idle_pods"] if p["namespace"] == team}
+        assert {n: (p["card"], p["idle_cost"]) for n, p in idle.items()} == {
+            "idle": ("NVIDIA-H200", 0.5), "cheap": ("NVIDIA-L40S", 0.2)}
+        cards = {g["name"]: g for g in workload.json("card")["groups"]}
+        assert (cards["NVIDIA-H200"]["allocatable"], cards["NVIDIA-L40S"]["allocatable"]) == (
+            8.0, 4.0)
+    finally:
+        ns.delete()
