@@ -40,18 +40,20 @@ H200 = Pool(name="h200-dra", product="NVIDIA-H200", count=2, gpus=4, memory_mi_b
             dra=True)
 L40S = Pool(name="l40s-dra", product="NVIDIA-L40S", count=1, gpus=4, memory_mi_b=46068,
             dra=True)
-DRA_NODES = [*H200.node_names(), *L40S.node_names()]
+# The same card as the default fleet's device-plugin l4-0/1/2: a mixed L4 fleet.
+L4 = Pool(name="l4-dra", product="NVIDIA-L4", count=1, gpus=4, memory_mi_b=23034, dra=True)
+DRA_NODES = [*H200.node_names(), *L40S.node_names(), *L4.node_names()]
 H200S = set(H200.node_names())
 
 
 @pytest.fixture(scope="module")
 def dra_pool(sandbox: Sandbox) -> Iterator[list[Pool]]:
-    sandbox.add_pool(H200)
-    sandbox.add_pool(L40S)
+    for pool in (H200, L40S, L4):
+        sandbox.add_pool(pool)
     try:
-        yield [H200, L40S]
+        yield [H200, L40S, L4]
     finally:
-        for pool in (H200, L40S):
+        for pool in (H200, L40S, L4):
             sandbox.remove_pool(pool.name)
         if not sandbox.cfg.managed_resources:
             sandbox.restart_scheduler(managed_resources=True)
@@ -142,6 +144,20 @@ def test_spread_class_prefers_the_cooler_dra_node(sandbox, ns, dra_pool):
     wait_for_gpu_samples(sandbox.prometheus_url, ns.name, [f"load-{n}" for n in sorted(H200S)])
     ns.create_pod(gpu_pod("serve", 1, cards="NVIDIA-H200", cls="inference"))
     assert ns.node_of("serve") == "h200-dra-1"
+
+
+@pytest.mark.parametrize("coolest", ["l4-dra-0", "l4-1"])
+def test_a_mixed_fleet_places_by_load_whichever_way_its_gpus_are_served(sandbox, ns, dra_pool,
+                                                                        coolest):
+    """Device-plugin L4s and a DRA L4 side by side rank as one fleet of L4s."""
+    nodes = ["l4-0", "l4-1", "l4-2", "l4-dra-0"]
+    for node in nodes:
+        ns.create_pod(gpu_pod(f"load-{node}", 2, node=node, util="5" if node == coolest else "70"))
+    for node in nodes:
+        ns.running(f"load-{node}")
+    wait_for_gpu_samples(sandbox.prometheus_url, ns.name, [f"load-{n}" for n in nodes])
+    ns.create_pod(gpu_pod("serve", 1, cards="NVIDIA-L4", cls="inference"))
+    assert ns.node_of("serve") == coolest
 
 
 def test_a_node_with_a_lost_device_gets_no_pod_that_needs_it(sandbox, ns, dra_pool):
