@@ -89,7 +89,6 @@ class ExactRequest(msgspec.Struct, rename="camel"):
     device_class_name: str = ""
     allocation_mode: str = "ExactCount"
     count: int = 1
-    selectors: list[Selector] | None = None
 
 
 class DeviceRequest(msgspec.Struct):
@@ -160,7 +159,6 @@ class DraClaim(msgspec.Struct, frozen=True):
     pods: tuple[str, ...]  # uids: the controlling pod and the pods it is reserved for
     asked: tuple[tuple[str, int], ...]  # (device class, count) per request
     devices: tuple[tuple[str, str, str], ...]  # allocated (driver, pool, device)
-    product_selectors: tuple[str, ...] = ()  # productNames the requests' selectors demand
     # Made by the scheduler for the pod's DRA-served extended resources (KEP-5004).
     extended: bool = False
 
@@ -212,9 +210,6 @@ def to_class(w: WireClass, driver: str) -> DraClass:
     return DraClass(w.metadata.name, mentions, w.spec.extended_resource_name)
 
 
-_PRODUCT_SELECTOR = re.compile(r"""\.productName\s*==\s*['"]([^'"]+)['"]""")
-
-
 def _requests(spec: ClaimSpec) -> Iterable[ExactRequest]:
     for r in spec.devices.requests or ():
         if r.exactly is not None:
@@ -228,18 +223,16 @@ def to_claim(w: WireClaim, driver: str) -> DraClaim:
     pods = [o.uid for o in m.owner_references or () if o.kind == "Pod" and o.controller]
     status = w.status or ClaimStatus()
     pods += [c.uid for c in status.reserved_for or () if c.resource == "pods" and c.uid]
-    asked, products = [], []
+    asked = []
     for r in _requests(w.spec):
         # "All" asks for every matching device: its count is known only once allocated.
         count = min(max(r.count, 0), MAX_COUNT) if r.allocation_mode == "ExactCount" else 0
         asked.append((r.device_class_name, count))
-        products += [gfd_product(p) for s in r.selectors or () if s.cel
-                     for p in _PRODUCT_SELECTOR.findall(s.cel.expression)]
     results = status.allocation.devices.results if status.allocation else None
     devices = tuple((r.driver, r.pool, r.device) for r in results or () if r.driver == driver)
     extended = (m.annotations or {}).get(EXTENDED_CLAIM_ANNOTATION) == "true"
     return DraClaim(key=f"{m.namespace}/{m.name}", pods=tuple(dict.fromkeys(pods)),
-                    asked=tuple(asked), devices=devices, product_selectors=tuple(products),
+                    asked=tuple(asked), devices=devices,
                     extended=extended)
 
 
@@ -260,12 +253,12 @@ class DraFleet:
         self.claims: dict[str, DraClaim] = {}
         self.classes: dict[str, DraClass] = {}
         self._devices: dict[tuple[str, str], DraDevice] = {}  # (pool, device name)
-        self._on_node: dict[str, list[DraDevice]] = {}
+        self._on_node: dict[str, dict[tuple[str, str], DraDevice]] = {}
         self._of_pod: dict[str, list[DraClaim]] = {}
 
     # -- what the joined objects are
     def node(self, base: Node) -> Node:
-        devices = self._on_node.get(base.name)
+        devices = self._on_node.get(base.name, {}).values()
         if not devices:
             return base
         resources = dict(base.resources) if base.resources else (
@@ -293,12 +286,6 @@ class DraFleet:
         """The known devices allocated to a pod's claims (telemetry joins by their UUIDs)."""
         return [d for c in self._of_pod.get(pod_uid, ()) for _, pool, name in c.devices
                 if (d := self._devices.get((pool, name))) is not None]
-
-    def devices_on(self, node: str) -> list[DraDevice]:
-        return list(self._on_node.get(node, ()))
-
-    def product_selectors(self, pod_uid: str) -> tuple[str, ...]:
-        return tuple(p for c in self._of_pod.get(pod_uid, ()) for p in c.product_selectors)
 
     def _served_by_claim(self, resource: str, claims: list[DraClaim]) -> bool:
         """An extended resource a DeviceClass serves, once the scheduler made its claim."""
@@ -359,18 +346,29 @@ class DraFleet:
         else:
             self.store.delete_pod(uid)
 
-    # -- the DRA watchers' side
+    # -- the DRA watchers' side: an event updates the indexes in place, a re-list rebuilds them
     def set_slice(self, name: str, devices: tuple[DraDevice, ...] | None) -> None:
         """A slice's devices (None: the slice is gone)."""
         old = self.slices.pop(name, ())
+        for d in old:
+            self._devices.pop((d.pool, d.name), None)
+            self._on_node.get(d.node, {}).pop((d.pool, d.name), None)
         if devices:
             self.slices[name] = devices
-        self._reindex_devices({d.node for d in (*old, *(devices or ()))})
+            self._add_devices(devices)
+        changed = {d.pool for d in (*old, *(devices or ()))}
+        self._refresh_nodes({d.node for d in (*old, *(devices or ()))})
+        self._refresh_pods({uid for uid, claims in self._of_pod.items() if any(
+            pool in changed for c in claims for _, pool, _ in c.devices)})
 
     def replace_slices(self, slices: Mapping[str, tuple[DraDevice, ...]]) -> None:
         nodes = {d.node for ds in (*self.slices.values(), *slices.values()) for d in ds}
         self.slices = {k: v for k, v in slices.items() if v}
-        self._reindex_devices(nodes)
+        self._devices, self._on_node = {}, {}
+        for devices in self.slices.values():
+            self._add_devices(devices)
+        self._refresh_nodes(nodes)
+        self._refresh_pods(set(self._of_pod))
 
     def set_class(self, name: str, cls: DraClass | None) -> None:
         if cls is None:
@@ -385,32 +383,36 @@ class DraFleet:
 
     def set_claim(self, key: str, claim: DraClaim | None) -> None:
         old = self.claims.pop(key, None)
+        for uid in old.pods if old else ():
+            left = [c for c in self._of_pod.get(uid, ()) if c.key != key]
+            if left:
+                self._of_pod[uid] = left
+            else:
+                self._of_pod.pop(uid, None)
         if claim is not None:
             self.claims[key] = claim
-        self._reindex_claims({*(old.pods if old else ()), *(claim.pods if claim else ())})
+            for uid in claim.pods:
+                self._of_pod.setdefault(uid, []).append(claim)
+        self._refresh_pods({*(old.pods if old else ()), *(claim.pods if claim else ())})
 
     def replace_claims(self, claims: Iterable[DraClaim]) -> None:
         touched = set(self._of_pod)
         self.claims = {c.key: c for c in claims}
-        self._reindex_claims(touched | {u for c in self.claims.values() for u in c.pods})
-
-    def _reindex_devices(self, nodes: set[str]) -> None:
-        self._devices = {(d.pool, d.name): d for ds in self.slices.values() for d in ds}
-        self._on_node = {}
-        for ds in self.slices.values():
-            for d in ds:
-                self._on_node.setdefault(d.node, []).append(d)
-        for name in nodes:
-            if name in self.base_nodes:
-                self.store.upsert_node(self.node(self.base_nodes[name]))
-        self._refresh_pods(set(self._of_pod))
-
-    def _reindex_claims(self, uids: set[str]) -> None:
         self._of_pod = {}
         for claim in self.claims.values():
             for uid in claim.pods:
                 self._of_pod.setdefault(uid, []).append(claim)
-        self._refresh_pods(uids)
+        self._refresh_pods(touched | set(self._of_pod))
+
+    def _add_devices(self, devices: Iterable[DraDevice]) -> None:
+        for d in devices:
+            self._devices[(d.pool, d.name)] = d
+            self._on_node.setdefault(d.node, {})[(d.pool, d.name)] = d
+
+    def _refresh_nodes(self, names: set[str]) -> None:
+        for name in names:
+            if name in self.base_nodes:
+                self.store.upsert_node(self.node(self.base_nodes[name]))
 
     def _refresh_pods(self, uids: set[str]) -> None:
         for uid in uids:
