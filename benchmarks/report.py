@@ -141,6 +141,21 @@ def telemetry_section(tel: dict) -> list[str]:
             ""]
 
 
+def fleetview_section(fv: dict) -> list[str]:
+    lines = ["## Fleet view on DRA vs the device plugin (`python benchmarks/bench_fleetview.py`)",
+             "", f"{fv['date']}. The extender's list+watch view of the same fleet, its GPUs "
+             "served by the device plugin or by NVIDIA's DRA driver (a ResourceSlice per node, "
+             "a DeviceClass, an allocated claim per pod). Re-list = decode every LIST body and "
+             "rebuild the view (median of 5); retained = the view's memory after the bodies "
+             "are freed; event = one pod bound (on DRA also its claim allocated).", "",
+             "| GPUs served by | nodes | GPUs | pods | LIST MB | re-list ms | retained MB | "
+             "event µs |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['nodes']} | {r['gpus']} | {r['pods']} | "
+              f"{sum(r['list_mb'].values()):.1f} | {r['relist_ms']:.0f} | "
+              f"{r['retained_mb']:.1f} | {r['event_us']:.0f} |" for r in fv["results"]]
+    return [*lines, ""]
+
+
 def preempt_section(pre: dict) -> list[str]:
     """The preempt-only run (``--verbs preempt``): wall and CPU time beside each other, since
     it ran beside other work on the shared cores."""
@@ -180,6 +195,9 @@ def main() -> None:
         out += reclaimer_section(rec)
     if tel:
         out += telemetry_section(tel)
+    fv = load("fleetview")
+    if fv:
+        out += fleetview_section(fv)
     notes = HERE / "NOTES.md"
     if notes.exists():
         out += [notes.read_text()]

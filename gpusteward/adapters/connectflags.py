@@ -127,8 +127,11 @@ def add_kube_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_connection_flags(parser: argparse.ArgumentParser) -> None:
-    """--kubeconfig and --context, and every Prometheus connection flag."""
+    """--kubeconfig, --context and --dra-driver, and every Prometheus connection flag."""
     add_kube_flags(parser)
+    parser.add_argument("--dra-driver", default="gpu.nvidia.com", metavar="NAME",
+                        help="the DRA driver whose ResourceSlice devices are GPUs "
+                             "(NVIDIA's DRA driver for GPUs: gpu.nvidia.com)")
     group = parser.add_argument_group(
         "Prometheus (or Thanos, Mimir); each flag also reads the environment variable shown")
     group.add_argument("--prometheus-url", metavar="URL",

@@ -11,6 +11,8 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio import client
 
+from gpusteward.adapters.dra import KINDS as DRA_KINDS
+from gpusteward.adapters.dra import read as read_dra
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.prometheus import (
@@ -24,8 +26,10 @@ from gpusteward.adapters.prometheus import (
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
 from gpusteward.core.dcgm import gpu_id
+from gpusteward.core.dra import DEFAULT_DRIVER, DraFleet
+from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
-from gpusteward.core.model import Pod
+from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Evidence, Owner, PastAction, Snapshot
 from gpusteward.core.reclaim.rules import peak_of, windows
@@ -60,8 +64,9 @@ def _decode(raws: Iterable[msgspec.Raw], typ: type) -> list[Any]:
 
 class SnapshotReader:
     def __init__(self, api: client.ApiClient, prometheus: PrometheusSource, policy: Policy,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, dra_driver: str = DEFAULT_DRIVER):
         self.api = api
+        self.dra_driver = dra_driver
         self.prometheus = prometheus
         self.policy = policy
         self.clock = clock
@@ -77,13 +82,14 @@ class SnapshotReader:
             *(self._list(path) for path in WORKLOAD_PATHS.values()))
         names = self.policy.resources
         wires = _decode(pods_raw, WirePod)
-        pods = tuple(p for p in (_pod(w, names) for w in wires) if p is not None)
-        nodes = {n.name: n for n in (to_node(w, names) for w in _decode(nodes_raw, WireNode))}
+        pods, nodes, by_uuid = await self._join_dra(
+            [to_node(w, names) for w in _decode(nodes_raw, WireNode)],
+            [p for p in (_pod(w, names) for w in wires) if p is not None])
         owned = dict(zip(WORKLOAD_PATHS, (_decode(w, Workload) for w in workloads), strict=True))
         # Every pod's node, the exporters' too: an older exporter's series name its pod, not
         # its node (core.attribution.node_of).
         pod_nodes = {w.metadata.name: w.spec.node_name for w in wires if w.spec.node_name}
-        self.who = self.attribution(nodes, pods, pod_nodes)
+        self.who = self.attribution(nodes, pods, pod_nodes, by_uuid)
         evidence, ok, problem = await self.evidence(pods, now, self.who)
         return Snapshot(
             now=now, pods=pods, nodes=nodes, owners=resolve_owners(pods, owned),
@@ -94,15 +100,28 @@ class SnapshotReader:
             tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
         )
 
+    async def _join_dra(self, nodes: list[Node], pods: list[Pod],
+                        ) -> tuple[tuple[Pod, ...], dict[str, Node], dict[str, str]]:
+        """Nodes and GPU pods with their DRA devices (core/dra.py), and DRA GPU UUID -> pod."""
+        store = FleetStore()
+        dra = DraFleet(store, self.dra_driver)
+        self.api_calls += len(DRA_KINDS)
+        await read_dra(self.api, dra)
+        dra.replace_all(nodes, pods)
+        by_uuid = {d.uuid: p.key for p in store.pods.values() for d in dra.devices_of(p.uid)
+                   if d.uuid}
+        return tuple(store.pods.values()), dict(store.nodes), by_uuid
+
     async def _list(self, path: str) -> list[msgspec.Raw]:
         self.api_calls += 1
         items, _ = await list_raw(self.api, path)
         return items
 
     def attribution(self, nodes: Iterable[str], pods: Iterable[Pod],
-                    pod_nodes: Mapping[str, str] | None = None) -> Attribution:
+                    pod_nodes: Mapping[str, str] | None = None,
+                    by_uuid: Mapping[str, str] | None = None) -> Attribution:
         t = self.policy.telemetry
-        return Attribution.of(t.node_labels, t.honor_labels, nodes, pods, pod_nodes)
+        return Attribution.of(t.node_labels, t.honor_labels, nodes, pods, pod_nodes, by_uuid)
 
     async def evidence(self, pods: tuple[Pod, ...], now: float, who: Attribution | None = None,
                        ) -> tuple[dict[float, dict[str, Evidence]], bool, str]:
@@ -206,7 +225,9 @@ def _pod(w: WirePod, resources: Sequence[str]) -> Pod | None:
         pod = to_pod(w, resources)
     except QuantityError:
         return None
-    return pod if pod.gpus > 0 and pod.phase not in ("Succeeded", "Failed") else None
+    # A pod with DRA claims may hold GPUs through them: the DRA join decides.
+    held = pod.gpus > 0 or pod.claims
+    return pod if held and pod.phase not in ("Succeeded", "Failed") else None
 
 
 def resolve_owners(pods: Iterable[Pod], owned: Mapping[str, list[Workload]]) -> dict[str, Owner]:

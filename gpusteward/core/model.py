@@ -82,6 +82,8 @@ class Pod(msgspec.Struct, frozen=True):
     nominated_node: str | None = None
     # The scheduler is preempting this pod (DisruptionTarget, reason PreemptionByScheduler).
     preempted: bool = False
+    # Its spec.resourceClaims entries: DRA devices may be behind them (core/dra.py).
+    claims: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

@@ -43,11 +43,14 @@ class Watch(Protocol):
 class Extender:
     view: PlacementView
     telemetry: TelemetrySource | None
-    watches: Sequence[Watch] = ()
+    watches: Sequence[Watch] = ()  # readiness waits for these (Nodes, Pods)
     refresh_seconds: float = 15.0
     metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
     evidence: preempt.EvidenceSource | None = None  # per-pod idle evidence for /preempt
     last_ok: float = 0.0
+    # Watches that feed the view but not readiness: a cluster without resource.k8s.io/v1 (or
+    # without the RBAC for it) still places device-plugin pods; each watch logs why it waits.
+    side_watches: Sequence[Watch] = ()
 
     def __post_init__(self) -> None:
         # Read at scrape time, so a refresh that stops or crashes still shows as ageing.
@@ -306,7 +309,7 @@ async def _refresh_loop(ext: Extender) -> None:
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
     ext = app[EXTENDER]
-    tasks = [asyncio.create_task(w.run()) for w in ext.watches]
+    tasks = [asyncio.create_task(w.run()) for w in (*ext.watches, *ext.side_watches)]
     tasks.append(asyncio.create_task(_refresh_loop(ext)))
     yield
     for task in tasks:

@@ -67,6 +67,7 @@ class ExtenderSettings:
     tls: TlsFiles = TlsFiles()
     kubeconfig: str | None = None
     context: str | None = None
+    dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> ExtenderSettings:
@@ -78,7 +79,7 @@ class ExtenderSettings:
             listen=args.listen, metrics_listen=args.metrics_listen,
             max_body_bytes=args.max_body_mb << 20,
             tls=TlsFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file),
-            kubeconfig=args.kubeconfig, context=args.context)
+            kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver)
 
 
 def run_extender(args: argparse.Namespace) -> int:

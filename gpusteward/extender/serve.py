@@ -17,10 +17,13 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from kubernetes_asyncio import client
 
+from gpusteward.adapters.dra import KINDS as DRA_KINDS
+from gpusteward.adapters.dra import DraWatcher
 from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.extender.app import Extender, Limits, create_app, create_metrics_app
 from gpusteward.extender.cli import ExtenderSettings
@@ -52,18 +55,21 @@ def build_extender(settings: ExtenderSettings, api: client.ApiClient) -> Extende
     the reclaimer's idle evidence (none without a Prometheus URL)."""
     policy, prometheus = settings.policy, settings.prometheus
     fleet = FleetStore()
+    dra = DraFleet(fleet, settings.dra_driver)
     view = PlacementView(policy, fleet)
     telemetry = evidence = None
     if prometheus:
         telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health,
                                      locate=lambda: (fleet.nodes, fleet.pod_nodes()))
-        evidence = SnapshotReader(api, telemetry, policy)  # the reclaimer's idle evidence
+        # the reclaimer's idle evidence
+        evidence = SnapshotReader(api, telemetry, policy, dra_driver=settings.dra_driver)
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")
-    watches = [Watcher(api, fleet, kind, policy.resources) for kind in ("nodes", "pods")]
+    watches = [Watcher(api, dra, kind, policy.resources) for kind in ("nodes", "pods")]
     return Extender(view, telemetry, watches, float(policy.telemetry.refresh),
-                    evidence=evidence)
+                    evidence=evidence,
+                    side_watches=[DraWatcher(api, dra, kind) for kind in DRA_KINDS])
 
 
 async def _serve(settings: ExtenderSettings, extender: Extender, tls: ssl.SSLContext | None,

@@ -135,6 +135,9 @@ class PlacementView:
         labels = pod.metadata.labels or {}
         annotations = pod.metadata.annotations or {}
         resources = pod_request(pod.spec, self.policy.resources)
+        joined = self.fleet.pods.get(pod.metadata.uid) if pod.spec.resource_claims else None
+        if joined is not None:  # DRA claims: what the join says they ask (core/dra.py)
+            resources = dict(joined.resources)
         return Demand(
             gpus=sum(resources.values()),
             card_patterns=parse_card_types(annotations.get(CARD_TYPES_ANNOTATION)),

@@ -77,6 +77,7 @@ class ReclaimerSettings:
     ledger: str | None = "gpusteward-reclaimer-reclaims"
     kubeconfig: str | None = None
     context: str | None = None
+    dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> ReclaimerSettings:
@@ -96,7 +97,7 @@ class ReclaimerSettings:
             lease_namespace=args.lease_namespace or default_namespace(env),
             lease_name=args.lease_name, lease_duration=args.lease_duration,
             ledger=ledger_name(args.lease_name),
-            kubeconfig=args.kubeconfig, context=args.context)
+            kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver)
 
 
 @dataclass(frozen=True)

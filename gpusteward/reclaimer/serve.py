@@ -50,7 +50,8 @@ def build_reclaimer(settings: ReclaimerSettings, api: client.ApiClient,
                               attempts=prometheus_attempts)
     ledger = (ConfigMapLedger(api, settings.lease_namespace, settings.ledger)
               if settings.ledger else None)
-    return Reclaimer(policy, settings.mode, SnapshotReader(api, source, policy),
+    return Reclaimer(policy, settings.mode,
+                     SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
                      Actor(api, policy), ledger=ledger)
 
 

@@ -112,6 +112,7 @@ class ReportSettings:
     currency: str = "$"
     kubeconfig: str | None = None
     context: str | None = None
+    dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> ReportSettings:
@@ -125,7 +126,8 @@ class ReportSettings:
                    step=step_for(args.window, args.step, policy), by=args.by,
                    format=args.format, html=args.html, top=args.top,
                    cluster_name=args.cluster_name, currency=args.currency,
-                   kubeconfig=args.kubeconfig, context=args.context)
+                   kubeconfig=args.kubeconfig, context=args.context,
+                   dra_driver=args.dra_driver)
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -140,7 +142,8 @@ def build_usage_reader(settings: ReportSettings, api: client.ApiClient) -> Usage
 
     policy = settings.policy
     source = PrometheusSource(settings.prometheus, policy.telemetry, policy.health)
-    return UsageReader(SnapshotReader(api, source, policy), source, policy)
+    return UsageReader(SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
+                       source, policy)
 
 
 async def write_report(settings: ReportSettings) -> int:

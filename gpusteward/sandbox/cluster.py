@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from gpusteward.sandbox import dra
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.checkout import REPO
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
@@ -78,6 +79,9 @@ class SandboxConfig:
     # gpusteward's queue enforcement alone. preempt_verb: whether the extender steers it.
     preemption: bool = True
     preempt_verb: bool = True
+    # The extender's managedResources: kube-scheduler sends only pods that ask one of them.
+    # Off, it sends every pod, so pods whose GPUs come from DRA claims alone reach it too.
+    managed_resources: bool = True
     scrape_interval: str = "1s"
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
     telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
@@ -296,6 +300,7 @@ class Sandbox:
         for obj in node_objects(fleet):
             api.apply(f"/api/v1/nodes/{obj['metadata']['name']}", obj)
         names = {obj["metadata"]["name"] for obj in node_objects(fleet)}
+        self._publish_dra(fleet)
 
         def all_ready() -> bool:
             ready = {n["metadata"]["name"] for n in api.get("/api/v1/nodes")["items"]
@@ -305,6 +310,15 @@ class Sandbox:
         # Ready (kwok) and untainted (the node lifecycle controller lifts not-ready a few
         # seconds later): only then will the scheduler place pods there.
         wait_for("the fleet to be Ready and schedulable", all_ready, timeout=180)
+
+    def _publish_dra(self, fleet: Fleet) -> None:
+        """The DRA pools' ResourceSlices, and NVIDIA's DeviceClasses once there is one."""
+        slices = dra.fleet_slices(fleet)
+        api = self.api()
+        for obj in dra.device_classes() if slices else ():
+            api.apply(f"{dra.RESOURCE_API}/deviceclasses/{obj['metadata']['name']}", obj)
+        for obj in slices:
+            api.apply(f"{dra.RESOURCE_API}/resourceslices/{obj['metadata']['name']}", obj)
 
     def _start_simulator(self) -> None:
         port = self.ports["simulator"]
@@ -367,6 +381,8 @@ class Sandbox:
         api = self.api()
         for node in pool.node_names():
             api.delete(f"/api/v1/nodes/{node}")
+        for name in dra.pool_slice_names(pool):
+            api.delete(f"{dra.RESOURCE_API}/resourceslices/{name}")
         self._reload_prometheus()
 
     def _reload_prometheus(self) -> None:
@@ -425,6 +441,8 @@ class Sandbox:
                 ext["nodeCacheCapable"] = self.cfg.node_cache_capable
                 if not self.cfg.preempt_verb:
                     ext.pop("preemptVerb", None)
+                if not self.cfg.managed_resources:
+                    ext.pop("managedResources", None)
         else:
             config.pop("extenders", None)
         return config
@@ -444,7 +462,8 @@ class Sandbox:
 
     def restart_scheduler(self, *, node_cache_capable: bool | None = None,
                           with_extender: bool | None = None, preemption: bool | None = None,
-                          preempt_verb: bool | None = None) -> None:
+                          preempt_verb: bool | None = None,
+                          managed_resources: bool | None = None) -> None:
         if node_cache_capable is not None:
             self.cfg.node_cache_capable = node_cache_capable
         if preemption is not None:
@@ -453,6 +472,8 @@ class Sandbox:
             self.cfg.preempt_verb = preempt_verb
         if with_extender is not None:
             self.cfg.with_extender = with_extender
+        if managed_resources is not None:
+            self.cfg.managed_resources = managed_resources
         self.stop_component("scheduler")
         self.start_scheduler()
         self.save()

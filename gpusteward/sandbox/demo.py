@@ -2,8 +2,9 @@
 
 Starts the sandbox (building the control plane on first use), runs the extender behind the real
 kube-scheduler, submits training, inference and experiment pods with card preferences and
-different utilizations -- on whole GPUs, on MIG slices of the MIG-mixed A100 node and on replicas
-of the time-sliced T4 node -- and shows where each pod landed and why. Set KEEP=1 to leave the
+different utilizations -- on whole GPUs, on MIG slices of the MIG-mixed A100 node, on replicas
+of the time-sliced T4 node and on H200s that NVIDIA's DRA driver serves (a ResourceSlice, no
+device plugin) -- and shows where each pod landed and why. Set KEEP=1 to leave the
 sandbox running afterwards.
 """
 
@@ -24,12 +25,16 @@ from typing import Any
 
 import msgspec
 
+from gpusteward.adapters.dra import RESOURCE_API
+from gpusteward.core.dra import DraFleet, WireSlice, slice_devices
+from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, to_node
+from gpusteward.core.model import Node
 from gpusteward.core.sharing import physical
 from gpusteward.sandbox.build import SandboxBuildError
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.commands import default_state_dir
-from gpusteward.sandbox.fleet import GPU_RESOURCES
+from gpusteward.sandbox.fleet import DEFAULT_FLEET, GPU_RESOURCES, Fleet, Pool
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.procs import SandboxError
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
@@ -68,7 +73,13 @@ WORKLOAD = [
     Job("mig-notebook", "experiment", 1, None, "0", MIG_SLICE),
     *(Job(f"t4-infer-{i}", "inference", 1, "Tesla-T4", "25", shared=True) for i in range(4)),
     Job("t4-notebook", "experiment", 1, "Tesla-T4", "0", shared=True),
+    # nvidia.com/gpu on the DRA pool: the driver's DeviceClass serves it (KEP-5004).
+    Job("dra-serving", "inference", 2, "NVIDIA-H200", "60"),
+    Job("dra-notebook", "experiment", 1, "NVIDIA-H200", "0"),
 ]
+# The default fleet plus a DRA pool: H200s published as NVIDIA's DRA driver publishes them.
+DEMO_FLEET = Fleet(pools=[*DEFAULT_FLEET.pools, Pool(
+    name="h200-dra", product="NVIDIA-H200", count=1, gpus=4, memory_mi_b=143771, dra=True)])
 
 
 def manifest(job: Job) -> dict[str, Any]:
@@ -117,12 +128,23 @@ def _node_of(api: KubeHTTP, pod: str) -> str | None:
     return api.get(f"/api/v1/namespaces/{NS}/pods/{pod}")["spec"].get("nodeName")
 
 
+def fleet_nodes(api: KubeHTTP) -> dict[str, Node]:
+    """The nodes as gpusteward sees them: device-plugin allocatable plus DRA devices."""
+    store = FleetStore()
+    dra = DraFleet(store)
+    dra.replace_slices({o["metadata"]["name"]: slice_devices(msgspec.convert(o, WireSlice),
+                                                              dra.driver)
+                        for o in api.get(f"{RESOURCE_API}/resourceslices")["items"]})
+    dra.replace_all([to_node(msgspec.convert(o, WireNode), GPU_RESOURCES)
+                     for o in api.get("/api/v1/nodes")["items"]], [])
+    return store.nodes
+
+
 def run_workload(box: Sandbox) -> list[dict[str, Any]]:
     api = box.api()
     api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                       "metadata": {"name": NS}})
-    objects = {n.name: n for n in (to_node(msgspec.convert(o, WireNode), GPU_RESOURCES)
-                                   for o in api.get("/api/v1/nodes")["items"])}
+    objects = fleet_nodes(api)
     nodes = sorted(objects)
     rows = []
     for job in WORKLOAD:
@@ -172,7 +194,8 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         f"{top}/{len(rows)} on a node gpusteward scored highest among those allowed.",
         "score = gpusteward's 0-10 placement score (card fit, live GPU load, packing, health);",
         "next = best score among the other allowed nodes; util = node GPU utilization before;",
-        "gpus = physical GPUs: a 1g.10gb MIG slice is 1/7 of an A100, a T4 replica 1/4 of a T4.",
+        "gpus = physical GPUs: a 1g.10gb MIG slice is 1/7 of an A100, a T4 replica 1/4 of a T4;",
+        "the H200s are served by Dynamic Resource Allocation (ResourceSlice, DeviceClass).",
     ]
 
 
@@ -224,7 +247,8 @@ def main() -> int:
         return 1
     print("Starting the sandbox (the first run builds Kubernetes from Go modules: ~6 min)...")
     try:
-        box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, detach=keep,
+        box = Sandbox(SandboxConfig(state_dir=state, fleet=DEMO_FLEET, with_extender=True,
+                                    detach=keep,
                                     log=lambda m: print(f"  {m}", flush=True))).start()
     except (SandboxBuildError, SandboxError, TimeoutError) as e:
         print(f"demo failed to start the sandbox: {e}", file=sys.stderr)

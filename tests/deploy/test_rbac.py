@@ -17,12 +17,15 @@ from tests.deploy.manifests import Discovery, ServiceAccountClient
 RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
               "RoleBinding"}
 
+#: The DRA objects behind GPUs (adapters/dra.py).
+DRA = [("resource.k8s.io", r) for r in ("resourceslices", "deviceclasses", "resourceclaims")]
 #: role name -> {(apiGroup, resource, verb, resourceName or "*")}; what each component uses.
 ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
-    "gpusteward-extender": {("", r, v, "*") for r in ("nodes", "pods")
+    "gpusteward-extender": {(g, r, v, "*") for g, r in (("", "nodes"), ("", "pods"), *DRA)
                             for v in ("get", "list", "watch")},
     "gpusteward-reclaimer": {
         ("", "nodes", "list", "*"), ("", "namespaces", "list", "*"),
+        *{(g, r, "list", "*") for g, r in DRA},
         *{("", "pods", v, "*") for v in ("get", "list", "patch")},
         ("", "pods/eviction", "create", "*"), ("", "events", "create", "*"),
         ("apps", "replicasets", "list", "*"),
@@ -133,6 +136,9 @@ def test_the_extender_service_account_can_list_and_watch_and_nothing_more(
         ("GET", "/api/v1/pods?limit=1", None, 200),
         ("GET", "/api/v1/nodes?watch=1&timeoutSeconds=1", None, 200),
         ("GET", "/api/v1/pods?watch=1&timeoutSeconds=1", None, 200),
+        *[("GET", f"/apis/resource.k8s.io/v1/{r}?{q}", None, 200) for _, r in DRA
+          for q in ("limit=1", "watch=1&timeoutSeconds=1")],
+        ("POST", "/apis/resource.k8s.io/v1/deviceclasses", {"metadata": {"name": "x"}}, 403),
         ("GET", f"/api/v1/namespaces/{ns}/pods/p", None, 200),
         ("PATCH", f"/api/v1/namespaces/{ns}/pods/p", {"metadata": {"labels": {"x": "y"}}}, 403),
         ("GET", "/api/v1/secrets", None, 403),
@@ -160,7 +166,8 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
               "metadata": {"name": "gpusteward-reclaimer-reclaims"}, "data": {"reclaims": "[]"}}
     snapshot_lists = ["/api/v1/pods", "/api/v1/nodes", "/api/v1/namespaces",
                       "/apis/apps/v1/replicasets", "/apis/apps/v1/deployments",
-                      "/apis/apps/v1/statefulsets", "/apis/batch/v1/jobs"]
+                      "/apis/apps/v1/statefulsets", "/apis/batch/v1/jobs",
+                      *(f"/apis/resource.k8s.io/v1/{r}" for _, r in DRA)]
     assert _check(client, [
         *[("GET", f"{path}?limit=500", None, 200) for path in snapshot_lists],
         ("GET", f"/api/v1/namespaces/{ns}/pods/p", None, 200),
