@@ -134,8 +134,9 @@ class OwnerActions(Config, frozen=True):
     job: Literal["suspend", "evict", "annotate"] = "suspend"
     deployment: Literal["scale", "annotate"] = "scale"
     stateful_set: Literal["scale", "annotate"] = "scale"
-    # ReplicaSets without a Deployment, custom controllers, ...
-    unknown: Literal["evict", "annotate"] = "evict"
+    # ReplicaSets without a Deployment, custom controllers, ...: block sends an Event and stops
+    # nothing (an evicted pod would be recreated by its controller at once).
+    unknown: Literal["block", "evict", "annotate"] = "block"
 
 
 class PriorityOverride(Config, frozen=True):

@@ -192,7 +192,8 @@ def test_stamps_round_trip():
         pytest.param(Owner("Job", "ml", "j", ("p",)), "suspend", id="job-is-suspended"),
         pytest.param(Owner("Deployment", "ml", "d", ("p",)), "scale", id="deployment-scaled"),
         pytest.param(Owner("StatefulSet", "ml", "s", ("p",)), "scale", id="statefulset-scaled"),
-        pytest.param(Owner("MPIJob", "ml", "m", ("p",)), "evict", id="unknown-owner-evicted"),
+        pytest.param(Owner("MPIJob", "ml", "m", ("p",), group="kubeflow.org"), "block",
+                     id="unknown-owner-blocked-never-evicted"),
     ],
 )
 def test_the_action_depends_on_the_owner(owner, how):

@@ -15,10 +15,11 @@ import msgspec
 
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim import queue
+from gpusteward.core.reclaim import kinds, queue
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
+    RECLAIM_BLOCKED,
     Action,
     Evidence,
     Owner,
@@ -31,7 +32,7 @@ from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
 from gpusteward.core.reclaim.rules import judge, protections, rule_for
 from gpusteward.core.times import HOUR, parse_time, stamp
 
-GROUP_ACTIONS = {"suspend", "scale"}  # act on a whole workload: only when all its pods are idle
+GROUP_ACTIONS = kinds.WHOLE_OWNER  # act on a whole workload: only when all its pods are idle
 
 
 def plan(snap: Snapshot, policy: Policy) -> Plan:
@@ -58,8 +59,9 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     claimed = {a.pod.uid for a in reclaims}
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
                  if a.pod.uid not in claimed]
-    allowed, held = _limit(reclaims, snap, policy)
-    return Plan(tuple(verdicts), tuple(staged + allowed), tuple(held))
+    blocks = [a for a in reclaims if a.how == kinds.BLOCK]  # Events only: not limited
+    allowed, held = _limit([a for a in reclaims if a.how != kinds.BLOCK], snap, policy)
+    return Plan(tuple(verdicts), tuple(staged + blocks + allowed), tuple(held))
 
 
 def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy,
@@ -125,6 +127,12 @@ def _marked(pod: Pod) -> bool:
 
 
 def how_to_reclaim(owner: Owner, policy: Policy) -> str:
+    """The owner's own switch where it has one (core.reclaim.kinds), else the policy's action
+    for the built-in kinds; an owner that must not be stopped is blocked."""
+    if owner.blocked:
+        return kinds.BLOCK
+    if owner.how:
+        return owner.how
     a = policy.reclaim.owner_actions
     return {"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
             "StatefulSet": a.stateful_set}.get(owner.kind, a.unknown)
@@ -144,12 +152,15 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
         how = how_to_reclaim(owner, policy)
         if how in GROUP_ACTIONS and not _whole_owner(owner, uid, dict.fromkeys(due, True)):
             continue  # partly idle workload: marks only
-        if how == "annotate":
-            continue
+        if how == "annotate" or (how == kinds.BLOCK and pod.annotations.get(
+                RECLAIM_BLOCKED) == _blocked_reason(owner)):
+            continue  # annotate only; or blocked, and the pod already says why
         reason = "over-quota" if uid in over else "idle"
-        out.append(Action("reclaim", pod, team(pod, snap.namespace_labels), reason,
-                          f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} "
-                          f"{owner.name}", owner, how, peers=_peers(owner, uid, how, by_uid)))
+        message = (f"GPUs idle but not reclaimed: {_blocked_reason(owner)}"
+                   if how == kinds.BLOCK else
+                   f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} {owner.name}")
+        out.append(Action("reclaim", pod, team(pod, snap.namespace_labels), reason, message,
+                          owner, how, peers=_peers(owner, uid, how, by_uid)))
     return out
 
 
@@ -162,7 +173,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
         pod = by_uid[uid]
         owner = owner_of(pod, snap)
         how = how_to_reclaim(owner, policy)
-        if idle and how != "annotate" and not owner.in_progress and (
+        if idle and how not in ("annotate", kinds.BLOCK) and not owner.in_progress and (
                 how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)):
             candidates.append(queue.Candidate(pod, team(pod, snap.namespace_labels)))
     free = _free_gpus(snap)
@@ -184,6 +195,11 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                 f"(priority {pending.priority} > {v.pod.priority})", owner, how,
                 peers=_peers(owner, v.pod.uid, how, by_uid)))
     return actions
+
+
+def _blocked_reason(owner: Owner) -> str:
+    return owner.blocked or kinds.unsupported(owner.group, owner.kind) or (
+        f"no way to stop a {owner.kind} without its controller undoing it")
 
 
 def _peers(owner: Owner, uid: str, how: str, by_uid: Mapping[str, Pod]) -> tuple[Pod, ...]:

@@ -12,6 +12,8 @@ from gpusteward.core.model import Node, Pod
 IDLE_SINCE = "gpusteward.io/idle-since"
 RECLAIM_AT = "gpusteward.io/reclaim-at"
 RECLAIM_REASON = "gpusteward.io/reclaim-reason"
+RECLAIMED_AT = "gpusteward.io/reclaimed-at"  # on an owner stopped through its own switch
+RECLAIM_BLOCKED = "gpusteward.io/reclaim-blocked"  # on a due pod: why nothing was stopped
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
 
@@ -39,6 +41,16 @@ class Rule(msgspec.Struct, frozen=True):
     grace: float
 
 
+class Switch(msgspec.Struct, frozen=True):
+    """The object whose switch stops an owner when it is not the owner itself: a Kueue
+    Workload, a KEDA ScaledObject."""
+
+    kind: str
+    group: str
+    version: str
+    name: str
+
+
 class Owner(msgspec.Struct, frozen=True):
     """The workload a pod belongs to, resolved to the object the reclaimer acts on."""
 
@@ -49,6 +61,12 @@ class Owner(msgspec.Struct, frozen=True):
     pods: tuple[str, ...] = ()
     # Work already under way on the owner (suspended Job, scaled-down Deployment).
     in_progress: bool = False
+    group: str = ""  # API group ("" core, apps, batch, or a CRD's) and version
+    version: str = ""
+    # Its own stop mechanism (core.reclaim.kinds); "": the policy's ownerActions decide.
+    how: str = ""
+    blocked: str = ""  # why it must not be stopped at all (an HPA, an unsupported kind)
+    via: Switch | None = None
 
     @property
     def key(self) -> str:
