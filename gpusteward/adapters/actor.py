@@ -22,10 +22,12 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpusteward.adapters.stopper import Switches
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
+    RECLAIM_BLOCKED,
     RECLAIM_REASON,
     REPLICAS_BEFORE,
     Action,
@@ -36,10 +38,14 @@ from gpusteward.core.times import stamp
 log = logging.getLogger("gpusteward.reclaimer")
 
 EVENT_REASON = {"mark": "GPUIdle", "warn": "GPUIdleWarning", "clear": "GPUActive",
-                "reclaim": "GPUReclaimed", "blocked": "GPUReclaimBlocked"}
+                "reclaim": "GPUReclaimed", "blocked": "GPUReclaimBlocked",
+                "block": "GPUReclaimBlocked"}
 PERMISSION = {"evict": "create pods/eviction", "suspend": "patch batch/jobs",
               "scale": "patch apps/deployments and apps/statefulsets",
-              "annotate": "patch pods", "event": "create events"}
+              "annotate": "patch pods", "event": "create events",
+              "deactivate": "patch kueue.x-k8s.io/workloads",
+              "stop": "patch the owner's kind (notebooks, inferenceservices ...)",
+              "pause": "patch keda.sh/scaledobjects"}
 RETRIES_ON_CONFLICT = 3
 CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
 
@@ -50,6 +56,7 @@ class Actor:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
+        self.switches = Switches(api)
         self.policy = policy
         self.clock = clock
         self.instance = socket.gethostname()
@@ -57,7 +64,8 @@ class Actor:
     async def apply(self, action: Action) -> str:
         result = await _guard(action, self._carry_out(action))
         if result == "done":
-            await self.event(action, EVENT_REASON[action.kind], action.message)
+            await self.event(action, EVENT_REASON[action.kind], action.message,
+                             warning=action.kind == "block")
         elif result == "blocked":
             await self.event(action, EVENT_REASON["blocked"],
                              f"eviction refused by a PodDisruptionBudget; retrying next cycle "
@@ -71,8 +79,8 @@ class Actor:
         if action.kind == "reclaim":
             await self._reclaim(action, own_grace)
         else:
-            await {"mark": self._mark, "warn": self._warn, "clear": self._clear}[action.kind](
-                action)
+            await {"mark": self._mark, "warn": self._warn, "clear": self._clear,
+                   "block": self._block}[action.kind](action)
         return "done"
 
     async def _recheck(self, action: Action) -> tuple[int | None, str]:
@@ -115,11 +123,16 @@ class Actor:
     async def _clear(self, action: Action) -> None:
         await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None})
 
+    async def _block(self, action: Action) -> None:
+        await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]})
+
     async def _reclaim(self, action: Action, own_grace: int | None) -> None:
         assert action.owner is not None
         await self._annotate(action, {RECLAIM_REASON: f"{action.reason}: {action.message}"})
         owner = action.owner
-        if action.how == "evict":
+        if owner.how:  # the owner's own switch (core.reclaim.kinds)
+            await self.switches.stop(owner, action.reason, stamp(self.clock()))
+        elif action.how == "evict":
             await self._evict(action, own_grace)
         elif action.how == "suspend":
             await self.batch.patch_namespaced_job(owner.name, owner.namespace, {

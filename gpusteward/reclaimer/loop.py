@@ -28,8 +28,8 @@ from gpusteward.reclaimer.metrics import ReclaimerMetrics
 log = logging.getLogger("gpusteward.reclaimer")
 
 # What each mode lets through to the API server.
-WRITES = {"observe": set(), "warn": {"mark", "warn", "clear"},
-          "enforce": {"mark", "warn", "clear", "reclaim"}}
+WRITES = {"observe": set(), "warn": {"mark", "warn", "clear", "block"},
+          "enforce": {"mark", "warn", "clear", "block", "reclaim"}}
 
 
 class Reader(Protocol):

@@ -140,7 +140,7 @@ def test_a_blocked_owner_gets_one_event_and_is_never_evicted():
     owner = Owner("Trainer", "ml", "t", ("p",), group="example.com")
     first = plan(snapshot([warned("p")], owners={"p": owner}), POLICY)
     (a,) = first.actions
-    assert (a.kind, a.how) == ("reclaim", "block")
+    assert (a.kind, a.how) == ("block", "block")
     assert a.message == "GPUs idle but not reclaimed: unsupported owner Trainer.example.com"
     told = warned("p", annotations={RECLAIM_BLOCKED: "unsupported owner Trainer.example.com"})
     assert plan(snapshot([told], owners={"p": owner}), POLICY).actions == ()

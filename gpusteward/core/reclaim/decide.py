@@ -59,8 +59,8 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     claimed = {a.pod.uid for a in reclaims}
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
                  if a.pod.uid not in claimed]
-    blocks = [a for a in reclaims if a.how == kinds.BLOCK]  # Events only: not limited
-    allowed, held = _limit([a for a in reclaims if a.how != kinds.BLOCK], snap, policy)
+    blocks = [a for a in reclaims if a.kind == "block"]  # an Event, nothing stopped: no limit
+    allowed, held = _limit([a for a in reclaims if a.kind == "reclaim"], snap, policy)
     return Plan(tuple(verdicts), tuple(staged + blocks + allowed), tuple(held))
 
 
@@ -159,8 +159,9 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
         message = (f"GPUs idle but not reclaimed: {_blocked_reason(owner)}"
                    if how == kinds.BLOCK else
                    f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} {owner.name}")
-        out.append(Action("reclaim", pod, team(pod, snap.namespace_labels), reason, message,
-                          owner, how, peers=_peers(owner, uid, how, by_uid)))
+        out.append(Action("block" if how == kinds.BLOCK else "reclaim", pod,
+                          team(pod, snap.namespace_labels), reason, message, owner, how,
+                          peers=_peers(owner, uid, how, by_uid)))
     return out
 
 

@@ -102,7 +102,7 @@ class Snapshot(msgspec.Struct, frozen=True):
 class Action(msgspec.Struct, frozen=True):
     """One change the reclaimer wants; the act layer carries it out (or, by mode, only logs it)."""
 
-    kind: str  # mark | warn | clear | reclaim
+    kind: str  # mark | warn | clear | reclaim | block (due, but no safe way to stop the owner)
     pod: Pod
     team: str
     reason: str  # idle | over-quota | queue | active | protected
