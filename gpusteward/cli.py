@@ -102,8 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a standby takes over this long after the leader stops renewing")
     _common(rec)
     rec_sub = rec.add_subparsers(dest="reclaimer_command")
-    restore = rec_sub.add_parser("restore", help="undo a scale-down or Job suspension")
-    restore.add_argument("target", metavar="NAMESPACE/KIND/NAME")
+    restore = rec_sub.add_parser("restore", help="bring back a workload gpusteward stopped")
+    restore.add_argument("target", metavar="NAMESPACE/KIND/NAME", nargs="?")
+    restore.add_argument("--list", action="store_true",
+                         help="list every workload gpusteward stopped, when, why and how to "
+                              "bring it back")
     add_kube_flags(restore)
 
     pol = sub.add_parser("policy", help="policy file tools")

@@ -29,6 +29,7 @@ from gpusteward.core.reclaim.model import (
     RECLAIM_AT,
     RECLAIM_BLOCKED,
     RECLAIM_REASON,
+    RECLAIMED_AT,
     REPLICAS_BEFORE,
     Action,
 )
@@ -136,7 +137,8 @@ class Actor:
             await self._evict(action, own_grace)
         elif action.how == "suspend":
             await self.batch.patch_namespaced_job(owner.name, owner.namespace, {
-                "metadata": {"annotations": {RECLAIM_REASON: action.reason}},
+                "metadata": {"annotations": {RECLAIM_REASON: action.reason,
+                                             RECLAIMED_AT: stamp(self.clock())}},
                 "spec": {"suspend": True}}, _request_timeout=CALL_TIMEOUT)
         elif action.how == "scale":
             await self._scale_to_zero(owner.kind, owner.namespace, owner.name, action.reason)
@@ -161,7 +163,8 @@ class Actor:
             before = obj.spec.replicas or 0
             body = {"metadata": {"resourceVersion": obj.metadata.resource_version,
                                  "annotations": {REPLICAS_BEFORE: str(before),
-                                                 RECLAIM_REASON: scaled_reason(reason, before)}},
+                                                 RECLAIM_REASON: scaled_reason(reason, before),
+                                                 RECLAIMED_AT: stamp(self.clock())}},
                     "spec": {"replicas": 0}}
             try:
                 await patch(name, namespace, body, _request_timeout=CALL_TIMEOUT)

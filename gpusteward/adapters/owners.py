@@ -18,16 +18,17 @@ from typing import Any
 
 import msgspec
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.errors import KubeError
-from gpusteward.adapters.kube import list_raw, raw_get
+from gpusteward.adapters.kube import list_raw
+from gpusteward.adapters.stopper import Switches
 from gpusteward.core.kubewire import Meta, WirePod
 from gpusteward.core.model import OwnerRef, Pod
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Owner, Switch
 
 MAX_HOPS = 8  # controller chains are short; a longer one is a loop or a mistake
-CALL_TIMEOUT = 30
 HPA_PATH = "/apis/autoscaling/v2/horizontalpodautoscalers"
 KEDA = ("keda.sh", "ScaledObject")  # KEDA makes itself the HPA's controller (keda hpa.go)
 
@@ -60,6 +61,7 @@ class OwnerChains:
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
+        self.switches = Switches(api)
         self.api_calls = 0
 
     async def resolve(self, pods: Iterable[Pod], wires: Sequence[WirePod],
@@ -188,9 +190,8 @@ class OwnerChains:
         return None
 
     async def _served(self, group: str) -> str | None:
-        """The group's preferred version, None where the API server does not serve it."""
-        found = await self._get_json(f"/apis/{group}")
-        return None if found is None else found.get("preferredVersion", {}).get("version")
+        self.api_calls += 1
+        return await self.switches.served(group)
 
     async def _list(self, path: str) -> list[Mapping[str, Any]]:
         self.api_calls += 1
@@ -204,15 +205,12 @@ class OwnerChains:
 
     async def _get_json(self, path: str) -> dict[str, Any] | None:
         self.api_calls += 1
-        resp = await raw_get(self.api, path, [], timeout=CALL_TIMEOUT)
-        async with resp:
-            body = await resp.read()
-            if resp.status == 404:
+        try:
+            return await self.switches.get(path)
+        except ApiException as e:
+            if e.status == 404:
                 return None
-            if resp.status != 200:
-                raise KubeError(f"GET {path}: HTTP {resp.status}: {body[:200]!r}", resp.status)
-        found: dict[str, Any] = msgspec.json.decode(body)
-        return found
+            raise KubeError(f"GET {path}: HTTP {e.status}: {e.reason}", e.status) from e
 
 
 def _key(o: Owner) -> tuple[str, str | None]:

@@ -64,6 +64,18 @@ class Switches:
                             **kinds.reclaim_record(f"{reason}: scaled from {before} to 0", at)}}})
         await self.patch(f"{path}/scale", {"spec": {"replicas": 0}})
 
+    async def served(self, group: str) -> str | None:
+        """The group's preferred version; None where the API server does not serve it."""
+        resp = await raw_get(self.api, f"/apis/{group}", [], timeout=CALL_TIMEOUT)
+        async with resp:
+            body = await resp.read()
+            if resp.status == 404:
+                return None
+            _raise_for(resp.status, body)
+        version: str | None = msgspec.json.decode(body).get("preferredVersion", {}).get(
+            "version")
+        return version
+
     async def get(self, path: str) -> dict[str, Any]:
         resp = await raw_get(self.api, path, [], timeout=CALL_TIMEOUT)
         async with resp:

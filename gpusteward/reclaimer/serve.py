@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 
 from aiohttp import web
@@ -22,8 +23,9 @@ from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
-from gpusteward.adapters.restore import Restorer
+from gpusteward.adapters.restore import Restorer, known_kinds
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.stopped import stopped, table
 from gpusteward.core.policy import Policy
 from gpusteward.reclaimer.loop import Reclaimer
 
@@ -126,14 +128,19 @@ def ledger_name(lease_name: str) -> str:
 
 
 async def restore(args: argparse.Namespace) -> int:
+    if args.list:
+        api = await connect(args.kubeconfig, args.context)
+        async with api:
+            print(table(await stopped(api)))
+        return 0
     try:
-        namespace, kind, name = args.target.split("/")
+        namespace, kind, name = (args.target or "").split("/")
     except ValueError:
-        raise SettingsError("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or "
-                            f"Job), got {args.target!r}") from None
+        raise SettingsError(f"expected NAMESPACE/KIND/NAME (KIND: {', '.join(known_kinds())}) "
+                            f"or --list, got {args.target!r}") from None
     api = await connect(args.kubeconfig, args.context)
     try:
-        print(await Restorer(api).restore(namespace, kind, name))
+        print(await Restorer(api, time.time()).restore(namespace, kind, name))
         return 0
     except ValueError as e:
         log.error("%s", e)
