@@ -112,7 +112,7 @@ class Restorer:
 
     async def _scale_back(self, path: str, obj: dict[str, Any], reason: str, what: str) -> str:
         scale = await self.switches.get(f"{path}/scale")
-        replicas = scale.get("spec", {}).get("replicas")
+        replicas = scale.get("spec", {}).get("replicas", 0)  # autoscaling/v1 omits a zero
         if replicas != 0:
             raise RestoreRefused(f"{what} runs {replicas} replicas, not 0: not restored "
                                  f"(someone scaled it since gpusteward did)")

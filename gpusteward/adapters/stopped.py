@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio import client
 
+from gpusteward.adapters.errors import KubeError
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.stopper import Switches
 from gpusteward.core.reclaim import kinds
@@ -43,7 +44,12 @@ async def stopped(api: client.ApiClient) -> list[Stopped]:
             versions[group] = "v1" if group in ("batch", "apps") else await switches.served(group)
         if versions[group] is None:
             continue
-        items, _ = await list_raw(api, f"/apis/{group}/{versions[group]}/{plural}")
+        try:
+            items, _ = await list_raw(api, f"/apis/{group}/{versions[group]}/{plural}")
+        except KubeError as e:
+            if e.status != 404:  # the group is served, this kind of it is not installed
+                raise
+            continue
         found += _marked(kind, (msgspec.json.decode(i) for i in items))
     return sorted(found, key=lambda s: (s.since, s.namespace, s.name))
 
