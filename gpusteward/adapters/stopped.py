@@ -29,6 +29,7 @@ class Stopped(msgspec.Struct, frozen=True):
     name: str
     since: str  # when gpusteward stopped it ("" where it predates the record)
     why: str
+    state: str = "stopped"  # stopping: the owner has not yet reported its pods gone (Ray)
 
     @property
     def command(self) -> str:
@@ -50,27 +51,31 @@ async def stopped(api: client.ApiClient) -> list[Stopped]:
             if e.status != 404:  # the group is served, this kind of it is not installed
                 raise
             continue
-        found += _marked(kind, (msgspec.json.decode(i) for i in items))
+        found += _marked(kinds.known(group, kind), kind,
+                         (msgspec.json.decode(i) for i in items))
     return sorted(found, key=lambda s: (s.since, s.namespace, s.name))
 
 
-def _marked(kind: str, objects: Iterable[Mapping[str, Any]]) -> list[Stopped]:
+def _marked(k: kinds.Kind | None, kind: str,
+            objects: Iterable[Mapping[str, Any]]) -> list[Stopped]:
     out = []
     for obj in objects:
         meta = obj.get("metadata", {})
         ann = meta.get("annotations") or {}
         if RECLAIM_REASON in ann:
+            gone = k is None or k.how == kinds.SCALE or kinds.let_go(k, obj)
             out.append(Stopped(kind, meta.get("namespace", ""), meta.get("name", ""),
-                               ann.get(RECLAIMED_AT, ""), ann[RECLAIM_REASON]))
+                               ann.get(RECLAIMED_AT, ""), ann[RECLAIM_REASON],
+                               "stopped" if gone else "stopping"))
     return out
 
 
 def table(rows: list[Stopped]) -> str:
     if not rows:
         return "nothing stopped by gpusteward"
-    lines = [("SINCE", "KIND", "NAMESPACE/NAME", "WHY", "RESTORE WITH")]
-    lines += [(r.since or "-", r.kind, f"{r.namespace}/{r.name}", r.why, r.command)
+    lines = [("SINCE", "KIND", "NAMESPACE/NAME", "STATE", "WHY", "RESTORE WITH")]
+    lines += [(r.since or "-", r.kind, f"{r.namespace}/{r.name}", r.state, r.why, r.command)
               for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    widths = [max(len(line[i]) for line in lines) for i in range(5)]
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)),
-                                line[4]]) for line in lines)
+                                line[5]]) for line in lines)

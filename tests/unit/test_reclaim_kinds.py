@@ -168,3 +168,20 @@ def test_a_blocked_owner_is_never_a_queue_victim():
     p = plan(msgspec.structs.replace(snap, owners={"low": owner}), POLICY)
     assert [a for a in p.actions if a.kind == "reclaim"] == []
     assert reclaimed(plan(snap, POLICY)) == [("low", "queue")]  # unowned: reclaimed
+
+
+def test_restore_list_says_stopping_until_a_ray_cluster_reports_it_suspended():
+    from gpusteward.adapters.stopped import _marked, table
+
+    record = {"annotations": {RECLAIM_REASON: "idle", RECLAIMED_AT: AT}}
+    suspending = {"metadata": {**record, "namespace": "ml", "name": "a"},
+                  "spec": {"suspend": True}}
+    suspended = {"metadata": {**record, "namespace": "ml", "name": "b"},
+                 "spec": {"suspend": True}, "status": {"conditions": [
+                     {"type": "RayClusterSuspended", "status": "True"}]}}
+    untouched = {"metadata": {"namespace": "ml", "name": "c"}}
+    rows = _marked(kind("RayCluster"), "RayCluster", [suspending, suspended, untouched])
+    assert [(r.name, r.state) for r in rows] == [("a", "stopping"), ("b", "stopped")]
+    assert table(rows).splitlines()[1].split() == [
+        AT, "RayCluster", "ml/a", "stopping", "idle", "gpusteward", "reclaimer", "restore",
+        "ml/RayCluster/a"]
