@@ -137,6 +137,9 @@ class OwnerActions(Config, frozen=True):
     # ReplicaSets without a Deployment, custom controllers, ...: block sends an Event and stops
     # nothing (an evicted pod would be recreated by its controller at once).
     unknown: Literal["block", "evict", "annotate"] = "block"
+    # Per kind ("Kind.group", e.g. "Trainer.example.com"), overriding unknown: evict where the
+    # owner's controller does not recreate an evicted pod.
+    kinds: dict[str, Literal["block", "evict", "annotate"]] = msgspec.field(default_factory=dict)
 
 
 class PriorityOverride(Config, frozen=True):
@@ -217,6 +220,7 @@ class PolicyError(Exception):
         super().__init__(f"invalid policy {source}:\n{lines}")
 
 
+_KIND = re.compile(r"^[A-Z][A-Za-z0-9]*\.[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -292,6 +296,10 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
                              "must be set: classes and PriorityClasses inherit it from here")
     if p.telemetry.stale_after < p.telemetry.refresh:
         yield FieldError(("telemetry", "staleAfter"), "must be at least telemetry.refresh")
+    for kind in p.reclaim.owner_actions.kinds:
+        if not _KIND.match(kind):
+            yield FieldError(("reclaim", "ownerActions", "kinds", kind),
+                             "expected Kind.group, e.g. Trainer.example.com")
 
 
 def _class_errors(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gpusteward.core.policy import parse_policy
+from gpusteward.core.policy import PolicyError, parse_policy
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import RECLAIM_BLOCKED, RECLAIM_REASON, RECLAIMED_AT, Owner
@@ -185,3 +185,18 @@ def test_restore_list_says_stopping_until_a_ray_cluster_reports_it_suspended():
     assert table(rows).splitlines()[1].split() == [
         AT, "RayCluster", "ml/a", "stopping", "idle", "gpusteward", "reclaimer", "restore",
         "ml/RayCluster/a"]
+
+
+def test_the_policy_maps_one_unknown_kind_to_evict_and_leaves_others_blocked():
+    policy = parse_policy({"reclaim": {"ownerActions": {"kinds": {
+        "Trainer.example.com": "evict"}}}})
+    mapped = Owner("Trainer", "ml", "t", ("a",), group="example.com")
+    other = Owner("Trainer", "ml", "u", ("b",), group="other.io")
+    p = plan(snapshot([warned("a"), warned("b")], owners={"a": mapped, "b": other}), policy)
+    assert sorted((a.pod.name, a.how) for a in p.actions) == [("a", "evict"), ("b", "block")]
+
+
+def test_a_kind_mapping_must_name_its_group():
+    with pytest.raises(PolicyError, match=r"reclaim.ownerActions.kinds.Trainer: expected "
+                                          r"Kind.group"):
+        parse_policy({"reclaim": {"ownerActions": {"kinds": {"Trainer": "evict"}}}})

@@ -135,7 +135,8 @@ def how_to_reclaim(owner: Owner, policy: Policy) -> str:
         return owner.how
     a = policy.reclaim.owner_actions
     return {"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
-            "StatefulSet": a.stateful_set}.get(owner.kind, a.unknown)
+            "StatefulSet": a.stateful_set}.get(owner.kind) or a.kinds.get(
+        f"{owner.kind}.{owner.group}", a.unknown)
 
 
 def _whole_owner(owner: Owner, uid: str, ok: Mapping[str, bool]) -> bool:
