@@ -13,6 +13,9 @@ version, kind and plural, and only the fields gpusteward touches, typed as upstr
   statusReplicasPath .status.replicas).
 - Workload kueue.x-k8s.io/v1beta2 workloads: spec.active bool, default true (kueue v0.17.0
   apis/kueue/v1beta2/workload_types.go).
+- ScaledObject keda.sh/v1alpha1 scaledobjects: the autoscaling.keda.sh/paused-replicas
+  annotation (keda.sh docs, "Pause autoscaling"); KEDA makes itself the controller of the HPA it
+  creates (kedacore/keda controllers/keda/hpa.go, SetControllerReference).
 - Trainer example.com/v1: a kind gpusteward does not know.
 """
 
@@ -52,6 +55,7 @@ CRDS = [
          {"replicas": INT}, scale=True),
     _crd("kueue.x-k8s.io", "v1beta2", "Workload", "workloads",
          {"active": {**BOOL, "default": True}}),
+    _crd("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects", {}),
     _crd("example.com", "v1", "Trainer", "trainers", {}),
 ]
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

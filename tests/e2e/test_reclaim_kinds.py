@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpusteward.core.reclaim.kinds import (
+    KEDA_PAUSED_REPLICAS,
     KSERVE_STOP,
     KUEUE_JOB_UID,
     KUEUE_QUEUE,
@@ -190,3 +191,51 @@ async def test_an_inference_service_gets_the_kserve_stop_annotation(sandbox, ns,
     out = restore(sandbox, f"{ns.name}/InferenceService/llm")
     assert out.returncode == 0, out.stderr
     assert ns.api.get(path)["metadata"]["annotations"][KSERVE_STOP] == "false"
+
+
+def autoscaled_deployment(ns, name: str, scaled_object: dict[str, Any] | None) -> str:
+    pod = gpu_pod("x", 1, util="0", node="h100-1", labels={"app": name})
+    ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name},
+                                           "annotations": pod["metadata"]["annotations"]},
+                              "spec": pod["spec"]}}})
+    hpa: dict[str, Any] = {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": f"keda-hpa-{name}" if scaled_object else name},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                 "minReplicas": 1, "maxReplicas": 2, "metrics": [{"type": "Resource", "resource": {
+                     "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}}
+    if scaled_object:
+        hpa["metadata"]["ownerReferences"] = owned_by(scaled_object)
+    ns.api.create(f"/apis/autoscaling/v2/namespaces/{ns.name}/horizontalpodautoscalers", hpa)
+    wait_for("its pod to run", lambda: [p for p in ns.pods() if p["metadata"]["labels"].get(
+        "app") == name and p["status"].get("phase") == "Running"], timeout=60)
+    return f"/apis/apps/v1/namespaces/{ns.name}/deployments/{name}"
+
+
+async def test_a_deployment_under_a_plain_hpa_is_blocked_not_scaled(ns, reclaimer):
+    path = autoscaled_deployment(ns, "web", None)
+    pod = next(p["metadata"]["name"] for p in ns.pods()
+               if p["metadata"]["labels"].get("app") == "web")
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "blocked", lambda: RECLAIM_BLOCKED in annotations(ns, pod),
+                      timeout=TIMEOUT)
+    assert annotations(ns, pod)[RECLAIM_BLOCKED] == (
+        "driven by HorizontalPodAutoscaler web, which would undo a scale-down")
+    assert ns.api.get(path)["spec"]["replicas"] == 1
+
+
+async def test_a_deployment_under_keda_is_paused_at_zero_through_its_scaled_object(
+        sandbox, ns, reclaimer):
+    so = create(ns, "keda.sh/v1alpha1", "scaledobjects", "ScaledObject", "api")
+    path = autoscaled_deployment(ns, "api", so)
+    so_path = f"/apis/keda.sh/v1alpha1/namespaces/{ns.name}/scaledobjects/api"
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "ScaledObject paused", lambda: (ns.api.get(so_path)["metadata"].get(
+        "annotations") or {}).get(KEDA_PAUSED_REPLICAS) == "0", timeout=TIMEOUT)
+    assert ns.api.get(path)["spec"]["replicas"] == 1  # KEDA's to scale, not ours
+    out = restore(sandbox, f"{ns.name}/ScaledObject/api")
+    assert out.returncode == 0, out.stderr
+    assert KEDA_PAUSED_REPLICAS not in (ns.api.get(so_path)["metadata"].get("annotations") or {})
