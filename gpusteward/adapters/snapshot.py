@@ -15,6 +15,7 @@ from gpusteward.adapters.dra import KINDS as DRA_KINDS
 from gpusteward.adapters.dra import read as read_dra
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
+from gpusteward.adapters.owners import Link, OwnerChains, link_of
 from gpusteward.adapters.prometheus import (
     ENGINE_ACTIVE,
     GPU_UTIL,
@@ -31,7 +32,8 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Evidence, Owner, PastAction, Snapshot
+from gpusteward.core.reclaim.kinds import BUILT_IN
+from gpusteward.core.reclaim.model import Evidence, PastAction, Snapshot
 from gpusteward.core.reclaim.rules import peak_of, windows
 
 
@@ -55,6 +57,11 @@ WORKLOAD_PATHS = {
     "StatefulSet": "/apis/apps/v1/statefulsets",
     "Job": "/apis/batch/v1/jobs",
 }
+
+
+def listed_links(owned: Mapping[str, list[Workload]]) -> list[Link]:
+    return [link_of(kind, BUILT_IN[kind], "v1", w.metadata, spec=w.spec)
+            for kind, items in owned.items() for w in items]
 
 
 def _decode(raws: Iterable[msgspec.Raw], typ: type) -> list[Any]:
@@ -86,13 +93,16 @@ class SnapshotReader:
             [to_node(w, names) for w in _decode(nodes_raw, WireNode)],
             [p for p in (_pod(w, names) for w in wires) if p is not None])
         owned = dict(zip(WORKLOAD_PATHS, (_decode(w, Workload) for w in workloads), strict=True))
+        chains = OwnerChains(self.api)
+        owners = await chains.resolve(pods, wires, listed_links(owned))
+        self.api_calls += chains.api_calls
         # Every pod's node, the exporters' too: an older exporter's series name its pod, not
         # its node (core.attribution.node_of).
         pod_nodes = {w.metadata.name: w.spec.node_name for w in wires if w.spec.node_name}
         self.who = self.attribution(nodes, pods, pod_nodes, by_uuid)
         evidence, ok, problem = await self.evidence(pods, now, self.who)
         return Snapshot(
-            now=now, pods=pods, nodes=nodes, owners=resolve_owners(pods, owned),
+            now=now, pods=pods, nodes=nodes, owners=owners,
             namespace_labels={n.metadata.name: n.metadata.labels or {}
                               for n in _decode(ns_raw, NamespaceObj)},
             evidence=evidence, telemetry_ok=ok, telemetry_problem=problem,
@@ -228,34 +238,3 @@ def _pod(w: WirePod, resources: Sequence[str]) -> Pod | None:
     # A pod with DRA claims may hold GPUs through them: the DRA join decides.
     held = pod.gpus > 0 or pod.claims
     return pod if held and pod.phase not in ("Succeeded", "Failed") else None
-
-
-def resolve_owners(pods: Iterable[Pod], owned: Mapping[str, list[Workload]]) -> dict[str, Owner]:
-    """pod uid -> the workload to act on (ReplicaSets resolve to their Deployment)."""
-    by_uid = {kind: {w.metadata.uid: w for w in items} for kind, items in owned.items()}
-    top: dict[str, tuple[str, Workload | None, str, str]] = {}
-    for pod in pods:
-        ref = pod.controller
-        if ref is None:
-            continue
-        kind, name, obj = ref.kind, ref.name, by_uid.get(ref.kind, {}).get(ref.uid)
-        if kind == "ReplicaSet" and obj is not None:
-            parent = next((o for o in obj.metadata.owner_references or () if o.controller), None)
-            if parent is not None and parent.kind == "Deployment":
-                kind, name = "Deployment", parent.name
-                obj = by_uid["Deployment"].get(parent.uid)
-        top[pod.uid] = (kind, obj, pod.namespace, name)
-    members: dict[tuple[str, str, str], list[str]] = {}
-    for uid, (kind, _, ns, name) in top.items():
-        members.setdefault((kind, ns, name), []).append(uid)
-    return {uid: Owner(kind, ns, name, tuple(members[(kind, ns, name)]), _in_progress(kind, obj))
-            for uid, (kind, obj, ns, name) in top.items()}
-
-
-def _in_progress(kind: str, obj: Workload | None) -> bool:
-    if obj is None:
-        return False
-    if kind == "Job":
-        return bool(obj.spec.suspend)
-    annotations = obj.metadata.annotations or {}
-    return kind in ("Deployment", "StatefulSet") and REPLICAS_BEFORE in annotations

@@ -53,6 +53,7 @@ class OwnerRef(msgspec.Struct, frozen=True):
     name: str
     uid: str = ""
     controller: bool = False
+    api_version: str = msgspec.field(default="", name="apiVersion")
 
 
 class Pod(msgspec.Struct, frozen=True):

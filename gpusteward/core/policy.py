@@ -140,8 +140,12 @@ class OwnerActions(Config, frozen=True):
     job: Literal["suspend", "evict", "annotate"] = "suspend"
     deployment: Literal["scale", "annotate"] = "scale"
     stateful_set: Literal["scale", "annotate"] = "scale"
-    # ReplicaSets without a Deployment, custom controllers, ...
-    unknown: Literal["evict", "annotate"] = "evict"
+    # ReplicaSets without a Deployment, custom controllers, ...: block sends an Event and stops
+    # nothing (an evicted pod would be recreated by its controller at once).
+    unknown: Literal["block", "evict", "annotate"] = "block"
+    # Per kind ("Kind.group", e.g. "Trainer.example.com"), overriding unknown: evict where the
+    # owner's controller does not recreate an evicted pod.
+    kinds: dict[str, Literal["block", "evict", "annotate"]] = msgspec.field(default_factory=dict)
 
 
 class PriorityOverride(Config, frozen=True):
@@ -229,6 +233,7 @@ class PolicyError(Exception):
         super().__init__(f"invalid policy {source}:\n{lines}")
 
 
+_KIND = re.compile(r"^[A-Z][A-Za-z0-9]*\.[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -304,6 +309,10 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
                              "must be set: classes and PriorityClasses inherit it from here")
     if p.telemetry.stale_after < p.telemetry.refresh:
         yield FieldError(("telemetry", "staleAfter"), "must be at least telemetry.refresh")
+    for kind in p.reclaim.owner_actions.kinds:
+        if not _KIND.match(kind):
+            yield FieldError(("reclaim", "ownerActions", "kinds", kind),
+                             "expected Kind.group, e.g. Trainer.example.com")
 
 
 def _class_errors(

@@ -56,8 +56,11 @@ def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
                    help="a standby takes over this long after the leader stops renewing")
     add_connection_flags(p)
     sub = p.add_subparsers(dest="reclaimer_command")
-    restore = sub.add_parser("restore", help="undo a scale-down or Job suspension")
-    restore.add_argument("target", metavar="NAMESPACE/KIND/NAME")
+    restore = sub.add_parser("restore", help="bring back a workload gpusteward stopped")
+    restore.add_argument("target", metavar="NAMESPACE/KIND/NAME", nargs="?")
+    restore.add_argument("--list", action="store_true",
+                         help="list every workload gpusteward stopped, when, why and how to "
+                              "bring it back")
     add_kube_flags(restore)
     return p
 
@@ -102,9 +105,10 @@ class ReclaimerSettings:
 
 @dataclass(frozen=True)
 class RestoreSettings:
-    namespace: str
-    kind: str
-    name: str
+    namespace: str = ""
+    kind: str = ""
+    name: str = ""
+    list_stopped: bool = False  # --list: what gpusteward stopped, instead of restoring one
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -114,12 +118,16 @@ class RestoreSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RestoreSettings:
+        if args.list:
+            return cls(list_stopped=True, kubeconfig=args.kubeconfig, context=args.context)
         try:
-            namespace, kind, name = args.target.split("/")
+            namespace, kind, name = (args.target or "").split("/")
         except ValueError:
-            raise SettingsError("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or "
-                                f"Job), got {args.target!r}") from None
-        return cls(namespace, kind, name, args.kubeconfig, args.context)
+            from gpusteward.reclaimer.restore import known_kinds
+
+            raise SettingsError(f"expected NAMESPACE/KIND/NAME (KIND: {', '.join(known_kinds())})"
+                                f" or --list, got {args.target!r}") from None
+        return cls(namespace, kind, name, kubeconfig=args.kubeconfig, context=args.context)
 
 
 def ledger_name(lease_name: str) -> str:

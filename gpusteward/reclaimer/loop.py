@@ -37,7 +37,7 @@ from gpusteward.reclaimer.metrics import ReclaimerMetrics
 log = logging.getLogger("gpusteward.reclaimer")
 
 # What each mode lets through to the API server.
-_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR}
+_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK}
 WRITES: dict[ReclaimMode, set[ActionKind]] = {
     ReclaimMode.OBSERVE: set(), ReclaimMode.WARN: _STAGES,
     ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM}}

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import socket
+import time
 import uuid
 
 from aiohttp import web
@@ -24,6 +25,7 @@ from gpusteward.reclaimer.cli import ReclaimerSettings, RestoreSettings
 from gpusteward.reclaimer.ledger import ConfigMapLedger
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.reclaimer.restore import Restorer
+from gpusteward.reclaimer.stopped import stopped, table
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -125,8 +127,13 @@ async def _lead(reclaimer: Reclaimer, api: client.ApiClient, settings: Reclaimer
 
 async def restore(settings: RestoreSettings) -> int:
     api = await connect(settings.kubeconfig, settings.context)
+    if settings.list_stopped:
+        async with api:
+            print(table(await stopped(api)))
+        return 0
     try:
-        print(await Restorer(api).restore(settings.namespace, settings.kind, settings.name))
+        print(await Restorer(api, time.time()).restore(settings.namespace, settings.kind,
+                                                       settings.name))
         return 0
     except ValueError as e:
         log.error("%s", e)

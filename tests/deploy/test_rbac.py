@@ -19,6 +19,15 @@ RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"
 
 #: The DRA objects behind GPUs (adapters/dra.py).
 DRA = [("resource.k8s.io", r) for r in ("resourceslices", "deviceclasses", "resourceclaims")]
+#: Owners stopped through their own switch (core.reclaim.kinds): read and patched only.
+OWN_SWITCHES = [("jobset.x-k8s.io", "jobsets"), ("trainer.kubeflow.org", "trainjobs"),
+                ("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "notebooks"),
+                ("ray.io", "rayclusters"), ("ray.io", "rayjobs"),
+                ("serving.kserve.io", "inferenceservices"),
+                ("serving.kserve.io", "llminferenceservices"),
+                ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+                ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"),
+                ("kueue.x-k8s.io", "workloads"), ("keda.sh", "scaledobjects")]
 #: role name -> {(apiGroup, resource, verb, resourceName or "*")}; what each component uses.
 ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
     "gpusteward-extender": {(g, r, v, "*") for g, r in (("", "nodes"), ("", "pods"), *DRA)
@@ -31,7 +40,10 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         ("apps", "replicasets", "list", "*"),
         *{("apps", r, v, "*") for r in ("deployments", "statefulsets")
           for v in ("get", "list", "patch")},
-        *{("batch", "jobs", v, "*") for v in ("get", "list", "patch")}},
+        *{("batch", "jobs", v, "*") for v in ("get", "list", "patch")},
+        *{(group, r, v, "*") for group, r in OWN_SWITCHES for v in ("get", "patch")},
+        ("kueue.x-k8s.io", "workloads", "list", "*"),
+        ("autoscaling", "horizontalpodautoscalers", "list", "*")},
     "gpusteward-reclaimer-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-reclaimer"),
@@ -127,6 +139,11 @@ def _check(client: ServiceAccountClient,
     return wrong
 
 
+def _crd_path(group: str, plural: str, ns: str) -> str:
+    resource, _, sub = plural.partition("/")
+    return f"/apis/{group}/v1/namespaces/{ns}/{resource}/x" + (f"/{sub}" if sub else "")
+
+
 def test_the_extender_service_account_can_list_and_watch_and_nothing_more(
         admin: KubeHTTP, workloads: str) -> None:
     client = ServiceAccountClient(admin, "gpusteward-extender")
@@ -198,6 +215,16 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
         ("PATCH", "/api/v1/nodes/any", {"metadata": {"labels": {"x": "y"}}}, 403),
         ("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "q"}}, 403),
         ("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/w/scale", annotate, 403),
+        # Owners' own switches, on groups this API server does not serve: allowed calls get
+        # past authorization to a 404, refused ones stop at 403.
+        *[(method, _crd_path(group, plural, ns), body, 404) for group, plural in OWN_SWITCHES
+          for method, body in (("GET", None), ("PATCH", annotate))],
+        ("GET", "/apis/kueue.x-k8s.io/v1beta2/workloads?limit=500", None, 404),
+        ("GET", "/apis/autoscaling/v2/horizontalpodautoscalers?limit=500", None, 200),
+        *[("DELETE", _crd_path(group, plural, ns), None, 403) for group, plural in OWN_SWITCHES],
+        ("GET", "/apis/ray.io/v1/rayservices?limit=500", None, 403),
+        ("PATCH", f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/h", annotate,
+         403),
         # last: the eviction deletes the pod
         ("POST", f"/api/v1/namespaces/{ns}/pods/p/eviction", eviction, 201),
     ]) == []

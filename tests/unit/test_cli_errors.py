@@ -166,8 +166,10 @@ def test_the_agent_on_a_busy_port_is_one_line_exit_1(busy_port: int) -> None:
                  "gpusteward reclaimer: argument --lease-duration: expected a whole number of "
                  "seconds >= 2, got '-5' (see gpusteward reclaimer --help)", id="lease-negative"),
     pytest.param(["reclaimer", "restore", "train"], {},
-                 "gpusteward reclaimer: expected NAMESPACE/KIND/NAME (KIND: Deployment, "
-                 "StatefulSet or Job), got 'train'", id="restore-target"),
+                 "gpusteward reclaimer: expected NAMESPACE/KIND/NAME (KIND: Job, Deployment, "
+                 "StatefulSet, ScaledObject, JobSet, TrainJob, PyTorchJob, RayCluster, RayJob, "
+                 "Notebook, InferenceService, LLMInferenceService, LeaderWorkerSet, Workload) "
+                 "or --list, got 'train'", id="restore-target"),
     pytest.param(["agent"], {},
                  "gpusteward agent: --node-name or $NODE_NAME is required (the Hostname label "
                  "must be the Kubernetes node name)", id="agent-no-node"),

@@ -15,10 +15,11 @@ import msgspec
 
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim import queue
+from gpusteward.core.reclaim import kinds, queue
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
+    RECLAIM_BLOCKED,
     Action,
     ActionKind,
     Evidence,
@@ -35,7 +36,7 @@ from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
 from gpusteward.core.reclaim.rules import judge, protections, rule_for
 from gpusteward.core.times import HOUR, parse_time, stamp
 
-GROUP_ACTIONS = {How.SUSPEND, How.SCALE}  # act on a whole workload: only when all its pods are idle
+GROUP_ACTIONS = kinds.WHOLE_OWNER  # act on a whole workload: only when all its pods are idle
 
 
 def plan(snap: Snapshot, policy: Policy) -> Plan:
@@ -62,8 +63,9 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     claimed = {a.pod.uid for a in reclaims}
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
                  if a.pod.uid not in claimed]
-    allowed, held = _limit(reclaims, snap, policy)
-    return Plan(tuple(verdicts), tuple(staged + allowed), tuple(held))
+    blocks = [a for a in reclaims if a.kind == "block"]  # an Event, nothing stopped: no limit
+    allowed, held = _limit([a for a in reclaims if a.kind == "reclaim"], snap, policy)
+    return Plan(tuple(verdicts), tuple(staged + blocks + allowed), tuple(held))
 
 
 def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy,
@@ -129,9 +131,16 @@ def _marked(pod: Pod) -> bool:
 
 
 def how_to_reclaim(owner: Owner, policy: Policy) -> How:
+    """The owner's own switch where it has one (core.reclaim.kinds), else the policy's action
+    for the built-in kinds; an owner that must not be stopped is blocked."""
+    if owner.blocked:
+        return How.BLOCK
+    if owner.how:
+        return How(owner.how)
     a = policy.reclaim.owner_actions
     return How({"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
-                "StatefulSet": a.stateful_set}.get(owner.kind, a.unknown))
+                "StatefulSet": a.stateful_set}.get(owner.kind) or a.kinds.get(
+        f"{owner.kind}.{owner.group}", a.unknown))
 
 
 def _whole_owner(owner: Owner, uid: str, ok: Mapping[str, bool]) -> bool:
@@ -148,12 +157,16 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
         how = how_to_reclaim(owner, policy)
         if how in GROUP_ACTIONS and not _whole_owner(owner, uid, dict.fromkeys(due, True)):
             continue  # partly idle workload: marks only
-        if how == How.ANNOTATE:
-            continue
+        if how == How.ANNOTATE or (how == How.BLOCK and pod.annotations.get(
+                RECLAIM_BLOCKED) == _blocked_reason(owner)):
+            continue  # annotate only; or blocked, and the pod already says why
         reason = Reason.OVER_QUOTA if uid in over else Reason.IDLE
-        out.append(Action(ActionKind.RECLAIM, pod, team(pod, snap.namespace_labels), reason,
-                          f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} "
-                          f"{owner.name}", owner, how, peers=_peers(owner, uid, how, by_uid)))
+        message = (f"GPUs idle but not reclaimed: {_blocked_reason(owner)}"
+                   if how == How.BLOCK else
+                   f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} {owner.name}")
+        out.append(Action(ActionKind.BLOCK if how == How.BLOCK else ActionKind.RECLAIM, pod,
+                          team(pod, snap.namespace_labels), reason, message, owner, how,
+                          peers=_peers(owner, uid, how, by_uid)))
     return out
 
 
@@ -166,7 +179,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
         pod = by_uid[uid]
         owner = owner_of(pod, snap)
         how = how_to_reclaim(owner, policy)
-        if idle and how != How.ANNOTATE and not owner.in_progress and (
+        if idle and how not in (How.ANNOTATE, How.BLOCK) and not owner.in_progress and (
                 how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)):
             candidates.append(queue.Candidate(pod, team(pod, snap.namespace_labels)))
     free = _free_gpus(snap)
@@ -188,6 +201,11 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                 f"(priority {pending.priority} > {v.pod.priority})", owner, how,
                 peers=_peers(owner, v.pod.uid, how, by_uid)))
     return actions
+
+
+def _blocked_reason(owner: Owner) -> str:
+    return owner.blocked or kinds.unsupported(owner.group, owner.kind) or (
+        f"no way to stop a {owner.kind} without its controller undoing it")
 
 
 def _peers(owner: Owner, uid: str, how: How, by_uid: Mapping[str, Pod]) -> tuple[Pod, ...]:

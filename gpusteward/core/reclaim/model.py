@@ -13,6 +13,8 @@ from gpusteward.core.model import Node, Pod
 IDLE_SINCE = "gpusteward.io/idle-since"
 RECLAIM_AT = "gpusteward.io/reclaim-at"
 RECLAIM_REASON = "gpusteward.io/reclaim-reason"
+RECLAIMED_AT = "gpusteward.io/reclaimed-at"  # on an owner stopped through its own switch
+RECLAIM_BLOCKED = "gpusteward.io/reclaim-blocked"  # on a due pod: why nothing was stopped
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
 
@@ -24,6 +26,7 @@ class ActionKind(StrEnum):
     WARN = "warn"  # still idle: write reclaim-at
     CLEAR = "clear"  # busy again, or protected: remove the marks
     RECLAIM = "reclaim"  # due, or claimed by the queue: act on the owner
+    BLOCK = "block"  # due, but no safe way to stop the owner: an Event says why
 
 
 class Reason(StrEnum):
@@ -37,12 +40,17 @@ class Reason(StrEnum):
 
 
 class How(StrEnum):
-    """How a reclaim acts on the owner (policy reclaim.ownerActions)."""
+    """How a reclaim acts on the owner (policy reclaim.ownerActions; core.reclaim.kinds for the
+    owners stopped through a switch of their own)."""
 
     EVICT = "evict"
-    SUSPEND = "suspend"
-    SCALE = "scale"
+    SUSPEND = "suspend"  # a boolean spec field set to true (Job, JobSet, RayCluster, ...)
+    SCALE = "scale"  # to zero replicas, the count kept in REPLICAS_BEFORE
     ANNOTATE = "annotate"  # marks and warnings only, never a reclaim
+    DEACTIVATE = "deactivate"  # Kueue Workload spec.active=false
+    STOP = "stop"  # the owner's stop annotation (Notebook, KServe)
+    PAUSE = "pause"  # the autoscaler paused at zero replicas (KEDA)
+    BLOCK = "block"  # no safe mechanism: an Event says why, nothing is stopped
 
 
 class VerdictState(StrEnum):
@@ -89,6 +97,16 @@ class Rule(msgspec.Struct, frozen=True):
     grace: float
 
 
+class Switch(msgspec.Struct, frozen=True):
+    """The object whose switch stops an owner when it is not the owner itself: a Kueue
+    Workload, a KEDA ScaledObject."""
+
+    kind: str
+    group: str
+    version: str
+    name: str
+
+
 class Owner(msgspec.Struct, frozen=True):
     """The workload a pod belongs to, resolved to the object the reclaimer acts on."""
 
@@ -99,6 +117,12 @@ class Owner(msgspec.Struct, frozen=True):
     pods: tuple[str, ...] = ()
     # Work already under way on the owner (suspended Job, scaled-down Deployment).
     in_progress: bool = False
+    group: str = ""  # API group ("" core, apps, batch, or a CRD's) and version
+    version: str = ""
+    # Its own stop mechanism (core.reclaim.kinds); "": the policy's ownerActions decide.
+    how: str = ""
+    blocked: str = ""  # why it must not be stopped at all (an HPA, an unsupported kind)
+    via: Switch | None = None
 
     @property
     def key(self) -> str:
