@@ -67,14 +67,14 @@ class ReclaimerSettings:
     policy: Policy
     mode: str
     prometheus: PrometheusConnection
+    # The ConfigMap beside the Lease that keeps the last hour's reclaims (``ledger_name``);
+    # None keeps them in this process only (tests that do not need them to outlive it).
+    ledger: str | None
     once: bool = False
     metrics_listen: tuple[str, int] = ("0.0.0.0", 8080)
     lease_namespace: str = "default"  # the Lease's, and the ledger's
     lease_name: str = "gpusteward-reclaimer"
     lease_duration: int = 15
-    # The ConfigMap beside the Lease that keeps the last hour's reclaims; None keeps them in
-    # this process only (tests that do not need them to outlive it).
-    ledger: str | None = "gpusteward-reclaimer-reclaims"
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -91,10 +91,10 @@ class ReclaimerSettings:
                                 "without telemetry")
         return cls(
             policy=policy, mode=args.mode or policy.reclaim.mode, prometheus=prometheus,
-            once=args.once, metrics_listen=args.metrics_listen,
+            ledger=ledger_name(args.lease_name), once=args.once,
+            metrics_listen=args.metrics_listen,
             lease_namespace=args.lease_namespace or default_namespace(env),
             lease_name=args.lease_name, lease_duration=args.lease_duration,
-            ledger=ledger_name(args.lease_name),
             kubeconfig=args.kubeconfig, context=args.context)
 
 
