@@ -70,14 +70,14 @@ class ReclaimerSettings:
     policy: Policy
     mode: ReclaimMode
     prometheus: PrometheusConnection
+    # The ConfigMap beside the Lease that keeps the last hour's reclaims (``ledger_name``);
+    # None keeps them in this process only (tests that do not need them to outlive it).
+    ledger: str | None
     once: bool = False
     metrics_listen: tuple[str, int] = ("0.0.0.0", 8080)
     lease_namespace: str = "default"  # the Lease's, and the ledger's
     lease_name: str = "gpusteward-reclaimer"
     lease_duration: int = 15
-    # The ConfigMap beside the Lease that keeps the last hour's reclaims; None keeps them in
-    # this process only (tests that do not need them to outlive it).
-    ledger: str | None = "gpusteward-reclaimer-reclaims"
     kubeconfig: str | None = None
     context: str | None = None
     dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
