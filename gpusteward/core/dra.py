@@ -282,6 +282,11 @@ class DraFleet:
         resources = {n: c for n, c in resources.items() if c}
         return msgspec.structs.replace(base, gpus=sum(resources.values()), resources=resources)
 
+    def claims_unseen(self, pod_uid: str, templates: int) -> bool:
+        """Fewer claims seen for the pod than it has ResourceClaimTemplates (each makes one
+        claim the pod controls; a claim it names directly is linked only once reserved)."""
+        return len(self._of_pod.get(pod_uid, ())) < templates
+
     def devices_of(self, pod_uid: str) -> list[DraDevice]:
         """The known devices allocated to a pod's claims (telemetry joins by their UUIDs)."""
         return [d for c in self._of_pod.get(pod_uid, ()) for _, pool, name in c.devices

@@ -51,6 +51,8 @@ class Demand(msgspec.Struct, frozen=True):
     class_name: str
     # (resource name, count) behind `gpus`, sorted; empty: not known, `gpus` alone is checked.
     resources: tuple[tuple[str, int], ...] = ()
+    # DRA: claims made from the pod's templates that the watch has not shown yet (core/dra.py).
+    claims_unseen: bool = False
 
 
 class ClassRule(msgspec.Struct, frozen=True):
@@ -69,6 +71,8 @@ PASS = Verdict(ok=True)
 
 
 def filter_node(state: NodeState, demand: Demand) -> Verdict:
+    if demand.claims_unseen:  # the scheduler waits for them too; it retries the pod
+        return Verdict(False, True, "its ResourceClaims are not in gpusteward's watch yet")
     if demand.gpus == 0:
         return PASS  # not a GPU pod: not ours to judge
     node = state.node

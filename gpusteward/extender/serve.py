@@ -56,7 +56,7 @@ async def _serve(policy: Policy, args: argparse.Namespace,
                  stack: contextlib.AsyncExitStack) -> int:
     fleet = FleetStore()
     dra = DraFleet(fleet, args.dra_driver)
-    view = PlacementView(policy, fleet)
+    view = PlacementView(policy, fleet, dra=dra)
     telemetry = evidence = None
     if prometheus:
         telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health,
