@@ -282,6 +282,16 @@ class DraFleet:
         resources = {n: c for n, c in resources.items() if c}
         return msgspec.structs.replace(base, gpus=sum(resources.values()), resources=resources)
 
+    def claim_names(self) -> dict[str, str]:
+        """Pod key -> the name of a claim that was allocated GPUs for it."""
+        return {p.key: c.key.split("/", 1)[1] for uid, claims in self._of_pod.items()
+                if (p := self.base_pods.get(uid)) is not None for c in claims if c.devices}
+
+    def claims_unseen(self, pod_uid: str, templates: int) -> bool:
+        """Fewer claims seen for the pod than it has ResourceClaimTemplates (each makes one
+        claim the pod controls; a claim it names directly is linked only once reserved)."""
+        return len(self._of_pod.get(pod_uid, ())) < templates
+
     def devices_of(self, pod_uid: str) -> list[DraDevice]:
         """The known devices allocated to a pod's claims (telemetry joins by their UUIDs)."""
         return [d for c in self._of_pod.get(pod_uid, ()) for _, pool, name in c.devices

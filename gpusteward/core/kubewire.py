@@ -36,8 +36,9 @@ class Container(msgspec.Struct):
     resources: Resources | None = None
 
 
-class PodClaim(msgspec.Struct):
+class PodClaim(msgspec.Struct, rename="camel"):
     name: str = ""
+    resource_claim_template_name: str | None = None
 
 
 class PodSpec(msgspec.Struct, rename="camel"):

@@ -56,7 +56,7 @@ def build_extender(settings: ExtenderSettings, api: client.ApiClient) -> Extende
     policy, prometheus = settings.policy, settings.prometheus
     fleet = FleetStore()
     dra = DraFleet(fleet, settings.dra_driver)
-    view = PlacementView(policy, fleet)
+    view = PlacementView(policy, fleet, dra=dra)
     telemetry = evidence = None
     if prometheus:
         telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health,

@@ -272,8 +272,10 @@ async def _main(args: argparse.Namespace) -> None:
     if args.hosts_dir:
         hosts = GpuHosts(Path(args.hosts_dir))
 
-        def model() -> list[SimGpu]:  # the NVML agent reads whole GPUs, not MIG instances
-            return [g for g in simulate(fleet, assigner, time.time(), dra=dra) if g.mig is None]
+        def model() -> tuple[list[SimGpu], dict[str, str]]:
+            # The NVML agent reads whole GPUs, not MIG instances; a DRA pod's are its claim's.
+            gpus = [g for g in simulate(fleet, assigner, time.time(), dra=dra) if g.mig is None]
+            return gpus, dra.claim_names()
 
         tasks.append(asyncio.create_task(hosts.run(model, args.hosts_tick)))
     host, port = parse_hostport(args.listen)

@@ -51,7 +51,8 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         ("", "configmaps", "create", "*"),
         ("", "configmaps", "get", "gpusteward-reclaimer-reclaims"),
         ("", "configmaps", "patch", "gpusteward-reclaimer-reclaims")},
-    "gpusteward-agent": {("", "pods", "list", "*")},
+    "gpusteward-agent": {("", "pods", "list", "*"),
+                         ("resource.k8s.io", "resourceslices", "list", "*")},
     "gpusteward-scheduler-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-scheduler"),
@@ -233,11 +234,14 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
     assert client.call("PUT", f"{LEASES}/gpusteward-reclaimer", current)[0] == 200
 
 
-def test_the_agent_service_account_can_list_pods_and_nothing_more(
+def test_the_agent_service_account_can_list_pods_and_slices_and_nothing_more(
         admin: KubeHTTP, workloads: str) -> None:
     client = ServiceAccountClient(admin, "gpusteward-agent")
     assert _check(client, [
         ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-1&limit=500", None, 200),
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dgpu-1"
+                "&limit=500", None, 200),
+        ("GET", "/apis/resource.k8s.io/v1/resourceclaims?limit=1", None, 403),
         ("GET", f"/api/v1/namespaces/{workloads}/pods/p", None, 403),
         ("GET", "/api/v1/pods?watch=1&timeoutSeconds=1", None, 403),
         ("GET", "/api/v1/nodes?limit=1", None, 403),

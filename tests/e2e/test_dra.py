@@ -137,8 +137,10 @@ def test_claim_template_pods_land_on_the_cards_they_accept(sandbox, ns, dra_pool
 
 
 def test_spread_class_prefers_the_cooler_dra_node(sandbox, ns, dra_pool):
+    # Half of each node's GPUs loaded (as in the device-plugin scenario): a clear difference
+    # in mean load, the same packing.
     for node, util in (("h200-dra-0", "95"), ("h200-dra-1", "5")):
-        ns.create_pod(gpu_pod(f"load-{node}", 1, node=node, util=util))
+        ns.create_pod(gpu_pod(f"load-{node}", 2, node=node, util=util))
     for node in H200S:
         ns.running(f"load-{node}")
     wait_for_gpu_samples(sandbox.prometheus_url, ns.name, [f"load-{n}" for n in sorted(H200S)])

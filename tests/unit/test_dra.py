@@ -29,7 +29,11 @@ from gpusteward.core.dra import (
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WirePod, to_pod
 from gpusteward.core.model import Node, Pod
+from gpusteward.core.nodestate import NodeState
+from gpusteward.core.policy import parse_policy
+from gpusteward.core.scoring import filter_node
 from gpusteward.core.sharing import node_physical_gpus
+from gpusteward.extender.view import PlacementView
 
 DRIVER = "gpu.nvidia.com"
 
@@ -240,3 +244,23 @@ def test_a_slice_event_updates_only_what_it_touches():
         slice_of("dra-0", [gpu(i) for i in range(3)]), DRIVER))
     assert (dra.devices_of("uid-1"), store.pods["uid-1"].gpus, store.nodes["dra-0"].gpus) == (
         [], 1, 3)
+
+
+def test_the_extender_waits_for_a_pods_template_claims_then_asks_what_they_ask():
+    store, dra = joined()
+    view = PlacementView(parse_policy({}), store, dra=dra)
+    wire = msgspec.convert({"metadata": {"name": "p", "namespace": "ml", "uid": "uid-1"},
+                            "spec": {"resourceClaims": [{"name": "gpu",
+                                                         "resourceClaimTemplateName": "t"}],
+                                     "containers": [{"name": "main"}]}}, WirePod)
+    dra.upsert_pod(to_pod(wire, ["nvidia.com/gpu"]))
+    state = NodeState(store.nodes["dra-0"], None, 0, None, None)
+    waiting = view.demand_of(wire)
+    assert waiting.claims_unseen
+    assert filter_node(state, waiting).reason == (
+        "its ResourceClaims are not in gpusteward's watch yet")
+    dra.set_claim("ml/p-gpu-x", to_claim(claim("p-gpu-x", "uid-1", 2), DRIVER))
+    demand = view.demand_of(wire)
+    assert (demand.claims_unseen, demand.gpus, demand.resources) == (
+        False, 2, (("nvidia.com/gpu", 2),))
+    assert filter_node(state, demand).ok
