@@ -132,12 +132,17 @@ def _best_tier(nodes: list[str], every: int, some: int, vetoed: tuple[str, ...])
     if not best:
         return Choice(tuple(nodes), BUSY, vetoed)
     keep = flags(best, len(nodes))
-    left_out = flags(best ^ packed(repeat(1, len(nodes))), len(nodes))
+    left_out = flags(best ^ _everyone(len(nodes)), len(nodes))
     return Choice(tuple(compress(nodes, keep)), tier, vetoed, tuple(compress(nodes, left_out)))
 
 
 def _worst_tier(every: int, some: int, count: int) -> str:
-    everyone = packed(repeat(1, count))
+    everyone = _everyone(count)
     if every | some != everyone:
         return BUSY
     return IDLE if every & some == everyone else PARTLY_IDLE
+
+
+def _everyone(count: int) -> int:
+    """The flag set for each of count nodes."""
+    return int.from_bytes(b"\x01" * count, "big")

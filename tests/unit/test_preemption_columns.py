@@ -84,14 +84,14 @@ POLICIES = {
 
 def random_request(rng: random.Random) -> tuple[bytes, set[str], dict[str, str]]:
     """A request body, the idle UIDs and every judged pod's class."""
-    same_size = rng.random() < 0.5
+    same_size = rng.choice([None, 1, 2, 3, 4])  # as many victims on every node: packed slices
     pdb = rng.choice([0, 0, 1, None])
     uids = [f"uid-{i}" for i in range(rng.randint(1, 120))]
     idle = {u for u in uids if rng.random() < rng.choice([0.0, 0.3, 0.6, 1.0])}
     classes = {u: rng.choice(CLASSES) for u in uids}
     victims = {}
     for i in range(rng.randint(0, 40)):
-        pods = rng.sample(uids, min(len(uids), 2 if same_size else rng.randint(1, 4)))
+        pods = rng.sample(uids, min(len(uids), same_size or rng.randint(1, 4)))
         if rng.random() < 0.05:  # a victim listed twice, and one gpusteward does not know
             pods = [pods[0], *pods]
         if rng.random() < 0.1:
