@@ -115,7 +115,8 @@ class VictimBook:
 
     def rebuild(self, pods: Iterable[Pod], evidence: EvidenceByWindow) -> None:
         rules: dict[tuple[str, str], Rule] = {}  # rule_for depends on class and PriorityClass
-        idle, classes = set(), {}
+        idle: list[tuple[str, str]] = []  # (node, uid)
+        classes = {}
         for pod in pods:
             if pod.node is None:
                 continue
@@ -126,8 +127,8 @@ class VictimBook:
                 rule = rules[(cls, pod.priority_class)] = rule_for(pod, self.policy)
             state, _ = judge(evidence.get(rule.window, {}).get(pod.key), rule, pod.gpus)
             if state == "idle":
-                idle.add(pod.uid)
-        self.idle, self.classes, self._shielded = idle, classes, {}
+                idle.append((pod.node, pod.uid))
+        self.idle, self.classes, self._shielded = _laid_out(idle), classes, {}
 
     def idle_flags(self, pods: list[list[MetaPod]], victims: list[int]) -> tuple[int, int]:
         """Per candidate node, whether all and whether some of its victims are idle, packed as
@@ -166,6 +167,15 @@ class VictimBook:
             return class_of(pod.metadata.labels or {}, pod.metadata.annotations or {},
                             self.policy.default_class)
         return None
+
+
+def _laid_out(idle: list[tuple[str, str]]) -> set[str]:
+    """The idle UIDs as new strings allocated one after the other in the order requests read
+    them: kube-scheduler's JSON lists candidate nodes sorted by name (Go sorts map keys) and a
+    node's victims are its own pods. Every lookup that finds a UID compares it with the stored
+    string; stored where the watch happened to decode each pod, those reads missed the cache
+    (5,000 candidates: CPU p50 0.91 of the scattered layout, ab_preempt.py)."""
+    return {uid.encode().decode() for _, uid in sorted(idle)}
 
 
 class EvidenceSource(Protocol):
