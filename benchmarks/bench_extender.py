@@ -256,6 +256,7 @@ def start(kind: str, n: int) -> tuple[subprocess.Popen, int]:
 
 def run(nodes: list[int], count: int, verbs: list[str]) -> dict:
     results = []
+    load_at_start = os.getloadavg()[0]
     for n in nodes:
         view = make_view(n)
         if "preempt" in verbs:
@@ -270,7 +271,9 @@ def run(nodes: list[int], count: int, verbs: list[str]) -> dict:
             results += placement_rows(n, view, count, placement)
     return {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join(sys.argv), "results": results}
+            "command": " ".join(sys.argv), "results": results,
+            # 1-minute load average: other work on the same cores slows the CPU time too
+            "load": [load_at_start, os.getloadavg()[0]]}
 
 
 def placement_rows(n: int, view: PlacementView, count: int, verbs: list[str]) -> list[dict]:

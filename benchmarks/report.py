@@ -159,10 +159,12 @@ def fleetview_section(fv: dict) -> list[str]:
 def preempt_section(pre: dict) -> list[str]:
     """The preempt-only run (``--verbs preempt``): wall and CPU time beside each other, since
     it ran beside other work on the shared cores."""
+    load = (f" Load average {pre['load'][0]:.1f} at the start, {pre['load'][1]:.1f} at the end "
+            "(other work on the same cores)." if "load" in pre else "")
     lines = [f"### Preempt verb (`python {pre['command']}`)", "",
-             f"Machine: {pre['machine']}, Python {pre['python']}, {pre['date']}. Every node a "
-             "candidate proposing two victims (a third of all pods idle); server-side = decode + "
-             "answer in-process.", "",
+             f"Machine: {pre['machine']}, Python {pre['python']}, {pre['date']}.{load} Every node "
+             "a candidate proposing two victims (a third of all pods idle); server-side = decode "
+             "+ answer in-process.", "",
              "| candidates | mode | body MB | server p50 ms | server p99 ms | CPU p50 ms | "
              "CPU p99 ms |", "|---|---|---|---|---|---|---|"]
     for r in pre["results"]:
