@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -115,6 +115,17 @@ def hostport(text: str) -> tuple[str, int]:
         return parse_hostport(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def whole_number(least: int, unit: str = "") -> Callable[[str], int]:
+    """A flag type: plain digits (no sign, no spaces) making at least ``least``."""
+    what = f"a whole number of {unit}" if unit else "a whole number"
+
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or int(text) < least:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {least}, got {text!r}")
+        return int(text)
+    return parse
 
 
 def add_kube_flags(parser: argparse.ArgumentParser) -> None:

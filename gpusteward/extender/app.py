@@ -96,7 +96,7 @@ EXTENDER = web.AppKey("extender", Extender)
 
 
 @dataclass(frozen=True)
-class Limits:
+class RequestLimits:
     """What one request may cost (docs/operations.md, "Extender request limits").
 
     max_body_bytes: the largest body read at all; body_budget_bytes: bodies buffered at once
@@ -108,7 +108,7 @@ class Limits:
     read_timeout: float = 10.0
 
 
-LIMITS = web.AppKey("limits", Limits)
+LIMITS = web.AppKey("limits", RequestLimits)
 VERBS = ("filter", "prioritize", "preempt")
 # aiohttp would inflate a gzip body inside the event loop, also to drain one we refused; idle
 # keep-alive connections are closed after a minute (aiohttp's default is an hour).
@@ -116,8 +116,8 @@ SERVER_OPTIONS = {"auto_decompress": False, "keepalive_timeout": 60.0}
 
 
 def create_app(extender: Extender, *, max_body_bytes: int = 32 << 20,
-               limits: Limits | None = None) -> web.Application:
-    limits = limits or Limits(max_body_bytes=max_body_bytes,
+               limits: RequestLimits | None = None) -> web.Application:
+    limits = limits or RequestLimits(max_body_bytes=max_body_bytes,
                               body_budget_bytes=max(3 * max_body_bytes, 8 << 20))
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_counted],
                           handler_args=SERVER_OPTIONS)

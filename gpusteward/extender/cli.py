@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gpusteward.adapters.connectflags import add_connection_flags, hostport, prometheus_connection
+from gpusteward.adapters.connectflags import (
+    add_connection_flags,
+    hostport,
+    prometheus_connection,
+    whole_number,
+)
 from gpusteward.core.policy import Policy, load_policy
 
 if TYPE_CHECKING:
@@ -22,18 +27,12 @@ if TYPE_CHECKING:
 __all__ = ["ExtenderSettings", "TlsFiles", "add_extender_parser", "run_extender"]
 
 
-def _positive_mb(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of MiB, got {text!r}")
-    return int(text)
-
-
 def add_extender_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("extender", help="serve the kube-scheduler HTTP extender")
     p.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file")
     p.add_argument("--listen", type=hostport, default="0.0.0.0:8888", metavar="HOST:PORT",
                    help="address the scheduler calls")
-    p.add_argument("--max-body-mb", type=_positive_mb, default=32,
+    p.add_argument("--max-body-mb", type=whole_number(1, "MiB"), default=32,
                    help="largest request body accepted (full-node mode sends whole Nodes; "
                    "docs/operations.md sizes it from the fleet)")
     p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")

@@ -60,6 +60,7 @@ def filter_reply(view: PlacementView, args: wire.ExtenderArgs) -> Reply:
     lists: tuple[list[bytes], list[bytes], list[bytes]] = ([], [], [])  # by FilterOutcome
     passed, failed, unresolvable = lists
     unknown = 0
+    names_only = args.NodeNames is not None
     if args.NodeNames is not None:  # the hot path: lookups and appends
         get = table.by_node.get
         for name in args.NodeNames:
@@ -69,19 +70,18 @@ def filter_reply(view: PlacementView, args: wire.ExtenderArgs) -> Reply:
                 failed.append(_not_cached(name))
             else:
                 lists[f.outcome].append(f.entry)
-        body = wire.filter_result(node_names=passed, nodes=None, failed=failed,
-                                  unresolvable=unresolvable)
-        return Reply(body, unknown)
-    for name, frags, raw in _by_name(view, table, args):
-        if frags is None:
-            unknown += 1
-            failed.append(_not_cached(name))
-        elif frags.outcome == FilterOutcome.PASSED:
-            assert raw is not None  # full-node mode: every node arrives whole
-            passed.append(bytes(raw))
-        else:
-            lists[frags.outcome].append(frags.failure)
-    body = wire.filter_result(node_names=None, nodes=passed, failed=failed,
+    else:
+        for name, frags, raw in _by_name(view, table, args):
+            if frags is None:
+                unknown += 1
+                failed.append(_not_cached(name))
+            elif frags.outcome == FilterOutcome.PASSED:
+                assert raw is not None  # full-node mode: every node arrives whole
+                passed.append(bytes(raw))
+            else:
+                lists[frags.outcome].append(frags.failure)
+    body = wire.filter_result(node_names=passed if names_only else None,
+                              nodes=None if names_only else passed, failed=failed,
                               unresolvable=unresolvable)
     return Reply(body, unknown)
 

@@ -25,7 +25,7 @@ from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
-from gpusteward.extender.app import Extender, Limits, create_app, create_metrics_app
+from gpusteward.extender.app import Extender, RequestLimits, create_app, create_metrics_app
 from gpusteward.extender.cli import ExtenderSettings
 from gpusteward.extender.guard import ConnectionGuard
 from gpusteward.extender.view import PlacementView
@@ -75,8 +75,8 @@ def build_extender(settings: ExtenderSettings, api: client.ApiClient) -> Extende
 async def _serve(settings: ExtenderSettings, extender: Extender, tls: ssl.SSLContext | None,
                  stack: contextlib.AsyncExitStack) -> int:
     max_body = settings.max_body_bytes
-    app = create_app(extender, limits=Limits(max_body_bytes=max_body,
-                                             body_budget_bytes=3 * max_body))
+    app = create_app(extender, limits=RequestLimits(max_body_bytes=max_body,
+                                                    body_budget_bytes=3 * max_body))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     stack.push_async_callback(runner.cleanup)

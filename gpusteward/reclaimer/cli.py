@@ -19,6 +19,7 @@ from gpusteward.adapters.connectflags import (
     add_kube_flags,
     hostport,
     prometheus_connection,
+    whole_number,
 )
 from gpusteward.adapters.errors import SettingsError
 from gpusteward.core.policy import Policy, ReclaimMode, load_policy
@@ -29,13 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser", "run_reclaimer"]
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-def _lease_seconds(text: str) -> int:
-    # client-go's rule: the renew deadline (2/3 of it) must exceed 1.2 retry periods (>= 1 s)
-    if not text.isdigit() or int(text) < 2:
-        raise argparse.ArgumentTypeError(f"expected a whole number of seconds >= 2, got {text!r}")
-    return int(text)
 
 
 def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -52,7 +46,9 @@ def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--lease-name", default="gpusteward-reclaimer",
                    help="the leader-election Lease (its ConfigMap <name>-reclaims keeps the "
                         "last hour's reclaims)")
-    p.add_argument("--lease-duration", type=_lease_seconds, default=15, metavar="SECONDS",
+    # client-go's rule: the renew deadline (2/3 of it) must exceed 1.2 retry periods (>= 1 s)
+    p.add_argument("--lease-duration", type=whole_number(2, "seconds"), default=15,
+                   metavar="SECONDS",
                    help="a standby takes over this long after the leader stops renewing")
     add_connection_flags(p)
     sub = p.add_subparsers(dest="reclaimer_command")

@@ -25,6 +25,7 @@ from gpusteward.core.reclaim.model import (
     ActionKind,
     ActResult,
     PastAction,
+    PastState,
     Plan,
     Snapshot,
     Verdict,
@@ -184,7 +185,7 @@ class Reclaimer:
         await self._fenced()
         if action.kind != ActionKind.RECLAIM:
             return await self.writer.apply(action)
-        intent = PastAction(self.clock(), action.team, action.pod.key, "intent")
+        intent = PastAction(self.clock(), action.team, action.pod.key, PastState.INTENT)
         await self._record(intent)
         result = await self.writer.apply(action)
         self._settle(intent, result)

@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from gpusteward.adapters.connectflags import add_connection_flags, prometheus_connection
+from gpusteward.adapters.connectflags import (
+    add_connection_flags,
+    prometheus_connection,
+    whole_number,
+)
 from gpusteward.adapters.errors import SettingsError
 from gpusteward.core.policy import Policy, load_policy, parse_policy
 from gpusteward.core.report.model import DIMENSIONS
@@ -49,16 +53,6 @@ def _duration(text: str) -> float:
     return float(int(seconds))
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
 def _currency(text: str) -> str:
     if not 0 < len(text.strip()) <= 8:
         raise argparse.ArgumentTypeError(f"expected a symbol or code of 1 to 8 characters, "
@@ -80,7 +74,7 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                    help="what is written to stdout")
     p.add_argument("--html", type=Path, metavar="FILE",
                    help="also write a self-contained HTML report with charts")
-    p.add_argument("--top", type=_count, default=10, metavar="N",
+    p.add_argument("--top", type=whole_number(0), default=10, metavar="N",
                    help="how many idle pods to list")
     p.add_argument("--cluster-name", default="", metavar="NAME",
                    help="the cluster the report is about, in its title (default: none)")

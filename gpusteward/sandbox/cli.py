@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def _replicas(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return int(text)
+from gpusteward.adapters.connectflags import whole_number
 
 
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,7 +14,7 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     up.add_argument("--fleet", help="fleet YAML file (default: a mixed H100/A100/L4 fleet)")
     up.add_argument("--with-extender", action="store_true",
                     help="run the extender behind the real kube-scheduler")
-    up.add_argument("--extender-replicas", type=_replicas, default=1, metavar="N",
+    up.add_argument("--extender-replicas", type=whole_number(1), default=1, metavar="N",
                     help="run N extender processes behind one loopback address with ClientIP "
                          "affinity, as a Service with sessionAffinity reaches them (default 1)")
     up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")

@@ -135,8 +135,8 @@ def test_the_agent_on_a_busy_port_is_one_line_exit_1(busy_port: int) -> None:
                  "gpusteward extender: argument --listen: expected HOST:PORT, got '8888' "
                  "(see gpusteward extender --help)", id="listen-no-colon"),
     pytest.param(["extender", "--policy", POLICY, "--max-body-mb", "0"], {},
-                 "gpusteward extender: argument --max-body-mb: expected a positive number of "
-                 "MiB, got '0' (see gpusteward extender --help)", id="max-body-zero"),
+                 "gpusteward extender: argument --max-body-mb: expected a whole number of "
+                 "MiB >= 1, got '0' (see gpusteward extender --help)", id="max-body-zero"),
     pytest.param(["reclaimer", "--log-format", "xml"], {},
                  "gpusteward reclaimer: argument --log-format: invalid choice: 'xml' (choose "
                  "from 'text', 'json') (see gpusteward reclaimer --help)", id="log-format"),

@@ -183,7 +183,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                 how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)):
             candidates.append(queue.Candidate(pod, team(pod, snap.namespace_labels)))
     free = _free_gpus(snap)
-    victims = queue.Victims(candidates)
+    victims = queue.VictimPool(candidates)
     actions: list[Action] = []
     for pending in queue.waiting(snap.pods, snap.now, float(policy.queue.min_wait)):
         c = queue.claim(pending, snap.nodes, free, victims, teams,

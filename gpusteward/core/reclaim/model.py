@@ -129,14 +129,33 @@ class Owner(msgspec.Struct, frozen=True):
         return f"{self.namespace}/{self.kind}/{self.name}"
 
 
+class PastState(StrEnum):
+    """Where a recorded reclaim stands (the ledger ConfigMap's ``state`` words). Both count
+    against the limits alike; a word this version does not know (a newer reclaimer wrote it,
+    or a hand edit) is no error either: it reads as itself, counts like the others, and is
+    written back unchanged."""
+
+    INTENT = "intent"  # recorded before acting, not yet known to be done
+    DONE = "done"
+
+    @classmethod
+    def _missing_(cls, value: object) -> PastState | None:
+        if not isinstance(value, str):
+            return None
+        unknown = str.__new__(cls, value)  # a stand-in that is no member
+        unknown._name_ = None  # type: ignore[assignment]  # no member name
+        unknown._value_ = value
+        return unknown
+
+
 class PastAction(msgspec.Struct, frozen=True):
-    """A reclaim of the last hour. ``intent``: recorded before acting and not yet known to be
-    done; it counts against the limits like a done one (the actor may have died mid-way)."""
+    """A reclaim of the last hour. An intent counts against the limits like a done one (the
+    actor may have died mid-way)."""
 
     at: float
     team: str
     pod: str = ""  # namespace/name
-    state: str = "done"  # intent | done
+    state: PastState = PastState.DONE
 
 
 class Snapshot(msgspec.Struct, frozen=True):
