@@ -27,7 +27,14 @@ from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Evidence, Owner, PastAction, Snapshot
+from gpusteward.core.reclaim.model import (
+    REPLICAS_BEFORE,
+    SNOOZE_UNTIL,
+    Evidence,
+    Owner,
+    PastAction,
+    Snapshot,
+)
 from gpusteward.core.reclaim.rules import peak_of, windows
 
 
@@ -227,7 +234,8 @@ def resolve_owners(pods: Iterable[Pod], owned: Mapping[str, list[Workload]]) -> 
     members: dict[tuple[str, str, str], list[str]] = {}
     for uid, (kind, _, ns, name) in top.items():
         members.setdefault((kind, ns, name), []).append(uid)
-    return {uid: Owner(kind, ns, name, tuple(members[(kind, ns, name)]), _in_progress(kind, obj))
+    return {uid: Owner(kind, ns, name, tuple(members[(kind, ns, name)]), _in_progress(kind, obj),
+                       None if obj is None else (obj.metadata.annotations or {}).get(SNOOZE_UNTIL))
             for uid, (kind, obj, ns, name) in top.items()}
 
 

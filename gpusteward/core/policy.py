@@ -99,6 +99,16 @@ class IdleRule(Config, frozen=True):
     grace: Wait | None = None
 
 
+class SnoozeCaps(Config, frozen=True):
+    """How far a workload's owner may postpone reclaim (core/reclaim/snooze.py). Unset fields
+    inherit: reclaim.snooze, then the pod's class, then its team (the last one set wins)."""
+
+    # The longest snooze, counted from when the reclaimer first sees it; 0: no snoozing.
+    max_duration: Annotated[Duration, Between(0, 7 * DAY)] | None = None
+    # Snoozes one workload may start in any 7 days.
+    max_per_week: Count | None = None
+
+
 class WorkloadClass(Config, frozen=True):
     # Tiers in order of preference, used when a pod names no card types of its own.
     preferred_tiers: list[Name] = msgspec.field(default_factory=list)
@@ -107,6 +117,7 @@ class WorkloadClass(Config, frozen=True):
     idle: IdleRule = _factory(IdleRule)
     # Caps the eviction grace of this class's pods (else their own grace is the floor).
     eviction_grace_cap: Wait | None = None
+    snooze: SnoozeCaps = _factory(SnoozeCaps)
 
 
 def _default_classes() -> dict[str, WorkloadClass]:
@@ -171,11 +182,14 @@ class Reclaim(Config, frozen=True):
     allow_opt_out: bool = True
     # Eviction grace period handed to the pod; never zero.
     eviction_grace: Wait = Duration(30)
+    snooze: SnoozeCaps = msgspec.field(
+        default_factory=lambda: SnoozeCaps(max_duration=Duration(8 * HOUR), max_per_week=3))
 
 
 class Team(Config, frozen=True):
     quota_gpus: Count | None = None
     quota_by_tier: dict[str, Count] = msgspec.field(default_factory=dict)
+    snooze: SnoozeCaps = _factory(SnoozeCaps)
 
 
 class Queue(Config, frozen=True):
@@ -289,6 +303,10 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
         if getattr(p.reclaim.idle, f.name) is None:
             yield FieldError(("reclaim", "idle", f.encode_name),
                              "must be set: classes and PriorityClasses inherit it from here")
+    for f in msgspec.structs.fields(SnoozeCaps):
+        if getattr(p.reclaim.snooze, f.name) is None:
+            yield FieldError(("reclaim", "snooze", f.encode_name),
+                             "must be set: classes and teams inherit it from here")
     if p.telemetry.stale_after < p.telemetry.refresh:
         yield FieldError(("telemetry", "staleAfter"), "must be at least telemetry.refresh")
 

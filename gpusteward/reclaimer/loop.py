@@ -24,6 +24,7 @@ from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot, Verdict
 from gpusteward.core.times import HOUR
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
+from gpusteward.reclaimer.snoozes import SnoozeBook
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -104,6 +105,7 @@ class Reclaimer:
     _ledger_read: bool = False
     _ledger_behind: bool = False
     decisions: DecisionLog = field(default_factory=DecisionLog)
+    snoozes: SnoozeBook = field(default_factory=SnoozeBook)
 
     @property
     def decision_ttl(self) -> float:
@@ -113,6 +115,7 @@ class Reclaimer:
     def reread_ledger(self) -> None:
         """On taking the Lease: another replica may have reclaimed since this one last led."""
         self._ledger_read = False
+        self.snoozes.loaded = self.snoozes.store is None
 
     async def cycle(self) -> Plan:
         started = time.perf_counter()
@@ -124,9 +127,12 @@ class Reclaimer:
             self._ledger_behind = any(a.at > self.clock() for a in loaded)
             self._ledger_read = True
         snap = await self.reader.read(self.recent)
+        snap = msgspec.structs.replace(snap, snoozes=await self.snoozes.current())
         decided = plan(snap, self.policy)
         logged = audit(decided, snap, self.decisions)
         results = await self._act_all(decided.actions, snap.now)
+        await self.snoozes.settle(decided.snoozes, snap.now, self.mode != "observe",
+                                  self._fenced)
         await self._write_ledger()
         self.metrics.observe(snap, decided, float(self.policy.reclaim.interval))
         elapsed = time.perf_counter() - started

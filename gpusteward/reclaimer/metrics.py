@@ -74,7 +74,8 @@ class ReclaimerMetrics:
                 gpus[(v.team, card, v.state)] = gpus.get((v.team, card, v.state), 0.0) + held
             if v.state == "idle":
                 self.idle_seconds.labels(v.team).inc(held * interval)
-            stages["warned" if v.state == "idle" and RECLAIM_AT in pod.annotations
+            stages["snoozed" if v.snoozed_until is not None else
+                   "warned" if v.state == "idle" and RECLAIM_AT in pod.annotations
                    else v.state] += 1
         self.gpus.clear()
         for (owner, card, state), n in gpus.items():

@@ -22,10 +22,13 @@ from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
 from gpusteward.adapters.restore import Restorer
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim.model import SnoozeRecord
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.reclaimer.snoozes import SnoozeBook
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -55,7 +58,10 @@ async def serve(policy: Policy, args: argparse.Namespace,
                           SnapshotReader(api, source, policy),
                           Actor(api, policy),
                           ledger=ConfigMapLedger(api, args.lease_namespace,
-                                                 ledger_name(args.lease_name)))
+                                                 ledger_name(args.lease_name)),
+                          snoozes=SnoozeBook(ConfigMapRecords(
+                              api, args.lease_namespace, f"{args.lease_name}-snoozes",
+                              SnoozeRecord), ObjectEvents(api)))
     log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
              float(policy.reclaim.interval), prometheus.describe())
     try:

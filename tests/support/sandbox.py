@@ -19,9 +19,12 @@ from kubernetes_asyncio import config as kconfig
 from gpusteward.adapters.actor import Actor
 from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy, load_policy
+from gpusteward.core.reclaim.model import SnoozeRecord
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.reclaimer.snoozes import SnoozeBook
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import KubeHTTP
 from tests.e2e.kube import Namespace
@@ -79,14 +82,15 @@ MakeReclaimer = Callable[..., Awaitable[Reclaimer]]
 
 @pytest.fixture
 async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
-    """reclaimer(mode, box=sandbox, policy=None, ledger=None, prometheus_url=None) -> a Reclaimer
-    wired to a sandbox through the real adapters (``ledger``: a ConfigMap in kube-system;
-    ``prometheus_url``: another Prometheus than the sandbox's); each test steps its cycles
-    itself."""
+    """reclaimer(mode, box=sandbox, policy=None, ledger=None, prometheus_url=None, snoozes=None)
+    -> a Reclaimer wired to a sandbox through the real adapters (``ledger``, ``snoozes``:
+    ConfigMaps in kube-system, else the records live in memory; ``prometheus_url``: another
+    Prometheus than the sandbox's); each test steps its cycles itself."""
     clients = []
 
     async def make(mode: str = "enforce", box: Sandbox = sandbox, policy: Policy | None = None,
-                   ledger: str | None = None, prometheus_url: str | None = None) -> Reclaimer:
+                   ledger: str | None = None, prometheus_url: str | None = None,
+                   snoozes: str | None = None) -> Reclaimer:
         policy = policy or load_policy(box.cfg.policy)
         api = await kconfig.new_client_from_config(config_file=str(box.kubeconfig))
         clients.append(api)
@@ -94,7 +98,10 @@ async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
                                   policy.health, attempts=1)
         return Reclaimer(policy, mode, SnapshotReader(api, source, policy),
                          Actor(api, policy),
-                         ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None)
+                         ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None,
+                         snoozes=SnoozeBook(ConfigMapRecords(api, "kube-system", snoozes,
+                                                             SnoozeRecord) if snoozes else None,
+                                            ObjectEvents(api)))
 
     yield make
     for api in clients:

@@ -14,6 +14,8 @@ RECLAIM_AT = "gpusteward.io/reclaim-at"
 RECLAIM_REASON = "gpusteward.io/reclaim-reason"
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
+# Set by a workload's owner (core/reclaim/snooze.py): an RFC 3339 time or a duration.
+SNOOZE_UNTIL = "gpusteward.io/reclaim-snooze-until"
 
 
 class Evidence(msgspec.Struct, frozen=True):
@@ -49,6 +51,7 @@ class Owner(msgspec.Struct, frozen=True):
     pods: tuple[str, ...] = ()
     # Work already under way on the owner (suspended Job, scaled-down Deployment).
     in_progress: bool = False
+    snooze: str | None = None  # the owner's SNOOZE_UNTIL annotation
 
     @property
     def key(self) -> str:
@@ -65,6 +68,29 @@ class PastAction(msgspec.Struct, frozen=True):
     state: str = "done"  # intent | done
 
 
+class SnoozeRecord(msgspec.Struct, frozen=True):
+    """One snooze as the reclaimer first saw it, kept (``reclaimer/snoozes.py``) so that a
+    duration counts from a fixed moment and the weekly cap outlives restarts and failovers.
+
+    outcome: snoozed | capped (cut to the cap) | refused (caps) | expired (already past) |
+    malformed | protected (nothing to snooze). ``closed``: "" while it applies; ``ended`` (its
+    time passed) or ``withdrawn`` (the annotation changed or went away). A closed record only
+    counts against the weekly cap."""
+
+    workload: str  # where the annotation sits: namespace/Kind/name
+    value: str
+    team: str
+    seen: float
+    until: float
+    outcome: str
+    message: str
+    closed: str = ""
+
+    @property
+    def holding(self) -> bool:
+        return not self.closed and self.outcome in ("snoozed", "capped")
+
+
 class Snapshot(msgspec.Struct, frozen=True):
     """Everything one reclaim cycle decides from, read at one moment."""
 
@@ -79,6 +105,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     telemetry_problem: str = ""
     recent_actions: tuple[PastAction, ...] = ()
     tiers: Mapping[str, str | None] = msgspec.field(default_factory=dict)  # node -> tier
+    snoozes: tuple[SnoozeRecord, ...] = ()  # as recorded so far
 
 
 class Action(msgspec.Struct, frozen=True):
@@ -87,7 +114,7 @@ class Action(msgspec.Struct, frozen=True):
     kind: str  # mark | warn | clear | reclaim
     pod: Pod
     team: str
-    reason: str  # idle | over-quota | queue | active | protected
+    reason: str  # idle | over-quota | queue | active | protected | snoozed
     message: str
     owner: Owner | None = None
     how: str = ""  # evict | suspend | scale | annotate (reclaim only)
@@ -107,6 +134,7 @@ class Verdict(msgspec.Struct, frozen=True):
     evidence: Evidence | None = None
     rule: Rule | None = None
     borrowed: bool = False
+    snoozed_until: float | None = None
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -114,3 +142,4 @@ class Plan(msgspec.Struct, frozen=True):
     actions: tuple[Action, ...]
     held_back: tuple[tuple[Action, str], ...] = ()  # reclaim actions a limit stopped, and why
     halted: str = ""  # non-empty: nothing at all was done this cycle, and why
+    snoozes: tuple[SnoozeRecord, ...] = ()  # records new or changed this cycle

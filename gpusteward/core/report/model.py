@@ -103,7 +103,7 @@ class Decision(msgspec.Struct, frozen=True):
     """What the reclaimer would do with a pod this cycle (observe mode), and why."""
 
     state: str  # the reclaimer's own verdict: idle | busy | unknown | protected | halted
-    action: str  # mark | warn | clear | reclaim/<how> | held | none
+    action: str  # mark | warn | clear | reclaim/<how> | held | snoozed | none
     why: str
 
 
