@@ -21,6 +21,7 @@ from gpusteward.adapters.prometheus import (
     gpu_labels,
     keeping,
 )
+from gpusteward.adapters.selfservice import restore_asks
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
 from gpusteward.core.dcgm import gpu_id
@@ -41,6 +42,9 @@ from gpusteward.core.reclaim.rules import peak_of, windows
 class Spec(msgspec.Struct):
     replicas: int | None = None
     suspend: bool | None = None
+    parallelism: int | None = None
+    # Decoded only for a restore request (adapters/selfservice.py).
+    template: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 class Workload(msgspec.Struct):
@@ -92,13 +96,15 @@ class SnapshotReader:
         pod_nodes = {w.metadata.name: w.spec.node_name for w in wires if w.spec.node_name}
         self.who = self.attribution(nodes, pods, pod_nodes)
         evidence, ok, problem = await self.evidence(pods, now, self.who)
+        ns_labels = {n.metadata.name: n.metadata.labels or {}
+                     for n in _decode(ns_raw, NamespaceObj)}
         return Snapshot(
             now=now, pods=pods, nodes=nodes, owners=resolve_owners(pods, owned),
-            namespace_labels={n.metadata.name: n.metadata.labels or {}
-                              for n in _decode(ns_raw, NamespaceObj)},
+            namespace_labels=ns_labels,
             evidence=evidence, telemetry_ok=ok, telemetry_problem=problem,
             recent_actions=tuple(recent),
             tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
+            restore_asks=restore_asks(owned, ns_labels, names),
         )
 
     async def _list(self, path: str) -> list[msgspec.Raw]:

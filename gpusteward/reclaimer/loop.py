@@ -19,6 +19,7 @@ import msgspec
 
 from gpusteward.adapters.errors import AdapterError, LeaseLost
 from gpusteward.adapters.ledger import LedgerConflict
+from gpusteward.adapters.selfservice import SelfService
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot, Verdict
@@ -106,6 +107,7 @@ class Reclaimer:
     _ledger_behind: bool = False
     decisions: DecisionLog = field(default_factory=DecisionLog)
     snoozes: SnoozeBook = field(default_factory=SnoozeBook)
+    selfservice: SelfService | None = None  # answers restore requests (none: they wait)
 
     @property
     def decision_ttl(self) -> float:
@@ -133,6 +135,7 @@ class Reclaimer:
         results = await self._act_all(decided.actions, snap.now)
         await self.snoozes.settle(decided.snoozes, snap.now, self.mode != "observe",
                                   self._fenced)
+        await self._restore(decided)
         await self._write_ledger()
         self.metrics.observe(snap, decided, float(self.policy.reclaim.interval))
         elapsed = time.perf_counter() - started
@@ -140,6 +143,18 @@ class Reclaimer:
         self.metrics.cycles.labels("halted" if decided.halted else "ok").inc()
         summarize(decided, results, self.mode, elapsed, logged)
         return decided
+
+    async def _restore(self, decided: Plan) -> None:
+        if self.selfservice is None or not decided.restores:
+            return
+        try:
+            answered = await self.selfservice.answer(decided.restores, self.mode != "observe",
+                                                     self._fenced)
+        except Halt as h:
+            log.warning("restore requests not answered (%s): %s", h.result, h)
+            return
+        for ask, result, _ in answered:
+            self.metrics.restores.labels(ask.team, result).inc()
 
     async def _act_all(self, actions: tuple[Action, ...], decided_at: float) -> list[str]:
         results: list[str] = []

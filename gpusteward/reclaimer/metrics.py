@@ -54,6 +54,10 @@ class ReclaimerMetrics:
                               "Writes not carried out because this replica could not confirm "
                               "it holds the Lease (why=fenced) or the decision no longer "
                               "matched the cluster (why=stale).", ["why"], registry=r)
+        self.restores = Counter("gpusteward_reclaimer_restores_total",
+                                "Self-service restore requests (gpusteward.io/restore) by team "
+                                "and result (restored, refused, stale, skipped, error).",
+                                ["team", "result"], registry=r)
 
     def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)

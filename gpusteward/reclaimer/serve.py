@@ -24,6 +24,7 @@ from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
 from gpusteward.adapters.restore import Restorer
+from gpusteward.adapters.selfservice import SelfService
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import SnoozeRecord
@@ -61,7 +62,8 @@ async def serve(policy: Policy, args: argparse.Namespace,
                                                  ledger_name(args.lease_name)),
                           snoozes=SnoozeBook(ConfigMapRecords(
                               api, args.lease_namespace, f"{args.lease_name}-snoozes",
-                              SnoozeRecord), ObjectEvents(api)))
+                              SnoozeRecord), ObjectEvents(api)),
+                          selfservice=SelfService(api, ObjectEvents(api)))
     log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
              float(policy.reclaim.interval), prometheus.describe())
     try:

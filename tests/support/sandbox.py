@@ -20,6 +20,7 @@ from gpusteward.adapters.actor import Actor
 from gpusteward.adapters.ledger import ConfigMapLedger
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
+from gpusteward.adapters.selfservice import SelfService
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import Policy, load_policy
 from gpusteward.core.reclaim.model import SnoozeRecord
@@ -101,7 +102,8 @@ async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
                          ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None,
                          snoozes=SnoozeBook(ConfigMapRecords(api, "kube-system", snoozes,
                                                              SnoozeRecord) if snoozes else None,
-                                            ObjectEvents(api)))
+                                            ObjectEvents(api)),
+                         selfservice=SelfService(api, ObjectEvents(api)))
 
     yield make
     for api in clients:

@@ -15,7 +15,7 @@ import msgspec
 
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim import queue, snooze
+from gpusteward.core.reclaim import queue, selfservice, snooze
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
@@ -61,7 +61,9 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
                  if a.pod.uid not in claimed]
     allowed, held = _limit(reclaims, snap, policy)
-    return Plan(tuple(verdicts), tuple(staged + allowed), tuple(held), snoozes=snoozed.changed)
+    back = selfservice.restores(snap.restore_asks, snap.pods, policy, snap.namespace_labels)
+    return Plan(tuple(verdicts), tuple(staged + allowed), tuple(held), snoozes=snoozed.changed,
+                restores=tuple(back))
 
 
 def _snoozes(snap: Snapshot, policy: Policy) -> snooze.Review:

@@ -16,6 +16,8 @@ REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
 # Set by a workload's owner (core/reclaim/snooze.py): an RFC 3339 time or a duration.
 SNOOZE_UNTIL = "gpusteward.io/reclaim-snooze-until"
+# Set to "true" by a workload's owner on a workload gpusteward stopped: restore it next cycle.
+RESTORE = "gpusteward.io/restore"
 
 
 class Evidence(msgspec.Struct, frozen=True):
@@ -91,6 +93,21 @@ class SnoozeRecord(msgspec.Struct, frozen=True):
         return not self.closed and self.outcome in ("snoozed", "capped")
 
 
+class RestoreAsk(msgspec.Struct, frozen=True):
+    """A stopped workload whose owner asked for it back (``RESTORE: "true"``)."""
+
+    kind: str  # Deployment | StatefulSet | Job
+    namespace: str
+    name: str
+    team: str
+    gpus: int  # what it holds once back: replicas (or parallelism) x GPUs per pod
+    version: str = ""  # resourceVersion read: the request is taken away only from that object
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+
 class Snapshot(msgspec.Struct, frozen=True):
     """Everything one reclaim cycle decides from, read at one moment."""
 
@@ -106,6 +123,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     recent_actions: tuple[PastAction, ...] = ()
     tiers: Mapping[str, str | None] = msgspec.field(default_factory=dict)  # node -> tier
     snoozes: tuple[SnoozeRecord, ...] = ()  # as recorded so far
+    restore_asks: tuple[RestoreAsk, ...] = ()
 
 
 class Action(msgspec.Struct, frozen=True):
@@ -143,3 +161,5 @@ class Plan(msgspec.Struct, frozen=True):
     held_back: tuple[tuple[Action, str], ...] = ()  # reclaim actions a limit stopped, and why
     halted: str = ""  # non-empty: nothing at all was done this cycle, and why
     snoozes: tuple[SnoozeRecord, ...] = ()  # records new or changed this cycle
+    # Self-service restores: (request, "" to restore it, else why it is refused).
+    restores: tuple[tuple[RestoreAsk, str], ...] = ()

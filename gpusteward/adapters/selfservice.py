@@ -1,0 +1,113 @@
+"""Self-service restore at the edges: find the workloads whose owner set
+``gpusteward.io/restore: "true"`` (from the snapshot's LISTs), and carry out the pure decision
+(core/reclaim/selfservice.py) through the same Restorer as ``gpusteward reclaimer restore``.
+
+Each request is taken away (the annotation removed, guarded by the resourceVersion read) before
+anything else, so it is answered once: restored, or refused with an Event saying why. Only
+"true" asks; any other value is left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import msgspec
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpusteward.adapters.restore import Restorer, RestoreRefused, plain_count
+from gpusteward.core.kubewire import Meta, PodSpec, pod_request
+from gpusteward.core.model import TEAM_LABEL
+from gpusteward.core.reclaim.model import REPLICAS_BEFORE, RESTORE, RestoreAsk
+
+log = logging.getLogger("gpusteward.reclaimer")
+
+CALL_TIMEOUT = 30
+RESTORED, REFUSED = "GPURestored", "GPURestoreRefused"
+
+
+class Template(msgspec.Struct):
+    metadata: Meta = msgspec.field(default_factory=Meta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
+
+
+_template = msgspec.json.Decoder(Template).decode
+
+
+def restore_asks(owned: Mapping[str, Sequence[Any]],
+                 namespace_labels: Mapping[str, Mapping[str, str]],
+                 resources: Sequence[str]) -> tuple[RestoreAsk, ...]:
+    """The requests among the LISTed workloads (snapshot.Workload: metadata, spec)."""
+    out = []
+    for kind in ("Deployment", "StatefulSet", "Job"):
+        for w in owned.get(kind, ()):
+            meta = w.metadata
+            if (meta.annotations or {}).get(RESTORE) != "true":
+                continue
+            template = _template(w.spec.template) if w.spec.template else Template()
+            per_pod = sum(pod_request(template.spec, resources).values())
+            count = (w.spec.parallelism if w.spec.parallelism is not None else 1) \
+                if kind == "Job" else plain_count((meta.annotations or {}).get(REPLICAS_BEFORE))
+            labels = template.metadata.labels or {}
+            team = labels.get(TEAM_LABEL) or namespace_labels.get(meta.namespace, {}).get(
+                TEAM_LABEL) or meta.namespace
+            out.append(RestoreAsk(kind, meta.namespace, meta.name, team, per_pod * (count or 0),
+                                  meta.resource_version))
+    return tuple(out)
+
+
+class Events(Protocol):
+    async def emit(self, workload: str, reason: str, message: str,
+                   warning: bool = False) -> None: ...
+
+
+class SelfService:
+    def __init__(self, api: client.ApiClient, events: Events) -> None:
+        self.restorer = Restorer(api)
+        self.events = events
+        apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
+        self.patch = {"Deployment": apps.patch_namespaced_deployment,
+                      "StatefulSet": apps.patch_namespaced_stateful_set,
+                      "Job": batch.patch_namespaced_job}
+
+    async def answer(self, decided: Iterable[tuple[RestoreAsk, str]], writes: bool,
+                     fenced: Callable[[], Awaitable[None]]) -> list[tuple[RestoreAsk, str, str]]:
+        """(request, result, message); result: restored | refused | stale | skipped | error."""
+        out = []
+        for ask, why in decided:
+            if not writes:
+                result, message = "skipped", why or f"would restore {ask.key}"
+            else:
+                await fenced()
+                result, message = await self._answer(ask, why)
+            log.log(logging.DEBUG if result == "skipped" else logging.INFO,
+                    "restore workload=%s team=%s gpus=%d result=%s msg=%r", ask.key, ask.team,
+                    ask.gpus, result, message, extra={"team": ask.team, "pod": ask.key})
+            out.append((ask, result, message))
+        return out
+
+    async def _answer(self, ask: RestoreAsk, why: str) -> tuple[str, str]:
+        try:
+            await self.patch[ask.kind](ask.name, ask.namespace, {"metadata": {
+                "resourceVersion": ask.version, "annotations": {RESTORE: None}}},
+                _request_timeout=CALL_TIMEOUT)
+        except ApiException as e:  # changed or gone since the LIST: the next cycle looks again
+            return "stale", f"{ask.key} changed since it was read (HTTP {e.status})"
+        if why:
+            await self.events.emit(ask.key, REFUSED, why, warning=True)
+            return "refused", why
+        try:
+            done = await self.restorer.restore(ask.namespace, ask.kind, ask.name)
+        except RestoreRefused as e:
+            await self.events.emit(ask.key, REFUSED, str(e), warning=True)
+            return "refused", str(e)
+        except ApiException as e:
+            message = f"{ask.key} not restored: HTTP {e.status} {e.reason}; set {RESTORE}=true " \
+                      "again to retry"
+            await self.events.emit(ask.key, REFUSED, message, warning=True)
+            return "error", message
+        message = f"{done} at its owner's request ({RESTORE}=true)"
+        await self.events.emit(ask.key, RESTORED, message)
+        return "restored", message
