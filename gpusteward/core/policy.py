@@ -207,6 +207,32 @@ class Preemption(Config, frozen=True):
     protect_busy: dict[Name, list[Name]] = msgspec.field(default_factory=dict)
 
 
+NoticeEvent = Literal["warned", "reclaimed", "blocked", "restored"]
+
+
+class Sink(Config, frozen=True):
+    """Where notifications go (gpusteward/reclaimer/notify.py)."""
+
+    name: Name
+    # json: gpusteward's own payload; slack: a Slack-compatible incoming-webhook payload.
+    format: Literal["json", "slack"] = "json"
+    # A file holding the webhook URL, such as a key of a mounted Secret: the URL is a
+    # credential and never stands in the policy ConfigMap.
+    url_file: Name = "/var/run/secrets/gpusteward/notifications/url"
+    events: list[NoticeEvent] = msgspec.field(
+        default_factory=lambda: ["warned", "reclaimed", "blocked", "restored"])
+
+
+class Notifications(Config, frozen=True):
+    sinks: list[Sink] = msgspec.field(default_factory=list)
+    # Per delivery attempt: a hanging receiver never holds a message longer.
+    timeout: Annotated[Duration, Between(1, MINUTE)] = Duration(10)
+    # Retried with backoff (1 s doubling to 5 min) for this long, then given up and counted.
+    retry_for: Annotated[Duration, Between(1, DAY)] = Duration(HOUR)
+    # Messages waiting for delivery, per reclaimer; beyond it new ones are dropped and counted.
+    queue_size: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
+
+
 class Policy(Config, frozen=True):
     api_version: Literal["gpusteward.io/v1alpha1"] = "gpusteward.io/v1alpha1"
     kind: Literal["Policy"] = "Policy"
@@ -220,6 +246,7 @@ class Policy(Config, frozen=True):
     teams: dict[str, Team] = msgspec.field(default_factory=dict)
     queue: Queue = _factory(Queue)
     preemption: Preemption = _factory(Preemption)
+    notifications: Notifications = _factory(Notifications)
 
 
 class PolicyError(Exception):
@@ -303,6 +330,15 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
         if getattr(p.reclaim.idle, f.name) is None:
             yield FieldError(("reclaim", "idle", f.encode_name),
                              "must be set: classes and PriorityClasses inherit it from here")
+    names = [s.name for s in p.notifications.sinks]
+    for i, sink in enumerate(p.notifications.sinks):
+        if names.index(sink.name) != i:
+            yield FieldError(("notifications", "sinks", i, "name"),
+                             f"sink {sink.name!r} is defined twice")
+        if not sink.url_file.startswith("/"):
+            yield FieldError(("notifications", "sinks", i, "urlFile"),
+                             "must be an absolute path to a file holding the URL (a mounted "
+                             "Secret), not the URL itself")
     for f in msgspec.structs.fields(SnoozeCaps):
         if getattr(p.reclaim.snooze, f.name) is None:
             yield FieldError(("reclaim", "snooze", f.encode_name),

@@ -21,10 +21,12 @@ from gpusteward.adapters.errors import AdapterError, LeaseLost
 from gpusteward.adapters.ledger import LedgerConflict
 from gpusteward.adapters.selfservice import SelfService
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import notice
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Action, PastAction, Plan, Snapshot, Verdict
 from gpusteward.core.times import HOUR
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
+from gpusteward.reclaimer.outbox import Outbox
 from gpusteward.reclaimer.snoozes import SnoozeBook
 
 log = logging.getLogger("gpusteward.reclaimer")
@@ -108,6 +110,7 @@ class Reclaimer:
     decisions: DecisionLog = field(default_factory=DecisionLog)
     snoozes: SnoozeBook = field(default_factory=SnoozeBook)
     selfservice: SelfService | None = None  # answers restore requests (none: they wait)
+    outbox: Outbox | None = None  # notifications (none: not sent)
 
     @property
     def decision_ttl(self) -> float:
@@ -133,6 +136,9 @@ class Reclaimer:
         decided = plan(snap, self.policy)
         logged = audit(decided, snap, self.decisions)
         results = await self._act_all(decided.actions, snap.now)
+        if self.outbox is not None:
+            self.outbox.offer(notice.from_cycle(decided, results, snap.owners, self.policy,
+                                                snap.now))
         await self.snoozes.settle(decided.snoozes, snap.now, self.mode != "observe",
                                   self._fenced)
         await self._restore(decided)
@@ -155,6 +161,8 @@ class Reclaimer:
             return
         for ask, result, _ in answered:
             self.metrics.restores.labels(ask.team, result).inc()
+        if self.outbox is not None:
+            self.outbox.offer(notice.restored(answered, self.clock()))
 
     async def _act_all(self, actions: tuple[Action, ...], decided_at: float) -> list[str]:
         results: list[str] = []

@@ -58,6 +58,22 @@ class ReclaimerMetrics:
                                 "Self-service restore requests (gpusteward.io/restore) by team "
                                 "and result (restored, refused, stale, skipped, error).",
                                 ["team", "result"], registry=r)
+        self.notices = Counter("gpusteward_notifications_total",
+                               "Notifications by sink, event (warned, reclaimed, blocked, "
+                               "restored) and result (sent; failed: given up after "
+                               "notifications.retryFor; dropped: the queue was full).",
+                               ["sink", "event", "result"], registry=r)
+        self.notice_errors = Counter("gpusteward_notification_attempt_failures_total",
+                                     "Delivery attempts a receiver did not take (no answer in "
+                                     "time, not 2xx, unreachable); retried with backoff.",
+                                     ["sink"], registry=r)
+        self.notices_pending = Gauge("gpusteward_notifications_pending",
+                                     "Notifications waiting for delivery, by sink.", ["sink"],
+                                     registry=r)
+        self.notice_record_errors = Counter(
+            "gpusteward_notification_record_errors_total",
+            "Failed writes of the notification record (<lease>-notifications); without it a "
+            "failover could send a message twice or not at all.", registry=r)
 
     def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)

@@ -26,9 +26,11 @@ from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
 from gpusteward.adapters.restore import Restorer
 from gpusteward.adapters.selfservice import SelfService
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.webhook import Webhooks, read_url
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import SnoozeRecord
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.reclaimer.outbox import Entry, Outbox
 from gpusteward.reclaimer.snoozes import SnoozeBook
 
 log = logging.getLogger("gpusteward.reclaimer")
@@ -53,8 +55,11 @@ async def serve(policy: Policy, args: argparse.Namespace,
         log.error("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the policy's "
                   "telemetry.prometheusUrl): the reclaimer never acts without telemetry")
         return 2
+    for sink in policy.notifications.sinks:
+        read_url(sink)  # a sink without a readable URL is a setup error: exit 2, say which
     api = await connect(args.kubeconfig, args.context)
     source = PrometheusSource(prometheus, policy.telemetry, policy.health)
+    webhooks = Webhooks(float(policy.notifications.timeout))
     reclaimer = Reclaimer(policy, args.mode or policy.reclaim.mode,
                           SnapshotReader(api, source, policy),
                           Actor(api, policy),
@@ -64,6 +69,10 @@ async def serve(policy: Policy, args: argparse.Namespace,
                               api, args.lease_namespace, f"{args.lease_name}-snoozes",
                               SnoozeRecord), ObjectEvents(api)),
                           selfservice=SelfService(api, ObjectEvents(api)))
+    if policy.notifications.sinks:
+        reclaimer.outbox = Outbox(policy.notifications, webhooks, ConfigMapRecords(
+            api, args.lease_namespace, f"{args.lease_name}-notifications", Entry),
+            reclaimer.metrics)
     log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
              float(policy.reclaim.interval), prometheus.describe())
     try:
@@ -72,6 +81,7 @@ async def serve(policy: Policy, args: argparse.Namespace,
             return 0
         return await _serve_forever(reclaimer, api, args)
     finally:
+        await webhooks.close()
         await api.close()
 
 
@@ -118,9 +128,13 @@ async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  #
                      args.lease_name)
             acting = asyncio.create_task(reclaimer.run())
             holding = asyncio.create_task(guard.hold())
+            tasks = [acting, holding]
+            if reclaimer.outbox is not None:  # delivers beside the cycles, never inside them
+                reclaimer.outbox.restart()
+                tasks.append(asyncio.create_task(reclaimer.outbox.run(guard.check)))
             await asyncio.wait([acting, holding], return_when=asyncio.FIRST_COMPLETED)
-            acting.cancel()
-            holding.cancel()
+            for task in tasks:
+                task.cancel()
             reclaimer.metrics.leader.set(0)
             why = holding.result() if holding.done() and not holding.cancelled() else "?"
             log.warning("lost the Lease (%s); cycles stopped, standing by", why)
