@@ -2,7 +2,7 @@
 ``gpusteward.io/restore: "true"`` (from the snapshot's LISTs), and carry out the pure decision
 (core/reclaim/selfservice.py) through the same Restorer as ``gpusteward reclaimer restore``.
 
-Each request is taken away (the annotation removed, guarded by the resourceVersion read) before
+Each request is taken away (the annotation removed, only while it still says "true") before
 anything else, so it is answered once: restored, or refused with an Event saying why. Only
 "true" asks; any other value is left alone.
 """
@@ -89,11 +89,14 @@ class SelfService:
         return out
 
     async def _answer(self, ask: RestoreAsk, why: str) -> tuple[str, str]:
+        # A JSON patch that removes the request only while it still says "true": the
+        # controllers' own status writes in between do not stop it, a withdrawn request does.
+        where = "/metadata/annotations/" + RESTORE.replace("~", "~0").replace("/", "~1")
         try:
-            await self.patch[ask.kind](ask.name, ask.namespace, {"metadata": {
-                "resourceVersion": ask.version, "annotations": {RESTORE: None}}},
-                _request_timeout=CALL_TIMEOUT)
-        except ApiException as e:  # changed or gone since the LIST: the next cycle looks again
+            await self.patch[ask.kind](ask.name, ask.namespace, [
+                {"op": "test", "path": where, "value": "true"},
+                {"op": "remove", "path": where}], _request_timeout=CALL_TIMEOUT)
+        except ApiException as e:  # withdrawn or gone since the LIST: the next cycle looks again
             return "stale", f"{ask.key} changed since it was read (HTTP {e.status})"
         if why:
             await self.events.emit(ask.key, REFUSED, why, warning=True)

@@ -1,11 +1,11 @@
 """Deliver a notification to one webhook: gpusteward's JSON, or a Slack-compatible
 incoming-webhook payload.
 
-Slack's incoming webhooks take an HTTP POST of a JSON object with a ``text`` field (mrkdwn) and
-optional ``blocks``, and answer 200 ``ok``; errors are 4xx with a word such as
-``invalid_payload`` or ``no_service`` (https://api.slack.com/messaging/webhooks, "Sending
-messages using incoming webhooks" and "Handling errors"). Mattermost and Rocket.Chat accept the
-same ``text`` payload.
+Slack's incoming webhooks take an HTTP POST (``Content-type: application/json``) of a JSON
+object with a ``text`` field (mrkdwn) and optional layout ``blocks``, and answer 200 ``ok``;
+errors are 4xx with a word such as ``invalid_payload`` or ``no_service``
+(https://api.slack.com/messaging/webhooks; https://docs.slack.dev/tools/java-slack-sdk/guides/
+incoming-webhooks). Mattermost and Rocket.Chat accept the same ``text`` payload.
 
 The URL is read from its file (a mounted Secret) at each attempt, so a rotated Secret takes
 effect without a restart, and it never appears in a log line or an error: it is a credential.

@@ -6,8 +6,12 @@ back at the next cycle, within the team's quota, else an Event says why (docs/op
 from __future__ import annotations
 
 from gpusteward.adapters.actor import scaled_reason
+from gpusteward.adapters.webhook import Webhooks
+from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.model import RECLAIM_REASON, REPLICAS_BEFORE, RESTORE
+from gpusteward.reclaimer.outbox import Outbox
 from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.receiver import Receiver
 from tests.e2e.kube import cycle_until, gpu_pod
 from tests.e2e.test_reclaim import deployment, idle_job, job_pods, running_pods
 
@@ -22,10 +26,19 @@ def ask_back(ns, path: str) -> None:
     ns.api.merge_patch(path, {"metadata": {"annotations": {RESTORE: "true"}}})
 
 
-async def test_a_scaled_down_deployment_comes_back_when_its_owner_asks(ns, reclaimer):
+async def nothing() -> None:
+    pass
+
+
+async def test_a_scaled_down_deployment_comes_back_when_its_owner_asks(ns, reclaimer,
+                                                                       tmp_path):
     path = deployment(ns, "serve", 2, "a100-0")
     wait_for("2 replicas running", lambda: len(running_pods(ns, "serve")) == 2)
+    receiver = Receiver()
+    policy = parse_policy({"notifications": {"sinks": [
+        {"name": "owners", "urlFile": str(receiver.url_file(tmp_path)), "events": ["restored"]}]}})
     rec = await reclaimer("enforce")
+    rec.outbox = Outbox(policy.notifications, Webhooks(5.0), None, rec.metrics)
     await cycle_until(rec, "scaled to zero", lambda: ns.api.get(path)["spec"]["replicas"] == 0)
     wait_for("its pods to go away", lambda: not running_pods(ns, "serve"), timeout=60)
     ask_back(ns, path)
@@ -38,6 +51,12 @@ async def test_a_scaled_down_deployment_comes_back_when_its_owner_asks(ns, recla
                       if e[0] == "GPURestored"]
     assert "scaled back to 2" in message and RESTORE in message
     assert rec.metrics.restores.labels(ns.name, "restored")._value.get() == 1
+    await rec.outbox.round(nothing)
+    [told] = receiver.bodies()
+    assert (told["event"], told["workload"]) == ("restored", f"{ns.name}/Deployment/serve")
+    assert "scaled back to 2" in told["message"]
+    receiver.close()
+    await rec.outbox.deliver.close()
     wait_for("replicas back", lambda: len(running_pods(ns, "serve")) == 2)
 
 

@@ -101,7 +101,7 @@ class RestoreAsk(msgspec.Struct, frozen=True):
     name: str
     team: str
     gpus: int  # what it holds once back: replicas (or parallelism) x GPUs per pod
-    version: str = ""  # resourceVersion read: the request is taken away only from that object
+    version: str = ""  # resourceVersion read: with the key, names this request
 
     @property
     def key(self) -> str:
