@@ -229,8 +229,9 @@ class Notifications(Config, frozen=True):
     timeout: Annotated[Duration, Between(1, MINUTE)] = Duration(10)
     # Retried with backoff (1 s doubling to 5 min) for this long, then given up and counted.
     retry_for: Annotated[Duration, Between(1, DAY)] = Duration(HOUR)
-    # Messages waiting for delivery, per reclaimer; beyond it new ones are dropped and counted.
-    queue_size: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
+    # Messages waiting for delivery; beyond it new ones are dropped and counted. Bounded so the
+    # record of them (a ConfigMap, at most 1 MiB) always fits.
+    queue_size: Annotated[int, msgspec.Meta(ge=1, le=500)] = 200
 
 
 class Policy(Config, frozen=True):

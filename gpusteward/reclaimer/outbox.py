@@ -31,7 +31,9 @@ from gpusteward.reclaimer.metrics import ReclaimerMetrics
 
 log = logging.getLogger("gpusteward.reclaimer.notify")
 
-KEEP_SENT = 5000  # ids of delivered messages kept (a day's worth at most) against re-sending
+# Ids of delivered messages kept (a day's at most) against re-sending: with queueSize (<= 500)
+# pending ones of ~1 KB, the record stays well inside a ConfigMap's 1 MiB.
+KEEP_SENT = 2000
 MAX_BACKOFF = 300.0
 
 
@@ -116,12 +118,20 @@ class Outbox:
         self._count_pending()
 
     def _take_in(self) -> None:
+        waiting = sum(1 for e in self.entries.values() if e.state == "pending")
         while not self.queue.empty():
             sink, notice = self.queue.get_nowait()
             key = f"{sink}/{notice.id}"
-            if key not in self.entries:  # sent, pending or given up already: once is enough
-                self.entries[key] = Entry(key, sink, "pending", self.clock(), notice)
-                self.dirty = True
+            if key in self.entries:  # sent, pending or given up already: once is enough
+                continue
+            if waiting >= self.settings.queue_size:  # a receiver long down: the record is full
+                self.metrics.notices.labels(sink, notice.event, "dropped").inc()
+                log.error("notification %s to sink %s dropped: %d wait for delivery "
+                          "(notifications.queueSize)", notice.id, sink, waiting)
+                continue
+            self.entries[key] = Entry(key, sink, "pending", self.clock(), notice)
+            waiting += 1
+            self.dirty = True
 
     async def _send_due(self, name: str, now: float,
                         fenced: Callable[[], Awaitable[None]]) -> None:

@@ -183,3 +183,15 @@ async def test_a_full_queue_drops_and_counts_never_waits(tmp_path, receiver):
     await asyncio.wait_for(box.round(nothing), 10)
     assert [b["id"] for b in receiver.bodies()] == [first.id]
     await box.deliver.close()
+
+
+async def test_messages_waiting_for_a_receiver_long_down_are_bounded(tmp_path, receiver):
+    box, _ = outbox(tmp_path, receiver, queueSize=2)
+    receiver.mode = "fail"
+    first = _notice()
+    for i in range(3):
+        box.offer([msgspec.structs.replace(first, id=f"n{i}")])
+        await box.round(nothing)
+    assert box.metrics.notices.labels("ops", "warned", "dropped")._value.get() == 1
+    assert box.metrics.notices_pending.labels("ops")._value.get() == 2
+    await box.deliver.close()
