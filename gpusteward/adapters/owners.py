@@ -26,7 +26,7 @@ from gpusteward.adapters.stopper import Switches
 from gpusteward.core.kubewire import Meta, WirePod
 from gpusteward.core.model import OwnerRef, Pod
 from gpusteward.core.reclaim import kinds
-from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Owner, Switch
+from gpusteward.core.reclaim.model import REPLICAS_BEFORE, SNOOZE_UNTIL, Owner, Switch
 
 MAX_HOPS = 8  # controller chains are short; a longer one is a loop or a mistake
 HPA_PATH = "/apis/autoscaling/v2/horizontalpodautoscalers"
@@ -117,7 +117,8 @@ class OwnerChains:
 
     async def _owner(self, chain: list[Link]) -> Owner:
         top = chain[-1]
-        base = Owner(top.kind, top.namespace, top.name, group=top.group, version=top.version)
+        base = Owner(top.kind, top.namespace, top.name, group=top.group, version=top.version,
+                     snooze=top.annotations.get(SNOOZE_UNTIL))
         queue = next((c.labels[kinds.KUEUE_QUEUE] for c in chain if kinds.KUEUE_QUEUE in
                       c.labels), None)
         if queue is not None and (kueue := await self._kueue(chain, base, queue)) is not None:

@@ -35,11 +35,15 @@ from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.kinds import BUILT_IN
 from gpusteward.core.reclaim.model import Evidence, PastAction, Snapshot
 from gpusteward.core.reclaim.rules import peak_of, windows
+from gpusteward.core.reclaim.selfservice import restore_asks
 
 
 class Spec(msgspec.Struct):
     replicas: int | None = None
     suspend: bool | None = None
+    parallelism: int | None = None
+    # Decoded only for a restore request (core/reclaim/selfservice.py).
+    template: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 class Workload(msgspec.Struct):
@@ -101,13 +105,15 @@ class SnapshotReader:
         pod_nodes = {w.metadata.name: w.spec.node_name for w in wires if w.spec.node_name}
         self.who = self.attribution(nodes, pods, pod_nodes, by_uuid)
         evidence, ok, problem = await self.evidence(pods, now, self.who)
+        ns_labels = {n.metadata.name: n.metadata.labels or {}
+                     for n in _decode(ns_raw, NamespaceObj)}
         return Snapshot(
             now=now, pods=pods, nodes=nodes, owners=owners,
-            namespace_labels={n.metadata.name: n.metadata.labels or {}
-                              for n in _decode(ns_raw, NamespaceObj)},
+            namespace_labels=ns_labels,
             evidence=evidence, telemetry_ok=ok, telemetry_problem=problem,
             recent_actions=tuple(recent),
             tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
+            restore_asks=restore_asks(owned, ns_labels, names),
         )
 
     async def _join_dra(self, nodes: list[Node], pods: list[Pod],

@@ -69,6 +69,10 @@ class ReclaimerSettings:
     # The ConfigMap beside the Lease that keeps the last hour's reclaims (``ledger_name``);
     # None keeps them in this process only (tests that do not need them to outlive it).
     ledger: str | None
+    # ConfigMaps beside the Lease for snooze sightings and sent notifications (``records_name``);
+    # None keeps them in this process only.
+    snoozes: str | None = None
+    notifications: str | None = None
     once: bool = False
     metrics_listen: tuple[str, int] = ("0.0.0.0", 8080)
     lease_namespace: str = "default"  # the Lease's, and the ledger's
@@ -96,6 +100,8 @@ class ReclaimerSettings:
             lease_namespace=args.lease_namespace or default_namespace(env),
             lease_name=args.lease_name, lease_duration=args.lease_duration,
             ledger=ledger_name(args.lease_name),
+            snoozes=records_name(args.lease_name, "snoozes"),
+            notifications=records_name(args.lease_name, "notifications"),
             kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver)
 
 
@@ -128,7 +134,13 @@ class RestoreSettings:
 
 def ledger_name(lease_name: str) -> str:
     """The ConfigMap beside the Lease that keeps the last hour's reclaims."""
-    return f"{lease_name}-reclaims"
+    return records_name(lease_name, "reclaims")
+
+
+def records_name(lease_name: str, records: str) -> str:
+    """A ConfigMap of the reclaimer's records beside its Lease (reclaims, snoozes, notifications):
+    RBAC names each one (deploy/)."""
+    return f"{lease_name}-{records}"
 
 
 def default_namespace(env: Mapping[str, str]) -> str:

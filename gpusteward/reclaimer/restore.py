@@ -18,19 +18,16 @@ from kubernetes_asyncio import client
 from gpusteward.adapters.stopper import Switches, object_path
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import RECLAIM_REASON, REPLICAS_BEFORE
+from gpusteward.core.reclaim.selfservice import plain_count
 from gpusteward.core.times import stamp
 from gpusteward.reclaimer.actor import CALL_TIMEOUT, workload_api
 
-_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII digits only: not "٣", "+3", " 3" or "3\n"
 _RECORDED = re.compile(r"scaled from ([0-9]{1,9}) to 0")
 
 
 class RestoreRefused(ValueError):
     """The object is not one gpusteward stopped, or its record is not believable."""
 
-
-def plain_count(text: str | None) -> int | None:
-    return int(text) if text is not None and _COUNT.fullmatch(text) else None
 
 
 class Restorer:

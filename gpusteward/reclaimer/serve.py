@@ -19,12 +19,18 @@ from gpusteward.adapters.errors import ListenError
 from gpusteward.adapters.kube import connect
 from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.webhook import Webhooks, read_url
+from gpusteward.core.reclaim.model import SnoozeRecord
 from gpusteward.reclaimer.actor import Actor
 from gpusteward.reclaimer.cli import ReclaimerSettings, RestoreSettings
 from gpusteward.reclaimer.ledger import ConfigMapLedger
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.reclaimer.outbox import Entry, Outbox
 from gpusteward.reclaimer.restore import Restorer
+from gpusteward.reclaimer.selfservice import SelfService
+from gpusteward.reclaimer.snoozes import SnoozeBook
 from gpusteward.reclaimer.stopped import stopped, table
 
 log = logging.getLogger("gpusteward.reclaimer")
@@ -44,22 +50,32 @@ def _metrics_app(reclaimer: Reclaimer) -> web.Application:
 
 
 def build_reclaimer(settings: ReclaimerSettings, api: client.ApiClient,
-                    prometheus_attempts: int = 3) -> Reclaimer:
+                    prometheus_attempts: int = 3, webhooks: Webhooks | None = None) -> Reclaimer:
     """The reclaimer wired to its adapters: snapshots from the API server and Prometheus,
-    actions through the Actor, the last hour's reclaims in the ledger."""
-    policy = settings.policy
+    actions through the Actor, the last hour's reclaims in the ledger, snoozes and restore
+    requests, and (given ``webhooks`` and sinks) the notification outbox."""
+    policy, namespace = settings.policy, settings.lease_namespace
     source = PrometheusSource(settings.prometheus, policy.telemetry, policy.health,
                               attempts=prometheus_attempts)
-    ledger = (ConfigMapLedger(api, settings.lease_namespace, settings.ledger)
-              if settings.ledger else None)
-    return Reclaimer(policy, settings.mode,
-                     SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
-                     Actor(api, policy), ledger=ledger)
+    ledger = ConfigMapLedger(api, namespace, settings.ledger) if settings.ledger else None
+    snoozes = SnoozeBook(ConfigMapRecords(api, namespace, settings.snoozes, SnoozeRecord)
+                         if settings.snoozes else None, ObjectEvents(api))
+    reclaimer = Reclaimer(policy, settings.mode,
+                          SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
+                          Actor(api, policy), ledger=ledger, snoozes=snoozes,
+                          selfservice=SelfService(api, ObjectEvents(api)))
+    if webhooks is not None and policy.notifications.sinks and settings.notifications:
+        reclaimer.outbox = Outbox(policy.notifications, webhooks, ConfigMapRecords(
+            api, namespace, settings.notifications, Entry), reclaimer.metrics)
+    return reclaimer
 
 
 async def serve(settings: ReclaimerSettings) -> int:
+    for sink in settings.policy.notifications.sinks:
+        read_url(sink)  # a sink without a readable URL is a setup error: exit 2, say which
     api = await connect(settings.kubeconfig, settings.context)
-    reclaimer = build_reclaimer(settings, api)
+    webhooks = Webhooks(float(settings.policy.notifications.timeout))
+    reclaimer = build_reclaimer(settings, api, webhooks=webhooks)
     log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
              float(settings.policy.reclaim.interval), settings.prometheus.describe())
     try:
@@ -68,6 +84,7 @@ async def serve(settings: ReclaimerSettings) -> int:
             return 0
         return await _serve_forever(reclaimer, api, settings)
     finally:
+        await webhooks.close()
         await api.close()
 
 
@@ -115,9 +132,13 @@ async def _lead(reclaimer: Reclaimer, api: client.ApiClient, settings: Reclaimer
                      settings.lease_name)
             acting = asyncio.create_task(reclaimer.run())
             holding = asyncio.create_task(guard.hold())
+            tasks = [acting, holding]
+            if reclaimer.outbox is not None:  # delivers beside the cycles, never inside them
+                reclaimer.outbox.restart()
+                tasks.append(asyncio.create_task(reclaimer.outbox.run(guard.check)))
             await asyncio.wait([acting, holding], return_when=asyncio.FIRST_COMPLETED)
-            acting.cancel()
-            holding.cancel()
+            for task in tasks:
+                task.cancel()
             reclaimer.metrics.leader.set(0)
             why = holding.result() if holding.done() and not holding.cancelled() else "?"
             log.warning("lost the Lease (%s); cycles stopped, standing by", why)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import yaml
 
 from gpusteward.adapters.dra import RESOURCE_API
 from gpusteward.core.dra import DraFleet, WireSlice, slice_devices
@@ -37,6 +38,7 @@ from gpusteward.sandbox.commands import default_state_dir
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, GPU_RESOURCES, Fleet, Pool
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.procs import SandboxError
+from gpusteward.sandbox.receiver import Receiver
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 
 NS = "demo"
@@ -228,6 +230,33 @@ def watch_reclaimer(box: Sandbox, rows: list[dict[str, Any]],
     return sum(gpus[p] for p in reclaimed), reclaimed
 
 
+def notifying(box: Sandbox, receiver: Receiver) -> Path:
+    """The sandbox policy plus a JSON webhook sink at the local receiver, its URL in a file as
+    a mounted Secret would hold it."""
+    policy = yaml.safe_load(Path(box.cfg.policy).read_text())
+    policy["notifications"] = {"sinks": [{"name": "demo", "format": "json", "urlFile": str(
+        receiver.url_file(box.cfg.state_dir, "webhook-url"))}]}
+    path = box.cfg.state_dir / "policy-with-notifications.yaml"
+    path.write_text(yaml.safe_dump(policy, sort_keys=False))
+    return path
+
+
+def print_notifications(receiver: Receiver, wait: float = 20) -> bool:
+    """What the webhook receiver got; the reclaims' messages may trail their Events a little."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not any(
+            b["event"] == "reclaimed" for b in receiver.bodies()):
+        time.sleep(1)
+    bodies = receiver.bodies()
+    print(f"\nNotifications received by a webhook on {receiver.url} ({len(bodies)}):\n")
+    for b in bodies:
+        print(f"  {b['event']:<10}{b['workload']:<28}team={b['team']:<8}"
+              f"deadline={b.get('deadline') or '-'}")
+    if bodies:
+        print(f"\n  e.g. snooze: {bodies[0]['snooze']}\n       back:   {bodies[0]['restore']}")
+    return any(b["event"] == "reclaimed" for b in bodies)
+
+
 def print_report(box: Sandbox) -> bool:
     """The fleet report over the demo's last minutes: allocated vs really used GPUs."""
     print("\nFleet report (gpusteward report --window 3m --by card):\n", flush=True)
@@ -261,6 +290,8 @@ def main() -> int:
         print("\n".join(summary(rows)))
         print("\nStarting the reclaimer. The sandbox policy runs it in enforce mode with a 15 s"
               "\nidle window and a 4 s grace (shipped default: observe, 30 min, 15 min).\n")
+        receiver = Receiver()
+        box.cfg.policy = notifying(box, receiver)
         box.start_reclaimer()
         returned, reclaimed = watch_reclaimer(box, rows)
         allocated = sum(r["physical"] for r in rows)
@@ -268,6 +299,7 @@ def main() -> int:
         print(f"\nReclaimer: {returned:.3g} of {allocated:.3g} allocated GPUs were held by idle "
               f"pods and given back ({', '.join(sorted(reclaimed))}); busy pods were left alone.")
         ok = all(r["node"] for r in rows) and reclaimed == idle
+        ok = print_notifications(receiver) and ok
         ok = print_report(box) and ok
     finally:
         if keep:

@@ -49,8 +49,8 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         ("coordination.k8s.io", "leases", "get", "gpusteward-reclaimer"),
         ("coordination.k8s.io", "leases", "update", "gpusteward-reclaimer"),
         ("", "configmaps", "create", "*"),
-        ("", "configmaps", "get", "gpusteward-reclaimer-reclaims"),
-        ("", "configmaps", "patch", "gpusteward-reclaimer-reclaims")},
+        *{("", "configmaps", verb, f"gpusteward-reclaimer-{records}")
+          for verb in ("get", "patch") for records in ("reclaims", "snoozes", "notifications")}},
     "gpusteward-agent": {("", "pods", "list", "*"),
                          ("resource.k8s.io", "resourceslices", "list", "*")},
     "gpusteward-scheduler-lease": {

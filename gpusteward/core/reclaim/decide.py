@@ -15,7 +15,7 @@ import msgspec
 
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim import kinds, queue
+from gpusteward.core.reclaim import kinds, queue, selfservice, snooze
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
@@ -43,6 +43,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     if not snap.telemetry_ok:
         return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}")
     over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers)
+    snoozed = _snoozes(snap, policy)
     verdicts: list[Verdict] = []
     staged: list[Action] = []
     idle_now: dict[str, bool] = {}  # pod uid -> idle by its own (not within-quota) rule
@@ -50,7 +51,8 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     for pod in snap.pods:
         if pod.node is None:
             continue
-        v, action, idle, is_due = _judge_pod(pod, snap, policy, pod.uid in over)
+        v, action, idle, is_due = _judge_pod(pod, snap, policy, pod.uid in over,
+                                             snoozed.until.get(pod.uid))
         verdicts.append(v)
         idle_now[pod.uid] = idle
         if is_due:
@@ -63,13 +65,22 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     claimed = {a.pod.uid for a in reclaims}
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
                  if a.pod.uid not in claimed]
-    blocks = [a for a in reclaims if a.kind == "block"]  # an Event, nothing stopped: no limit
-    allowed, held = _limit([a for a in reclaims if a.kind == "reclaim"], snap, policy)
-    return Plan(tuple(verdicts), tuple(staged + blocks + allowed), tuple(held))
+    blocks = [a for a in reclaims if a.kind == ActionKind.BLOCK]  # an Event only: no limit
+    allowed, held = _limit([a for a in reclaims if a.kind == ActionKind.RECLAIM], snap, policy)
+    back = selfservice.restores(snap.restore_asks, snap.pods, policy, snap.namespace_labels)
+    return Plan(tuple(verdicts), tuple(staged + blocks + allowed), tuple(held),
+                snoozes=snoozed.changed, restores=tuple(back))
 
 
-def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy,
-               is_borrowed: bool) -> tuple[Verdict, Action | None, bool, bool]:
+def _snoozes(snap: Snapshot, policy: Policy) -> snooze.Review:
+    return snooze.review(
+        (p for p in snap.pods if p.node is not None), snap.snoozes, snap.now, policy,
+        lambda p: owner_of(p, snap), lambda p: team(p, snap.namespace_labels),
+        lambda p: tuple(protections(p, owner_of(p, snap), policy, snap.now)))
+
+
+def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy, is_borrowed: bool,
+               snoozed_until: float | None) -> tuple[Verdict, Action | None, bool, bool]:
     """(audit verdict, stage action, idle by its own rule, due for reclaim)."""
     name = team(pod, snap.namespace_labels)
     owner = owner_of(pod, snap)
@@ -83,6 +94,13 @@ def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy,
     rule = _effective(rule, policy, name, is_borrowed)
     evidence = _evidence(snap, rule, pod)
     state, why = judge(evidence, rule, pod.gpus)
+    if snoozed_until is not None:
+        # Snoozed: no stage advances, and earlier marks go, so a fresh warning follows the end.
+        why = f"{why}; reclaim snoozed until {stamp(snoozed_until)}"
+        verdict = Verdict(pod.key, name, pod.gpus, state, (why,), evidence, rule, is_borrowed,
+                          snoozed_until)
+        clear = _clear(pod, name, Reason.SNOOZED, why) if _marked(pod) else None
+        return verdict, clear, False, False
     verdict = Verdict(pod.key, name, pod.gpus, state, (why,), evidence, rule, is_borrowed)
     action, is_due = _stage(pod, name, state, why, rule, snap.now)
     return verdict, action, own_state == VerdictState.IDLE, is_due

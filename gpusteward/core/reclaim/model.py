@@ -17,6 +17,10 @@ RECLAIMED_AT = "gpusteward.io/reclaimed-at"  # on an owner stopped through its o
 RECLAIM_BLOCKED = "gpusteward.io/reclaim-blocked"  # on a due pod: why nothing was stopped
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
+# Set by a workload's owner (core/reclaim/snooze.py): an RFC 3339 time or a duration.
+SNOOZE_UNTIL = "gpusteward.io/reclaim-snooze-until"
+# Set to "true" by a workload's owner on a workload gpusteward stopped: restore it next cycle.
+RESTORE = "gpusteward.io/restore"
 
 
 class ActionKind(StrEnum):
@@ -37,6 +41,7 @@ class Reason(StrEnum):
     QUEUE = "queue"  # idle GPUs a waiting higher-priority pod needs
     ACTIVE = "active"  # busy again: marks cleared
     PROTECTED = "protected"  # protected since it was marked: marks cleared
+    SNOOZED = "snoozed"  # its owner snoozed reclaim: marks cleared until the snooze ends
 
 
 class How(StrEnum):
@@ -123,6 +128,7 @@ class Owner(msgspec.Struct, frozen=True):
     how: str = ""
     blocked: str = ""  # why it must not be stopped at all (an HPA, an unsupported kind)
     via: Switch | None = None
+    snooze: str | None = None  # the owner's SNOOZE_UNTIL annotation
 
     @property
     def key(self) -> str:
@@ -158,6 +164,44 @@ class PastAction(msgspec.Struct, frozen=True):
     state: PastState = PastState.DONE
 
 
+class SnoozeRecord(msgspec.Struct, frozen=True):
+    """One snooze as the reclaimer first saw it, kept (``reclaimer/snoozes.py``) so that a
+    duration counts from a fixed moment and the weekly cap outlives restarts and failovers.
+
+    outcome: snoozed | capped (cut to the cap) | refused (caps) | expired (already past) |
+    malformed | protected (nothing to snooze). ``closed``: "" while it applies; ``ended`` (its
+    time passed) or ``withdrawn`` (the annotation changed or went away). A closed record only
+    counts against the weekly cap."""
+
+    workload: str  # where the annotation sits: namespace/Kind/name
+    value: str
+    team: str
+    seen: float
+    until: float
+    outcome: str
+    message: str
+    closed: str = ""
+
+    @property
+    def holding(self) -> bool:
+        return not self.closed and self.outcome in ("snoozed", "capped")
+
+
+class RestoreAsk(msgspec.Struct, frozen=True):
+    """A stopped workload whose owner asked for it back (``RESTORE: "true"``)."""
+
+    kind: str  # Deployment | StatefulSet | Job
+    namespace: str
+    name: str
+    team: str
+    gpus: int  # what it holds once back: replicas (or parallelism) x GPUs per pod
+    version: str = ""  # resourceVersion read: with the key, names this request
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+
 class Snapshot(msgspec.Struct, frozen=True):
     """Everything one reclaim cycle decides from, read at one moment."""
 
@@ -172,6 +216,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     telemetry_problem: str = ""
     recent_actions: tuple[PastAction, ...] = ()
     tiers: Mapping[str, str | None] = msgspec.field(default_factory=dict)  # node -> tier
+    snoozes: tuple[SnoozeRecord, ...] = ()  # as recorded so far
+    restore_asks: tuple[RestoreAsk, ...] = ()
 
 
 class Action(msgspec.Struct, frozen=True):
@@ -200,6 +246,7 @@ class Verdict(msgspec.Struct, frozen=True):
     evidence: Evidence | None = None
     rule: Rule | None = None
     borrowed: bool = False
+    snoozed_until: float | None = None
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -207,3 +254,6 @@ class Plan(msgspec.Struct, frozen=True):
     actions: tuple[Action, ...]
     held_back: tuple[tuple[Action, str], ...] = ()  # reclaim actions a limit stopped, and why
     halted: str = ""  # non-empty: nothing at all was done this cycle, and why
+    snoozes: tuple[SnoozeRecord, ...] = ()  # records new or changed this cycle
+    # Self-service restores: (request, "" to restore it, else why it is refused).
+    restores: tuple[tuple[RestoreAsk, str], ...] = ()

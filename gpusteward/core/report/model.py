@@ -45,6 +45,7 @@ class Step(StrEnum):
 
     NONE = "none"
     HELD = "held"  # an action was due, but a limit held it back this cycle
+    SNOOZED = "snoozed"  # its owner snoozed reclaim (gpusteward.io/reclaim-snooze-until)
 
 
 class Window(msgspec.Struct, frozen=True):

@@ -37,6 +37,9 @@ def decisions(snap: Snapshot, policy: Policy) -> dict[str, Decision]:
     for a in decided.actions:
         kind = f"reclaim/{a.how}" if a.kind == ActionKind.RECLAIM else a.kind
         out[a.pod.key] = Decision(_state(decided, a.pod.key), kind, a.message)
+    for v in decided.verdicts:
+        if v.snoozed_until is not None:  # the owner's snooze, not the cleared marks, is news
+            out[v.pod] = Decision(DecisionState(v.state), Step.SNOOZED, "; ".join(v.reasons))
     return out
 
 
