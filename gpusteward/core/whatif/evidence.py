@@ -1,0 +1,65 @@
+"""A pod's idle evidence at every step, from its GPUs' per-step peaks and sample counts.
+
+Each window's figures are computed once per GPU for the whole history (sliding max and sum in
+a few C-level passes), so a replayed cycle only looks them up: the per-GPU fold is the live
+reclaimer's (adapters/snapshot.per_pod): the highest peak of any GPU, the worst-covered GPU's
+coverage, and how many GPUs have samples at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import accumulate
+from operator import sub
+
+from gpusteward.core.reclaim.model import Evidence
+from gpusteward.core.whatif.history import GpuUse
+
+
+def sliding_max(values: Sequence[float], k: int) -> list[float]:
+    """``max(values[i-k+1 .. i])`` for every ``i`` (clipped at 0), in O(n).
+
+    van Herk / Gil-Werman: a window of ``k`` spans at most two blocks of ``k``; its max is the
+    max of the first block's suffix and the second block's prefix."""
+    values = list(values)
+    n = len(values)
+    if k <= 1 or n == 0:
+        return values
+    prefix: list[float] = []
+    suffix: list[float] = []
+    for b in range(0, n, k):
+        block = values[b:b + k]
+        prefix.extend(accumulate(block, max))
+        suffix.extend(reversed(list(accumulate(reversed(block), max))))
+    return prefix[:k] + list(map(max, suffix[1:n - k + 1], prefix[k:]))
+
+
+def sliding_sum(values: Sequence[float], k: int) -> list[float]:
+    """``sum(values[i-k+1 .. i])`` for every ``i`` (clipped at 0)."""
+    total = list(accumulate(values, initial=0.0))
+    return total[1:k + 1] + list(map(sub, total[k + 1:], total[1:len(total) - k]))
+
+
+class PodEvidence:
+    """One pod's evidence over one window, at any step."""
+
+    def __init__(self, gpus: Sequence[GpuUse], window: float, step: float,
+                 scrape_interval: float):
+        k = max(1, round(window / step))
+        self.window = window
+        self.expected = max(window / scrape_interval, 1.0)
+        self.peaks = [sliding_max(g.peaks, k) for g in gpus]
+        self.samples = [sliding_sum(g.samples, k) for g in gpus]
+
+    def at(self, i: int) -> Evidence | None:
+        """None when no GPU of the pod has a sample in the window (the live query finds none)."""
+        peak, coverage, seen = -1.0, 1.0, 0
+        for peaks, samples in zip(self.peaks, self.samples, strict=True):
+            count = samples[i]
+            if count > 0:
+                seen += 1
+                peak = max(peak, peaks[i])
+                coverage = min(coverage, count / self.expected)
+        if not seen:
+            return None
+        return Evidence(self.window, peak, coverage, seen)
