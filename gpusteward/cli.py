@@ -115,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gpusteward.agent.cli import add_agent_parser
     from gpusteward.report.cli import add_report_parser
     from gpusteward.sandbox.cli import add_sandbox_parser
+    from gpusteward.whatif.cli import add_whatif_parser
 
     add_report_parser(sub)
+    add_whatif_parser(sub)
     add_agent_parser(sub)
     add_sandbox_parser(sub)
     for leaf in _leaves(parser):
@@ -204,6 +206,10 @@ def _run(args: argparse.Namespace) -> int:
         from gpusteward.report.cli import run_report
 
         return run_report(args)
+    if args.command == "whatif":
+        from gpusteward.whatif.cli import run_whatif
+
+        return run_whatif(args)
     if args.command == "agent":
         from gpusteward.agent.cli import run_agent
 

@@ -8,6 +8,7 @@ coverage, and how many GPUs have samples at all.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from itertools import accumulate
 from operator import sub
@@ -16,7 +17,7 @@ from gpusteward.core.reclaim.model import Evidence
 from gpusteward.core.whatif.history import GpuUse
 
 
-def sliding_max(values: Sequence[float], k: int) -> list[float]:
+def sliding_max(values: Sequence[float], k: int) -> array[float]:
     """``max(values[i-k+1 .. i])`` for every ``i`` (clipped at 0), in O(n).
 
     van Herk / Gil-Werman: a window of ``k`` spans at most two blocks of ``k``; its max is the
@@ -24,20 +25,24 @@ def sliding_max(values: Sequence[float], k: int) -> list[float]:
     values = list(values)
     n = len(values)
     if k <= 1 or n == 0:
-        return values
+        return array("d", values)
     prefix: list[float] = []
     suffix: list[float] = []
     for b in range(0, n, k):
         block = values[b:b + k]
         prefix.extend(accumulate(block, max))
         suffix.extend(reversed(list(accumulate(reversed(block), max))))
-    return prefix[:k] + list(map(max, suffix[1:n - k + 1], prefix[k:]))
+    out = array("d", prefix[:k])
+    out.extend(map(max, suffix[1:n - k + 1], prefix[k:]))
+    return out
 
 
-def sliding_sum(values: Sequence[float], k: int) -> list[float]:
+def sliding_sum(values: Sequence[float], k: int) -> array[float]:
     """``sum(values[i-k+1 .. i])`` for every ``i`` (clipped at 0)."""
     total = list(accumulate(values, initial=0.0))
-    return total[1:k + 1] + list(map(sub, total[k + 1:], total[1:len(total) - k]))
+    out = array("d", total[1:k + 1])
+    out.extend(map(sub, total[k + 1:], total[1:len(total) - k]))
+    return out
 
 
 class PodEvidence:

@@ -55,14 +55,14 @@ class _State:
 def replay(history: History, policy: Policy, name: str = "policy") -> Outcome:
     grid = history.grid
     state = _State()
-    evidence: dict[tuple[str, float], PodEvidence] = {}
+    evidence: dict[str, dict[float, PodEvidence]] = {}  # pod uid -> window -> its evidence
     pods: dict[str, Pod] = {}  # uid -> the snapshot's pod as last built
     halted = 0
     by_start = _by_start(history)
     active: list[PodRecord] = []
     for i in range(grid.steps):
         now = grid.time(i)
-        active = [r for r in active if r.last >= i - 1] + by_start.get(i, [])
+        active = _still(active, i, evidence) + by_start.get(i, [])
         present = list(_present(active, i, state, history))
         snap_pods = tuple(_pod_at(r, i, state, pods, history) for r in present)
         running = [(r, p) for r, p in zip(present, snap_pods, strict=True) if p.node]
@@ -84,6 +84,19 @@ def replay(history: History, policy: Policy, name: str = "policy") -> Outcome:
                                                                c.pod))),
         earlier=tuple(started_earlier(history, state.reclaimed)),
         halted_steps=halted, gaps=history.gaps + _extension_note(state))
+
+
+def _still(active: list[PodRecord], i: int,
+           evidence: dict[str, dict[float, PodEvidence]]) -> list[PodRecord]:
+    """The records that may still be present at step ``i``; the others' evidence is dropped
+    (a week of a pod's figures is ~1 MB per window)."""
+    kept = []
+    for r in active:
+        if r.last >= i - 1:
+            kept.append(r)
+        else:
+            evidence.pop(r.pod.uid, None)
+    return kept
 
 
 def _by_start(history: History) -> dict[int, list[PodRecord]]:
@@ -135,12 +148,12 @@ def _pod_at(r: PodRecord, i: int, state: _State, cache: dict[str, Pod],
 
 
 def _window(running: list[tuple[PodRecord, Pod]], window: float, i: int,
-            cache: dict[tuple[str, float], PodEvidence],
+            cache: dict[str, dict[float, PodEvidence]],
             history: History) -> Iterator[tuple[str, Evidence]]:
     for r, pod in running:
-        ev = cache.get((pod.uid, window))
+        ev = cache.setdefault(pod.uid, {}).get(window)
         if ev is None:
-            ev = cache[(pod.uid, window)] = PodEvidence(
+            ev = cache[pod.uid][window] = PodEvidence(
                 r.gpus, window, history.grid.step, history.scrape_interval)
         # A pod kept past its record (see _present) is judged on its last recorded step.
         found = ev.at(min(i, r.last)) if r.last >= 0 else None

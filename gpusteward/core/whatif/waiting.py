@@ -34,7 +34,7 @@ def started_earlier(history: History, reclaimed: Iterable[Reclaimed]) -> Iterato
         return
     grid = history.grid
     waiting = sorted((r for r in history.pods if r.pending and r.running
-                      and r.running.first > r.pending.last), key=_pending_from)
+                      and r.running.first > r.pending.first), key=_pending_from)
     for r in waiting:
         assert r.pending is not None and r.running is not None
         since, started = grid.time(r.pending.first), grid.time(r.running.first)

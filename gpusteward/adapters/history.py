@@ -1,0 +1,369 @@
+"""The history a what-if replay steps through, read from Prometheus: kube-state-metrics' pod
+series joined with the DCGM series by the one attribution rule (core/attribution.py).
+
+Every query is a range query over a whole series set, one per kind of fact and time chunk, so
+the number of queries is ``len(QUERIES) * chunks`` whatever the number of pods, GPUs or steps:
+
+* per step (``[step]`` ranges, so a step covers ``(t - step, t]``): which pods existed and on
+  which node (``kube_pod_info``), their phase (``kube_pod_status_phase``), and each GPU's peak
+  and sample count, by the live reclaimer's own evidence PromQL at a window of one step
+  (``adapters.snapshot.evidence_queries``);
+* once per chunk (``last_over_time`` over the chunk): GPU requests
+  (``kube_pod_container_resource_requests``), owners (``kube_pod_owner``), allow-listed labels
+  (``kube_pod_labels``), creation times (``kube_pod_created``) and each GPU's model name.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from gpusteward.adapters.errors import AdapterError
+from gpusteward.adapters.prometheus import ENGINE_ACTIVE, GPU_UTIL, PrometheusSource, keeping
+from gpusteward.adapters.snapshot import evidence_queries
+from gpusteward.core.attribution import Attribution, is_per_pod, node_of
+from gpusteward.core.cards import TierTable
+from gpusteward.core.dcgm import gpu_id
+from gpusteward.core.model import CLASS_KEY, TEAM_LABEL, Node, OwnerRef, Pod
+from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim.model import Owner
+from gpusteward.core.times import HOUR, stamp
+from gpusteward.core.whatif.history import BROKEN, NO_SAMPLE, GpuUse, Grid, History, PodRecord, Span
+
+log = logging.getLogger("gpusteward.whatif")
+
+CHUNK = 6 * HOUR  # a range query's span: 360 points per series at a 60 s step
+# Built-in PriorityClasses (their values are fixed by Kubernetes); kube-state-metrics' pod
+# series name a pod's class, never its numeric priority.
+SYSTEM_PRIORITIES = {"system-node-critical": 2_000_001_000,
+                     "system-cluster-critical": 2_000_000_000}
+_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class NoHistory(AdapterError):
+    """The window holds no pod history or no GPU telemetry to replay."""
+
+
+def label_name(key: str) -> str:
+    """kube-state-metrics' label for a pod label key (``label_`` + the key sanitized)."""
+    return "label_" + _INVALID.sub("_", key)
+
+
+def ksm_resource(name: str) -> str:
+    return _INVALID.sub("_", name)
+
+
+class Series(msgspec.Struct):
+    metric: dict[str, str]
+    values: list[tuple[float, str]]
+
+
+def queries(policy: Policy, step: float, chunk: float) -> dict[str, str]:
+    s, c = f"{int(step)}s", f"{int(chunk + step)}s"
+    resources = "|".join(re.escape(ksm_resource(r)) for r in policy.resources)
+    peak, count = evidence_queries(step, policy.telemetry.node_labels)
+    return {
+        "info": "max by (namespace, pod, uid, node, priority_class) "
+                f"(max_over_time(kube_pod_info[{s}]))",
+        "phase": 'max by (uid, phase) (max_over_time(kube_pod_status_phase'
+                 f'{{phase=~"Pending|Running"}}[{s}])) == 1',
+        "peak": peak,
+        "count": count,
+        # summed over containers; the series of one pod before and after binding differ in
+        # their node label, so the largest of those sums
+        "gpus": f'max by (uid, resource) (sum by (uid, resource, node) (last_over_time('
+                f'kube_pod_container_resource_requests{{resource=~"{resources}"}}[{c}])))',
+        "owner": 'max by (uid, owner_kind, owner_name) (last_over_time(kube_pod_owner'
+                 f'{{owner_is_controller="true"}}[{c}]))',
+        "labels": f"last_over_time(kube_pod_labels[{c}])",
+        "created": f"max by (uid) (last_over_time(kube_pod_created[{c}]))",
+        "model": f"{keeping(['UUID', 'gpu', 'modelName', *policy.telemetry.node_labels])}"
+                 f"(last_over_time({GPU_UTIL}[{c}]) or last_over_time({ENGINE_ACTIVE}[{c}]))",
+    }
+
+
+PER_STEP = ("info", "phase", "peak", "count")
+
+
+class HistoryReader:
+    def __init__(self, prometheus: PrometheusSource, policy: Policy, chunk: float = CHUNK):
+        self.prometheus = prometheus
+        self.policy = policy
+        self.step = float(policy.reclaim.interval)
+        self.chunk = max(chunk, self.step)
+        self.queries = queries(policy, self.step, self.chunk)
+
+    async def read(self, start: float, end: float) -> History:
+        grid = Grid(start, self.step, int((end - start) // self.step) + 1)
+        facts = _Facts(grid, self.policy.telemetry.node_labels)
+        for a in range(0, grid.steps, max(1, int(self.chunk // self.step))):
+            b = min(grid.steps - 1, a + int(self.chunk // self.step) - 1)
+            for name, promql in self.queries.items():
+                first = a if name in PER_STEP else b
+                rows = await self.prometheus.query_range(
+                    promql, grid.time(first), grid.time(b), self.step)
+                facts.add(name, _decode(rows))
+        return facts.history(self.policy)
+
+
+def _decode(rows: list[dict[str, Any]]) -> list[Series]:
+    return msgspec.convert(rows, list[Series])
+
+
+class _Facts:
+    """What the queries returned, folded as it arrives (each chunk's JSON is dropped after)."""
+
+    def __init__(self, grid: Grid, node_labels: Sequence[str]):
+        self.grid = grid
+        self.node_labels = node_labels
+        self.info: dict[str, dict[str, str]] = {}  # uid -> namespace, pod, priority_class
+        self.node: dict[str, str] = {}  # uid -> the node it was bound to
+        self.seen: dict[str, list[int]] = {}  # uid -> [first, last] step recorded
+        self.phase: dict[tuple[str, str], list[int]] = {}  # (uid, phase) -> [first, last]
+        self.gpus: dict[str, dict[str, int]] = {}  # uid -> resource -> count
+        self.owner: dict[str, tuple[str, str]] = {}
+        self.labels: dict[str, dict[str, str]] = {}
+        self.created: dict[str, float] = {}
+        self.models: dict[str, tuple[str, str]] = {}  # GPU (UUID) -> (node label, modelName)
+        self.gpu_series: dict[tuple[tuple[str, str], ...], tuple[array, array]] = {}
+        self.telemetry = array("b", bytes(grid.steps))
+
+    def index(self, t: float) -> int:
+        return round((t - self.grid.start) / self.grid.step)
+
+    def add(self, name: str, rows: list[Series]) -> None:
+        getattr(self, f"_{name}")(rows)
+
+    def _span(self, spans: dict[Any, list[int]], key: Any, values: Sequence[Any]) -> None:
+        first, last = self.index(values[0][0]), self.index(values[-1][0])
+        span = spans.setdefault(key, [first, last])
+        span[0], span[1] = min(span[0], first), max(span[1], last)
+
+    def _info(self, rows: list[Series]) -> None:
+        for s in rows:
+            uid = s.metric.get("uid", "")
+            if not uid or not s.values:
+                continue
+            self.info[uid] = {k: s.metric.get(k, "") for k in ("namespace", "pod",
+                                                               "priority_class")}
+            if s.metric.get("node"):
+                self.node[uid] = s.metric["node"]
+            self._span(self.seen, uid, s.values)
+
+    def _phase(self, rows: list[Series]) -> None:
+        for s in rows:
+            if s.values:
+                self._span(self.phase, (s.metric.get("uid", ""), s.metric.get("phase", "")),
+                           s.values)
+
+    def _per_step(self, rows: list[Series], slot: int) -> None:
+        n = self.grid.steps
+        for s in rows:
+            key = tuple(sorted(s.metric.items()))
+            pair = self.gpu_series.get(key)
+            if pair is None:
+                pair = (array("d", [NO_SAMPLE]) * n, array("d", bytes(8 * n)))
+                self.gpu_series[key] = pair
+            target = pair[slot]
+            for t, v in s.values:
+                value = float(v)
+                if slot == 0 and not 0.0 <= value <= 100.0:
+                    value = BROKEN  # NaN, infinite or out of range: no reading (rules.is_reading)
+                i = self.index(t)
+                if 0 <= i < n:
+                    target[i] = value
+                    if slot == 1 and value > 0:
+                        self.telemetry[i] = 1
+
+    def _peak(self, rows: list[Series]) -> None:
+        self._per_step(rows, 0)
+
+    def _count(self, rows: list[Series]) -> None:
+        self._per_step(rows, 1)
+
+    def _gpus(self, rows: list[Series]) -> None:
+        for s in rows:
+            if s.values:
+                self.gpus.setdefault(s.metric.get("uid", ""), {})[
+                    s.metric.get("resource", "")] = int(float(s.values[-1][1]))
+
+    def _owner(self, rows: list[Series]) -> None:
+        for s in rows:
+            self.owner[s.metric.get("uid", "")] = (s.metric.get("owner_kind", ""),
+                                                  s.metric.get("owner_name", ""))
+
+    def _labels(self, rows: list[Series]) -> None:
+        for s in rows:
+            self.labels[s.metric.get("uid", "")] = s.metric
+
+    def _created(self, rows: list[Series]) -> None:
+        for s in rows:
+            if s.values:
+                self.created[s.metric.get("uid", "")] = float(s.values[-1][1])
+
+    def _model(self, rows: list[Series]) -> None:
+        for s in rows:
+            self.models[gpu_id(s.metric)] = (
+                node_of(s.metric, self.node_labels) or "", s.metric.get("modelName", ""))
+
+    def history(self, policy: Policy) -> History:
+        if not self.seen:
+            raise NoHistory(
+                f"no kube-state-metrics pod history (kube_pod_info) between "
+                f"{_when(self.grid.start)} and {_when(self.grid.end)}: is kube-state-metrics "
+                "scraped by this Prometheus, and does its retention reach back that far?")
+        if not any(self.telemetry):
+            raise NoHistory(
+                f"no GPU telemetry (DCGM_FI_DEV_GPU_UTIL or {ENGINE_ACTIVE}) between "
+                f"{_when(self.grid.start)} and {_when(self.grid.end)}: nothing to judge "
+                "idleness by")
+        wanted = {ksm_resource(r): r for r in policy.resources}
+        pods = {uid: p for uid in self.seen if (p := self._pod(uid, wanted, policy)) is not None}
+        nodes = self._nodes()
+        who = Attribution.of(policy.telemetry.node_labels, policy.telemetry.honor_labels,
+                             nodes, pods.values())
+        uses, models = self._uses(who)
+        records = tuple(self._record(p, uses.get(p.key, {}), models.get(p.key, ""))
+                        for p in pods.values())
+        stale = max(1, math.ceil(float(policy.telemetry.stale_after) / self.grid.step))
+        tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
+        return History(
+            grid=self.grid, pods=records, nodes=nodes, owners=_owners(pods.values(), self.owner),
+            scrape_interval=float(policy.telemetry.scrape_interval),
+            telemetry=_fresh(self.telemetry, stale),
+            tiers={n.name: tiers.tier_of(n.product) for n in nodes.values()},
+            gaps=tuple(self._gaps(records, policy)))
+
+    def _pod(self, uid: str, wanted: Mapping[str, str], policy: Policy) -> Pod | None:
+        requests = {wanted[r]: n for r, n in self.gpus.get(uid, {}).items() if r in wanted and n}
+        if not requests:
+            return None
+        info = self.info[uid]
+        kind, name = self.owner.get(uid, ("", ""))
+        first = self.seen[uid][0]
+        return Pod(
+            namespace=info["namespace"], name=info["pod"], uid=uid,
+            gpus=sum(requests.values()), resources=requests, node=self.node.get(uid),
+            priority_class=info["priority_class"],
+            priority=SYSTEM_PRIORITIES.get(info["priority_class"], 0),
+            labels=_pod_labels(self.labels.get(uid, {}), policy),
+            owners=(OwnerRef(kind, name, controller=True),) if kind and kind != "<none>" else (),
+            created_at=self.created.get(uid, self.grid.time(first)))
+
+    def _nodes(self) -> dict[str, Node]:
+        gpus: dict[str, set[str]] = {}
+        model: dict[str, str] = {}
+        for gpu, (node, name) in self.models.items():
+            if node:
+                gpus.setdefault(node, set()).add(gpu)
+                model[node] = name
+        nodes = {n: Node(n, model[n].replace(" ", "-") or None, len(g))
+                 for n, g in gpus.items()}
+        for n in self.node.values():
+            nodes.setdefault(n, Node(n, None, 0))
+        return nodes
+
+    def _uses(self, who: Attribution) -> tuple[dict[str, dict[tuple[str, str], GpuUse]],
+                                               dict[str, str]]:
+        """pod key -> its GPUs' per-step use; a pod's own per-pod series stand for a shared GPU
+        (as in adapters.snapshot.per_pod); series of one GPU over time are merged."""
+        found: dict[str, dict[tuple[str, str], dict[bool, list[tuple[array, array]]]]] = {}
+        models: dict[str, str] = {}
+        for key, pair in self.gpu_series.items():
+            labels = dict(key)
+            node = who.node(labels)
+            pod = who.pod(labels, node)
+            if pod is None:
+                continue
+            gpu = (node or "", gpu_id(labels))
+            found.setdefault(pod, {}).setdefault(gpu, {}).setdefault(
+                is_per_pod(labels), []).append(pair)
+            models[pod] = self.models.get(gpu_id(labels), ("", ""))[1] or models.get(pod, "")
+        out = {pod: {gpu: _merged(kinds.get(True) or kinds[False])
+                     for gpu, kinds in gpus.items()} for pod, gpus in found.items()}
+        return out, models
+
+    def _record(self, pod: Pod, uses: Mapping[tuple[str, str], GpuUse], card: str) -> PodRecord:
+        running = self.phase.get((pod.uid, "Running"))
+        pending = self.phase.get((pod.uid, "Pending"))
+        return PodRecord(
+            pod, card,
+            running=Span(*running) if running and pod.node else None,
+            pending=Span(*pending) if pending else None,
+            gpus=tuple(uses.values()))
+
+    def _gaps(self, records: Sequence[PodRecord], policy: Policy) -> Iterable[str]:
+        first = min(s[0] for s in self.seen.values())
+        if first > 0:
+            yield (f"pod history starts {(first * self.grid.step) / HOUR:.1f} h into the window: "
+                   "nothing before it is replayed")
+        blind = [r.pod.key for r in records if r.running and not r.gpus]
+        if blind:
+            yield (f"{len(blind)} GPU pod(s) have no GPU telemetry attributed to them "
+                   f"(e.g. {blind[0]}): judged unknown, never reclaimed, as live")
+        dark = self.grid.steps - sum(self.telemetry)
+        if dark:
+            yield (f"{dark} of {self.grid.steps} cycles have no GPU sample at all: the replay "
+                   "halts them, as the live reclaimer would")
+        yield ("pod annotations are not in kube-state-metrics' default series: opt-outs "
+               "(gpusteward.io/reclaim: never) and classes set by annotation are not seen, so "
+               "those pods may be counted as reclaimed")
+        yield ("numeric priorities are not in kube-state-metrics' pod series: pods of classes "
+               "other than system-*-critical are taken as priority 0 (queue claims by priority "
+               "and protectedPriority apply only by class name)")
+        yield ("teams come from the pod label (kube_pod_labels, if allow-listed) or the "
+               "namespace: namespace labels are not read")
+        yield ("pending pods that could have started earlier assume any freed GPUs on one node "
+               "fit them (selectors and affinity are not in the record): an upper bound")
+
+
+def _pod_labels(metric: Mapping[str, str], policy: Policy) -> dict[str, str]:
+    """The pod labels the replay needs, back from kube-state-metrics' sanitized names."""
+    keys = {TEAM_LABEL, CLASS_KEY, *policy.reclaim.exclude_pod_labels}
+    return {k: metric[label_name(k)] for k in keys if metric.get(label_name(k))}
+
+
+def _owners(pods: Iterable[Pod], owner: Mapping[str, tuple[str, str]]) -> dict[str, Owner]:
+    """pod uid -> the workload the reclaimer would act on. A ReplicaSet's Deployment is its name
+    less the pod-template-hash suffix (kube_replicaset_owner is not read)."""
+    top: dict[str, tuple[str, str, str]] = {}
+    for p in pods:
+        kind, name = owner.get(p.uid, ("", ""))
+        if not kind or kind == "<none>":
+            continue
+        if kind == "ReplicaSet" and "-" in name:
+            kind, name = "Deployment", name.rsplit("-", 1)[0]
+        top[p.uid] = (kind, p.namespace, name)
+    members: dict[tuple[str, str, str], list[str]] = {}
+    for uid, key in top.items():
+        members.setdefault(key, []).append(uid)
+    return {uid: Owner(kind, ns, name, tuple(members[(kind, ns, name)]))
+            for uid, (kind, ns, name) in top.items()}
+
+
+def _merged(pairs: list[tuple[array, array]]) -> GpuUse:
+    if len(pairs) == 1:
+        return GpuUse(*pairs[0])
+    peaks = array("d", map(max, *(p for p, _ in pairs)))
+    counts = array("d", map(sum, zip(*(c for _, c in pairs), strict=True)))
+    return GpuUse(peaks, counts)
+
+
+def _fresh(sampled: array, stale: int) -> list[bool]:
+    """Per step: any GPU sample within the last ``stale`` steps (the live freshness check)."""
+    out, last = [], -stale - 1
+    for i, any_sample in enumerate(sampled):
+        if any_sample:
+            last = i
+        out.append(i - last < stale)
+    return out
+
+
+def _when(t: float) -> str:
+    return stamp(t)
