@@ -33,6 +33,7 @@ from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.model import CLASS_KEY, TEAM_LABEL, Node, OwnerRef, Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import Owner
+from gpusteward.core.reclaim.recheck import DEFAULT_POD_GRACE
 from gpusteward.core.times import HOUR, stamp
 from gpusteward.core.whatif.history import BROKEN, NO_SAMPLE, GpuUse, Grid, History, PodRecord, Span
 
@@ -238,6 +239,7 @@ class _Facts:
             scrape_interval=float(policy.telemetry.scrape_interval),
             telemetry=_fresh(self.telemetry, stale),
             tiers={n.name: tiers.tier_of(n.product) for n in nodes.values()},
+            eviction_grace=max(float(policy.reclaim.eviction_grace), float(DEFAULT_POD_GRACE)),
             gaps=tuple(self._gaps(records, policy)))
 
     def _pod(self, uid: str, wanted: Mapping[str, str], policy: Policy) -> Pod | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate
-from operator import sub
+from itertools import accumulate, compress
+from operator import ne, sub
 
 from gpusteward.core.reclaim.model import Evidence
 from gpusteward.core.whatif.history import GpuUse
@@ -64,7 +64,22 @@ class PodEvidence:
             if count > 0:
                 seen += 1
                 peak = max(peak, peaks[i])
-                coverage = min(coverage, count / self.expected)
+                coverage = min(coverage, min(1.0, count / self.expected))
         if not seen:
             return None
         return Evidence(self.window, peak, coverage, seen)
+
+    def flips(self, threshold: float, min_coverage: float) -> set[int]:
+        """Every step at which one of the comparisons rules.judge() makes on this evidence can
+        come out otherwise than at the step before: per GPU, sampled at all, its coverage
+        against ``min_coverage``, its peak against ``threshold`` and against 0-100 (a broken
+        reading). Between two such steps the pod's state (idle, busy, unknown) cannot change.
+        The pod's own GPU count never changes, so ``gpus_seen < gpus`` flips with "sampled"."""
+        out: set[int] = set()
+        for peaks, samples in zip(self.peaks, self.samples, strict=True):
+            steps = range(1, len(peaks))
+            for flags in (list(map(threshold.__le__, peaks)), list(map(100.0.__ge__, peaks)),
+                          list(map(0.0.__lt__, samples)),
+                          [min(1.0, c / self.expected) >= min_coverage for c in samples]):
+                out.update(compress(steps, map(ne, flags[1:], flags[:-1])))
+        return out

@@ -74,5 +74,8 @@ class History(msgspec.Struct, frozen=True):
     # policy's staleAfter); without it the cycle halts, as the live one does.
     telemetry: Sequence[bool] = ()
     tiers: Mapping[str, str | None] = msgspec.field(default_factory=dict)  # node -> card tier
+    # The longest grace an evicted pod may have taken to go (the policy's evictionGrace or the
+    # API server's default 30 s): how long after a reclaim its record may still run.
+    eviction_grace: float = 30.0
     # Plain statements of what the record lacked, and how that bounds the replay's figures.
     gaps: tuple[str, ...] = ()

@@ -30,8 +30,8 @@ class Reclaimed(msgspec.Struct, frozen=True):
     reason: str  # idle | over-quota | queue
     at: float
     until: float
-    # The record ends within a cycle of the reclaim (a reclaimer acting live took it, or the
-    # pod ended just then): its GPUs count as freed until the window's end.
+    # The record ends, running, within a cycle and an eviction grace of the reclaim (a
+    # reclaimer acting live took it, or it ended just then): freed until the window's end.
     to_window_end: bool = False
 
     @property

@@ -10,6 +10,7 @@ pods included) leave the record from then on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import msgspec
@@ -28,11 +29,10 @@ from gpusteward.core.reclaim.model import (
     Snapshot,
 )
 from gpusteward.core.reclaim.quota import team
-from gpusteward.core.reclaim.rules import windows
 from gpusteward.core.times import HOUR, stamp
-from gpusteward.core.whatif.evidence import PodEvidence
 from gpusteward.core.whatif.history import History, PodRecord
 from gpusteward.core.whatif.outcome import Comeback, Outcome, Reclaimed, Warned
+from gpusteward.core.whatif.pace import PodWatch, boundaries, needs_everyone, step_at
 from gpusteward.core.whatif.waiting import started_earlier
 
 
@@ -50,33 +50,43 @@ class _State:
         self.reclaimed: list[Reclaimed] = []
         self.comebacks: list[Comeback] = []
         self.extended: set[str] = set()  # pods kept one step past their record (see _present)
+        self.wakeups: list[float] = []  # times a decision falls due: deadlines, limits easing
 
 
-def replay(history: History, policy: Policy, name: str = "policy") -> Outcome:
+def replay(history: History, policy: Policy, name: str = "policy",
+           every_step: bool = False) -> Outcome:
+    """What ``policy`` would have done over ``history``. ``every_step``: decide every cycle
+    over every pod, skipping nothing (pace.py; the result is the same, only slower)."""
     grid = history.grid
     state = _State()
-    evidence: dict[str, dict[float, PodEvidence]] = {}  # pod uid -> window -> its evidence
-    pods: dict[str, Pod] = {}  # uid -> the snapshot's pod as last built
-    halted = 0
+    watches: dict[str, PodWatch] = {}  # running pods' evidence and idle flag, by uid
+    cache: dict[str, Pod] = {}  # uid -> the snapshot's pod as last built
+    due = boundaries(history, policy)
+    flips: dict[int, list[str]] = {}  # cycle -> pods whose judged state may change there
     by_start = _by_start(history)
     active: list[PodRecord] = []
+    halted, carry = 0, True
     for i in range(grid.steps):
-        now = grid.time(i)
-        active = _still(active, i, evidence) + by_start.get(i, [])
+        for r in by_start.get(i, []):
+            _watch(r, policy, history, watches, flips)
+        active = _still(active, i, watches) + by_start.get(i, [])
+        flipped = flips.pop(i, [])
+        for uid in flipped:
+            if uid in watches:
+                watches[uid].update(i)
+        ok = not history.telemetry or bool(history.telemetry[i])
+        if not (every_step or carry or flipped or i in due):
+            halted += not ok
+            continue
         present = list(_present(active, i, state, history))
-        snap_pods = tuple(_pod_at(r, i, state, pods, history) for r in present)
-        running = [(r, p) for r, p in zip(present, snap_pods, strict=True) if p.node]
-        needed = sorted(windows(policy, tuple(p for _, p in running)))
-        ok = not history.telemetry or history.telemetry[i]
-        snap = Snapshot(
-            now=now, pods=snap_pods, nodes=history.nodes, owners=history.owners,
-            namespace_labels={}, tiers=history.tiers,
-            evidence={w: dict(_window(running, w, i, evidence, history)) for w in needed},
-            telemetry_ok=ok, telemetry_problem="" if ok else "no GPU sample within staleAfter",
-            recent_actions=tuple(a for a in state.recent if now - a.at < HOUR))
-        decided = plan(snap, policy)
+        if not (every_step or needs_everyone(policy, present, i, history)):
+            present = [r for r in present if _shown(r, i, state, watches)]
+        decided = plan(_snapshot(present, i, ok, state, cache, watches, history, policy), policy)
         halted += bool(decided.halted)
-        _carry_out(decided, now, state, history, i)
+        carry = bool(decided.actions or decided.held_back)
+        _carry_out(decided, grid.time(i), state, history, i)
+        due |= {step_at(history, t) for t in state.wakeups}
+        state.wakeups.clear()
     return Outcome(
         policy=name, start=grid.start, end=grid.end, step=grid.step,
         warned=tuple(state.warned), reclaimed=tuple(state.reclaimed),
@@ -86,8 +96,41 @@ def replay(history: History, policy: Policy, name: str = "policy") -> Outcome:
         halted_steps=halted, gaps=history.gaps + _extension_note(state))
 
 
+def _watch(r: PodRecord, policy: Policy, history: History, watches: dict[str, PodWatch],
+           flips: dict[int, list[str]]) -> None:
+    if r.running is None:
+        return
+    w = watches[r.pod.uid] = PodWatch(r, policy, history)
+    first, last = max(0, r.running.first), min(history.grid.steps - 1, r.running.last)
+    for i in {first} | {f for f in w.flips() if first < f <= last}:
+        flips.setdefault(i, []).append(r.pod.uid)
+
+
+def _shown(r: PodRecord, i: int, state: _State, watches: dict[str, PodWatch]) -> bool:
+    """Whether plan() must see this pod (pace.py): it is marked, pending, or judged idle."""
+    uid = r.pod.uid
+    watch = watches.get(uid)
+    return uid in state.marks or watch is None or watch.idle or not (
+        r.running is not None and r.running.holds(i))
+
+
+def _snapshot(present: list[PodRecord], i: int, ok: bool, state: _State,
+              cache: dict[str, Pod], watches: dict[str, PodWatch], history: History,
+              policy: Policy) -> Snapshot:
+    now = history.grid.time(i)
+    pods = tuple(_pod_at(r, i, state, cache, history) for r in present)
+    running = [(r, p) for r, p in zip(present, pods, strict=True) if p.node]
+    needed = {w for r, _ in running for w in watches[r.pod.uid].evidence}
+    return Snapshot(
+        now=now, pods=pods, nodes=history.nodes, owners=history.owners, namespace_labels={},
+        tiers=history.tiers,
+        evidence={w: dict(_window(running, w, i, watches)) for w in needed},
+        telemetry_ok=ok, telemetry_problem="" if ok else "no GPU sample within staleAfter",
+        recent_actions=tuple(a for a in state.recent if now - a.at < HOUR))
+
+
 def _still(active: list[PodRecord], i: int,
-           evidence: dict[str, dict[float, PodEvidence]]) -> list[PodRecord]:
+           watches: dict[str, PodWatch]) -> list[PodRecord]:
     """The records that may still be present at step ``i``; the others' evidence is dropped
     (a week of a pod's figures is ~1 MB per window)."""
     kept = []
@@ -95,7 +138,7 @@ def _still(active: list[PodRecord], i: int,
         if r.last >= i - 1:
             kept.append(r)
         else:
-            evidence.pop(r.pod.uid, None)
+            watches.pop(r.pod.uid, None)
     return kept
 
 
@@ -148,15 +191,11 @@ def _pod_at(r: PodRecord, i: int, state: _State, cache: dict[str, Pod],
 
 
 def _window(running: list[tuple[PodRecord, Pod]], window: float, i: int,
-            cache: dict[str, dict[float, PodEvidence]],
-            history: History) -> Iterator[tuple[str, Evidence]]:
+            watches: dict[str, PodWatch]) -> Iterator[tuple[str, Evidence]]:
     for r, pod in running:
-        ev = cache.setdefault(pod.uid, {}).get(window)
-        if ev is None:
-            ev = cache[pod.uid][window] = PodEvidence(
-                r.gpus, window, history.grid.step, history.scrape_interval)
+        ev = watches[pod.uid].evidence.get(window)
         # A pod kept past its record (see _present) is judged on its last recorded step.
-        found = ev.at(min(i, r.last)) if r.last >= 0 else None
+        found = ev.at(min(i, r.last)) if ev is not None else None
         if found is not None:
             yield pod.key, found
 
@@ -170,6 +209,7 @@ def _carry_out(decided: Plan, now: float, state: _State, history: History, i: in
         elif a.kind == "warn" and a.reclaim_at is not None:
             state.marks.setdefault(uid, {})[RECLAIM_AT] = stamp(a.reclaim_at)
             state.deadline[uid] = a.reclaim_at
+            state.wakeups.append(a.reclaim_at)
             state.warned.append(Warned(a.pod.key, a.team, a.pod.gpus, now, a.reclaim_at))
         elif a.kind == "clear":
             _cleared(a, decided, now, state)
@@ -193,6 +233,7 @@ def _cleared(a: Action, decided: Plan, now: float, state: _State) -> None:
 def _reclaim(a: Action, now: float, state: _State, history: History, i: int) -> None:
     assert a.owner is not None
     state.recent.append(PastAction(now, a.team, a.pod.key))
+    state.wakeups.append(now + HOUR)  # the per-hour limits ease
     if a.how in GROUP_ACTIONS:
         state.stopped.add(a.owner.key)
     records = {r.pod.uid: r for r in history.pods}
@@ -205,11 +246,18 @@ def _reclaim(a: Action, now: float, state: _State, history: History, i: int) -> 
             state.reclaimed.append(_freed(r, a, pod.uid == a.pod.uid, now, history, i))
 
 
+def state_allowance(history: History) -> int:
+    """Cycles after a reclaim within which a pod that leaves the record while running is taken
+    to have been reclaimed by a reclaimer acting live (one cycle, and the longest eviction
+    grace the pod may have had: the policy's or Kubernetes' default 30 s)."""
+    return math.ceil((history.grid.step + history.eviction_grace) / history.grid.step)
+
+
 def _freed(r: PodRecord, a: Action, first: bool, now: float, history: History,
            i: int) -> Reclaimed:
     grid = history.grid
     last = r.running.last if r.running else i
-    cut_short = last <= i and last < grid.steps - 1
+    cut_short = last <= i + state_allowance(history) and last < grid.steps - 1
     until = grid.end if cut_short or last >= grid.steps - 1 else grid.time(last)
     assert a.owner is not None
     return Reclaimed(r.pod.key, team(r.pod, {}), r.card, r.pod.node or "", r.pod.gpus,
@@ -231,10 +279,15 @@ def _kept_down(r: PodRecord, owner: Owner, state: _State, history: History) -> N
 
 
 def _extension_note(state: _State) -> tuple[str, ...]:
-    if not state.extended:
-        return ()
-    return (f"{len(state.extended)} warned pod(s) left the record within a cycle before their "
-            "deadline; they are counted as reclaimed at the deadline (a reclaimer acting live "
-            "may have taken them), and their GPUs as freed until the window's end",)
-
-
+    out = []
+    if state.extended:
+        out.append(f"{len(state.extended)} warned pod(s) left the record within a cycle before "
+                   "their deadline; they are counted as reclaimed at the deadline (a reclaimer "
+                   "acting live may have taken them)")
+    taken = sum(r.to_window_end for r in state.reclaimed)
+    if taken:
+        out.append(f"{taken} pod(s) left the record, running, within a cycle and an eviction "
+                   "grace of their replayed reclaim, as a reclaimer acting live makes them do: "
+                   "their GPUs count as freed until the window's end (a pod that happened to "
+                   "end on its own just then is counted the same)")
+    return tuple(out)
