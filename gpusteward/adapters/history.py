@@ -20,11 +20,9 @@ import math
 import re
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-import msgspec
-
-from gpusteward.adapters.errors import AdapterError
+from gpusteward.adapters.errors import AdapterError, TelemetryUnavailable
 from gpusteward.adapters.prometheus import ENGINE_ACTIVE, GPU_UTIL, PrometheusSource, keeping
 from gpusteward.adapters.snapshot import evidence_queries
 from gpusteward.core.attribution import Attribution, is_per_pod, node_of
@@ -60,9 +58,11 @@ def ksm_resource(name: str) -> str:
     return _INVALID.sub("_", name)
 
 
-class Series(msgspec.Struct):
+class Series(NamedTuple):
+    """One series of a range query's matrix: its labels and its [time, "value"] points."""
+
     metric: dict[str, str]
-    values: list[tuple[float, str]]
+    values: list[list[Any]]
 
 
 def queries(policy: Policy, step: float, chunk: float) -> dict[str, str]:
@@ -114,7 +114,10 @@ class HistoryReader:
 
 
 def _decode(rows: list[dict[str, Any]]) -> list[Series]:
-    return msgspec.convert(rows, list[Series])
+    try:
+        return [Series(r["metric"], r["values"]) for r in rows]
+    except (KeyError, TypeError) as e:
+        raise TelemetryUnavailable(f"prometheus answered a range query with {e!r} missing") from e
 
 
 class _Facts:
@@ -132,7 +135,7 @@ class _Facts:
         self.labels: dict[str, dict[str, str]] = {}
         self.created: dict[str, float] = {}
         self.models: dict[str, tuple[str, str]] = {}  # GPU (UUID) -> (node label, modelName)
-        self.gpu_series: dict[tuple[tuple[str, str], ...], tuple[array, array]] = {}
+        self.gpu_series: dict[tuple[tuple[str, str], ...], _Piece] = {}
         self.telemetry = array("b", bytes(grid.steps))
 
     def index(self, t: float) -> int:
@@ -166,21 +169,37 @@ class _Facts:
     def _per_step(self, rows: list[Series], slot: int) -> None:
         n = self.grid.steps
         for s in rows:
+            if not s.values:
+                continue
             key = tuple(sorted(s.metric.items()))
-            pair = self.gpu_series.get(key)
-            if pair is None:
-                pair = (array("d", [NO_SAMPLE]) * n, array("d", bytes(8 * n)))
-                self.gpu_series[key] = pair
-            target = pair[slot]
-            for t, v in s.values:
-                value = float(v)
-                if slot == 0 and not 0.0 <= value <= 100.0:
-                    value = BROKEN  # NaN, infinite or out of range: no reading (rules.is_reading)
+            values = array("d", map(float, (v for _, v in s.values)))
+            if slot == 0 and (max(values) > 100.0 or min(values) < 0.0
+                              or any(map(math.isnan, values))):
+                # NaN, infinite or out of range: no reading (rules.is_reading)
+                values = array("d", (v if 0.0 <= v <= 100.0 else BROKEN for v in values))
+            first, last = self.index(s.values[0][0]), self.index(s.values[-1][0])
+            piece = self.gpu_series.get(key)
+            if piece is None:
+                piece = self.gpu_series[key] = _Piece(max(0, first))
+            if last - first + 1 == len(values) and first >= 0 and last < n:
+                piece.put(slot, first, values)  # one point per step: the usual case
+                if slot == 1:
+                    self._sampled(first, values)
+                continue
+            for (t, _), value in zip(s.values, values, strict=True):
                 i = self.index(t)
                 if 0 <= i < n:
-                    target[i] = value
+                    piece.put(slot, i, array("d", [value]))
                     if slot == 1 and value > 0:
                         self.telemetry[i] = 1
+
+    def _sampled(self, first: int, counts: array) -> None:
+        if min(counts) > 0:
+            self.telemetry[first:first + len(counts)] = array("b", b"\x01" * len(counts))
+        else:
+            for i, c in enumerate(counts, first):
+                if c > 0:
+                    self.telemetry[i] = 1
 
     def _peak(self, rows: list[Series]) -> None:
         self._per_step(rows, 0)
@@ -230,7 +249,7 @@ class _Facts:
         who = Attribution.of(policy.telemetry.node_labels, policy.telemetry.honor_labels,
                              nodes, pods.values())
         uses, models = self._uses(who)
-        records = tuple(self._record(p, uses.get(p.key, {}), models.get(p.key, ""))
+        records = tuple(self._record(p, uses.get(p.key, []), models.get(p.key, ""))
                         for p in pods.values())
         stale = max(1, math.ceil(float(policy.telemetry.stale_after) / self.grid.step))
         tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
@@ -271,13 +290,12 @@ class _Facts:
             nodes.setdefault(n, Node(n, None, 0))
         return nodes
 
-    def _uses(self, who: Attribution) -> tuple[dict[str, dict[tuple[str, str], GpuUse]],
-                                               dict[str, str]]:
-        """pod key -> its GPUs' per-step use; a pod's own per-pod series stand for a shared GPU
+    def _uses(self, who: Attribution) -> tuple[dict[str, list[_Piece]], dict[str, str]]:
+        """pod key -> its GPUs' figures; a pod's own per-pod series stand for a shared GPU
         (as in adapters.snapshot.per_pod); series of one GPU over time are merged."""
-        found: dict[str, dict[tuple[str, str], dict[bool, list[tuple[array, array]]]]] = {}
+        found: dict[str, dict[tuple[str, str], dict[bool, list[_Piece]]]] = {}
         models: dict[str, str] = {}
-        for key, pair in self.gpu_series.items():
+        for key, piece in self.gpu_series.items():
             labels = dict(key)
             node = who.node(labels)
             pod = who.pod(labels, node)
@@ -285,20 +303,23 @@ class _Facts:
                 continue
             gpu = (node or "", gpu_id(labels))
             found.setdefault(pod, {}).setdefault(gpu, {}).setdefault(
-                is_per_pod(labels), []).append(pair)
+                is_per_pod(labels), []).append(piece)
             models[pod] = self.models.get(gpu_id(labels), ("", ""))[1] or models.get(pod, "")
-        out = {pod: {gpu: _merged(kinds.get(True) or kinds[False])
-                     for gpu, kinds in gpus.items()} for pod, gpus in found.items()}
+        self.gpu_series = {}  # merged below; the per-series figures are no longer needed
+        out = {pod: [_Piece.merged(kinds.get(True) or kinds[False]) for kinds in gpus.values()]
+               for pod, gpus in found.items()}
         return out, models
 
-    def _record(self, pod: Pod, uses: Mapping[tuple[str, str], GpuUse], card: str) -> PodRecord:
+    def _record(self, pod: Pod, pieces: Sequence[_Piece], card: str) -> PodRecord:
         running = self.phase.get((pod.uid, "Running"))
         pending = self.phase.get((pod.uid, "Pending"))
-        return PodRecord(
-            pod, card,
-            running=Span(*running) if running and pod.node else None,
-            pending=Span(*pending) if pending else None,
-            gpus=tuple(uses.values()))
+        span = Span(*running) if running and pod.node else None
+        ends = [p.first for p in pieces] + [p.end for p in pieces]
+        if span is not None:
+            ends += [max(0, span.first), min(self.grid.steps - 1, span.last) + 1]
+        first, end = (min(ends), max(ends)) if ends else (0, 0)
+        return PodRecord(pod, card, running=span, pending=Span(*pending) if pending else None,
+                         gpus=tuple(p.framed(first, end) for p in pieces), offset=first)
 
     def _gaps(self, records: Sequence[PodRecord], policy: Policy) -> Iterable[str]:
         first = min(s[0] for s in self.seen.values())
@@ -349,12 +370,51 @@ def _owners(pods: Iterable[Pod], owner: Mapping[str, tuple[str, str]]) -> dict[s
             for uid, (kind, ns, name) in top.items()}
 
 
-def _merged(pairs: list[tuple[array, array]]) -> GpuUse:
-    if len(pairs) == 1:
-        return GpuUse(*pairs[0])
-    peaks = array("d", map(max, *(p for p, _ in pairs)))
-    counts = array("d", map(sum, zip(*(c for _, c in pairs), strict=True)))
-    return GpuUse(peaks, counts)
+class _Piece:
+    """One series' figures from step ``first`` on: peaks and sample counts per step."""
+
+    def __init__(self, first: int):
+        self.first = first
+        self.peaks = array("d")
+        self.samples = array("d")
+
+    @property
+    def end(self) -> int:
+        return self.first + max(len(self.peaks), len(self.samples))
+
+    def put(self, slot: int, at: int, values: array) -> None:
+        """Figures from step ``at`` on (chunks arrive in time order; a gap stays unsampled)."""
+        target, gap = (self.peaks, NO_SAMPLE) if slot == 0 else (self.samples, 0.0)
+        if at < self.first:  # an earlier point than the first seen: shift the start back
+            self.peaks[:0] = array("d", [NO_SAMPLE]) * (self.first - at)
+            self.samples[:0] = array("d", bytes(8 * (self.first - at)))
+            self.first = at
+        at -= self.first
+        if at > len(target):
+            target.extend(array("d", [gap]) * (at - len(target)))
+        target[at:at + len(values)] = values
+
+    def framed(self, first: int, end: int) -> GpuUse:
+        """Its figures over steps ``first``..``end - 1`` (unsampled outside its own)."""
+        def pad(values: array, gap: float) -> array:
+            before = array("d", [gap]) * (self.first - first)
+            after = array("d", [gap]) * (end - self.first - len(values))
+            return before + values + after
+
+        return GpuUse(pad(self.peaks, NO_SAMPLE), pad(self.samples, 0.0))
+
+    @classmethod
+    def merged(cls, pieces: list[_Piece]) -> _Piece:
+        """One GPU's series over time (an exporter restart renames them): highest peak and
+        the samples of all, per step."""
+        if len(pieces) == 1:
+            return pieces[0]
+        first, end = min(p.first for p in pieces), max(p.end for p in pieces)
+        framed = [p.framed(first, end) for p in pieces]
+        out = cls(first)
+        out.peaks = array("d", map(max, *(f.peaks for f in framed)))
+        out.samples = array("d", map(sum, zip(*(f.samples for f in framed), strict=True)))
+        return out
 
 
 def _fresh(sampled: array, stale: int) -> list[bool]:

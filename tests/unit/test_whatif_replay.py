@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from gpusteward.core.model import Node, OwnerRef, Pod
@@ -224,3 +225,12 @@ def test_skipping_quiet_cycles_and_pods_changes_nothing(reclaim, extra, seed):
     fast, full = replay(h, pol), replay(h, pol, every_step=True)
     assert full.warned or full.reclaimed  # the history exercises the reclaimer
     assert fast == full
+
+
+def test_figures_kept_only_for_a_pods_own_time_replay_the_same():
+    utils = [None] * 10 + [0.0] * 30 + [None] * 20
+    whole = record("p", utils, gpus=2, first=10, last=39)
+    own = msgspec.structs.replace(whole, offset=10, gpus=tuple(
+        GpuUse(g.peaks[10:40], g.samples[10:40]) for g in whole.gpus))
+    a, b = replay(history(whole), policy()), replay(history(own), policy())
+    assert a.reclaimed and a == b

@@ -49,8 +49,9 @@ class PodEvidence:
     """One pod's evidence over one window, at any step."""
 
     def __init__(self, gpus: Sequence[GpuUse], window: float, step: float,
-                 scrape_interval: float):
+                 scrape_interval: float, offset: int = 0):
         k = max(1, round(window / step))
+        self.offset = offset  # step of the figures' first entry
         self.window = window
         self.expected = max(window / scrape_interval, 1.0)
         self.peaks = [sliding_max(g.peaks, k) for g in gpus]
@@ -59,8 +60,9 @@ class PodEvidence:
     def at(self, i: int) -> Evidence | None:
         """None when no GPU of the pod has a sample in the window (the live query finds none)."""
         peak, coverage, seen = -1.0, 1.0, 0
+        i -= self.offset
         for peaks, samples in zip(self.peaks, self.samples, strict=True):
-            count = samples[i]
+            count = samples[i] if 0 <= i < len(samples) else 0.0
             if count > 0:
                 seen += 1
                 peak = max(peak, peaks[i])
@@ -82,4 +84,5 @@ class PodEvidence:
                           list(map(0.0.__lt__, samples)),
                           [min(1.0, c / self.expected) >= min_coverage for c in samples]):
                 out.update(compress(steps, map(ne, flags[1:], flags[:-1])))
-        return out
+            out.add(len(peaks))  # the figures end: after this, no samples
+        return {i + self.offset for i in out}

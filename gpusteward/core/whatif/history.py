@@ -57,6 +57,7 @@ class PodRecord(msgspec.Struct, frozen=True):
     running: Span | None = None  # Running on ``pod.node``
     pending: Span | None = None  # Pending, not bound to a node
     gpus: tuple[GpuUse, ...] = ()
+    offset: int = 0  # the step of its GPUs' first figures (they cover only its own time)
 
     @property
     def last(self) -> int:

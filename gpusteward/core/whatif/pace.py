@@ -36,8 +36,8 @@ class PodWatch:
     def __init__(self, r: PodRecord, policy: Policy, history: History):
         self.rule = rule_for(r.pod, policy)
         self.gpus = r.pod.gpus
-        self.evidence = {w: PodEvidence(r.gpus, w, history.grid.step, history.scrape_interval)
-                         for w in windows(policy, (r.pod,))}
+        self.evidence = {w: PodEvidence(r.gpus, w, history.grid.step, history.scrape_interval,
+                                        r.offset) for w in windows(policy, (r.pod,))}
         self.idle = False
 
     def flips(self) -> set[int]:

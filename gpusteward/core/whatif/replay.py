@@ -11,7 +11,7 @@ pods included) leave the record from then on.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import msgspec
 
@@ -63,13 +63,16 @@ def replay(history: History, policy: Policy, name: str = "policy",
     cache: dict[str, Pod] = {}  # uid -> the snapshot's pod as last built
     due = boundaries(history, policy)
     flips: dict[int, list[str]] = {}  # cycle -> pods whose judged state may change there
-    by_start = _by_start(history)
-    active: list[PodRecord] = []
+    by_start, by_end = _by_start(history), _by_end(history)
+    active: dict[str, PodRecord] = {}
     halted, carry = 0, True
     for i in range(grid.steps):
         for r in by_start.get(i, []):
             _watch(r, policy, history, watches, flips)
-        active = _still(active, i, watches) + by_start.get(i, [])
+            active[r.pod.uid] = r
+        for r in by_end.get(i, []):  # past its record and the one step it may be kept
+            active.pop(r.pod.uid, None)
+            watches.pop(r.pod.uid, None)
         flipped = flips.pop(i, [])
         for uid in flipped:
             if uid in watches:
@@ -78,7 +81,7 @@ def replay(history: History, policy: Policy, name: str = "policy",
         if not (every_step or carry or flipped or i in due):
             halted += not ok
             continue
-        present = list(_present(active, i, state, history))
+        present = list(_present(active.values(), i, state, history))
         if not (every_step or needs_everyone(policy, present, i, history)):
             present = [r for r in present if _shown(r, i, state, watches)]
         decided = plan(_snapshot(present, i, ok, state, cache, watches, history, policy), policy)
@@ -129,17 +132,11 @@ def _snapshot(present: list[PodRecord], i: int, ok: bool, state: _State,
         recent_actions=tuple(a for a in state.recent if now - a.at < HOUR))
 
 
-def _still(active: list[PodRecord], i: int,
-           watches: dict[str, PodWatch]) -> list[PodRecord]:
-    """The records that may still be present at step ``i``; the others' evidence is dropped
-    (a week of a pod's figures is ~1 MB per window)."""
-    kept = []
-    for r in active:
-        if r.last >= i - 1:
-            kept.append(r)
-        else:
-            watches.pop(r.pod.uid, None)
-    return kept
+def _by_end(history: History) -> dict[int, list[PodRecord]]:
+    out: dict[int, list[PodRecord]] = {}
+    for r in history.pods:
+        out.setdefault(r.last + 2, []).append(r)
+    return out
 
 
 def _by_start(history: History) -> dict[int, list[PodRecord]]:
@@ -151,7 +148,7 @@ def _by_start(history: History) -> dict[int, list[PodRecord]]:
     return out
 
 
-def _present(active: list[PodRecord], i: int, state: _State,
+def _present(active: Iterable[PodRecord], i: int, state: _State,
              history: History) -> Iterator[PodRecord]:
     """The records of step ``i`` the replay has not reclaimed. A warned pod whose record ends
     before its deadline, within one cycle of it, stays one step longer: the record (one sample
