@@ -185,3 +185,17 @@ def test_a_window_without_history_is_one_line_and_exit_1(prometheus, tmp_path, c
     err = capsys.readouterr().err
     assert err.startswith("gpusteward whatif: no kube-state-metrics pod history")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("fmt", "expect"), [
+    pytest.param("table", ["GPU-hours freed", "ml/idle", "What the history lacked"], id="table"),
+    pytest.param("csv", ["policy,event,pod,team,card,gpus,at,until,gpu_hours,detail",
+                         ",reclaimed,ml/idle,vision,NVIDIA H100 80GB HBM3,2,"], id="csv"),
+    pytest.param("html", ["<!doctype html>", "<td>ml/idle</td>", "What the history lacked"],
+                 id="html"),
+])
+def test_every_format_shows_the_reclaim(prometheus, end, tmp_path, capsys, fmt, expect):
+    assert whatif(prometheus, tmp_path, "--window", "1h", "--end",
+                  time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end)), "--format", fmt) == 0
+    out = capsys.readouterr().out
+    assert all(e in out for e in expect), out[:2000]

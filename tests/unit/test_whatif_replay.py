@@ -107,6 +107,13 @@ def test_a_pod_busy_again_within_the_grace_is_a_false_positive_risk_not_a_reclai
     assert c.idle_at < c.back_at
 
 
+def test_busy_again_only_after_its_deadline_is_no_comeback_within_the_grace():
+    # warned at cycle 4 (deadline 9); no samples from 5 to 15 (unknown: held, not reclaimed);
+    # busy from 16 on
+    out = replay(history(record("held", [0.0] * 5 + [None] * 11 + [90.0] * 44)), policy())
+    assert len(out.warned) == 1 and out.reclaimed == () and out.comebacks == ()
+
+
 def test_a_longer_window_frees_fewer_gpu_hours():
     pods = history(record("a", IDLE, gpus=4), record("b", [50.0] * 20 + [0.0] * 40))
     short, long = replay(pods, policy(window=300)), replay(pods, policy(window=1500))
@@ -121,6 +128,11 @@ def test_protected_pods_stay_untouched_in_the_replay_as_live():
 def test_missing_telemetry_halts_those_cycles_and_nothing_is_reclaimed():
     out = replay(history(record("idle", IDLE), telemetry=[False] * STEPS), policy())
     assert out.halted_steps == STEPS and out.reclaimed == ()
+
+
+def test_a_pod_without_any_gpu_series_is_never_judged():
+    blind = msgspec.structs.replace(record("blind", IDLE), gpus=())
+    assert replay(history(blind), policy()).warned == ()
 
 
 def test_a_gap_in_a_pods_samples_is_unknown_never_idle():
@@ -185,21 +197,22 @@ def random_history(seed: int) -> History:
     for n in range(14):
         first = rng.randrange(-20, steps - 20)
         last = min(steps + 5, first + rng.randrange(20, 200))
-        pending = Span(first - rng.randrange(1, 15), first - 1) if rng.random() < 0.3 else None
+        pending = Span(first - rng.randrange(1, 15), first - 1) if rng.random() < 0.5 else None
         utils: list[float | None] = []
         while len(utils) < steps:
             value = rng.choice([0.0, 0.0, 1.0, 40.0, 90.0, None])
             utils += [value] * rng.randrange(1, 25)
         gpus = rng.choice([1, 1, 2, 4])
         rec = record(f"p{n}", utils[:steps], gpus=gpus, first=first, last=last, pending=pending,
-                     labels={"gpusteward.io/team": rng.choice(["a", "b"])})
+                     labels={"gpusteward.io/team": rng.choice(["a", "b"])},
+                     priority=rng.choice([0, 0, 100]))
         records.append(rec)
         if n % 5 == 1:
             owners[rec.pod.uid] = Owner("Deployment", "ml", f"d{n // 10}")
     members = tuple(uid for uid in owners)
     owners = {uid: Owner(o.kind, o.namespace, o.name, members) for uid, o in owners.items()}
     telemetry = [not 100 <= i < 104 for i in range(steps)]
-    return History(Grid(START, STEP, steps), tuple(records), {"n1": Node("n1", "H100", 16)},
+    return History(Grid(START, STEP, steps), tuple(records), {"n1": Node("n1", "H100", 8)},
                    owners, SCRAPE, telemetry)
 
 
@@ -225,6 +238,14 @@ def test_skipping_quiet_cycles_and_pods_changes_nothing(reclaim, extra, seed):
     fast, full = replay(h, pol), replay(h, pol, every_step=True)
     assert full.warned or full.reclaimed  # the history exercises the reclaimer
     assert fast == full
+    REASONS.update(r.reason for r in full.reclaimed)
+
+
+REASONS: set[str] = set()
+
+
+def test_the_random_histories_exercise_queue_and_quota_reclaims_too():
+    assert {"idle", "queue", "over-quota"} <= REASONS, REASONS
 
 
 def test_figures_kept_only_for_a_pods_own_time_replay_the_same():

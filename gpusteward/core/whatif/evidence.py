@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate, compress
-from operator import ne, sub
+from itertools import accumulate, compress, repeat
+from operator import ne, sub, truediv
 
 from gpusteward.core.reclaim.model import Evidence
 from gpusteward.core.whatif.history import GpuUse
@@ -46,43 +46,42 @@ def sliding_sum(values: Sequence[float], k: int) -> array[float]:
 
 
 class PodEvidence:
-    """One pod's evidence over one window, at any step."""
+    """One pod's evidence over one window, at any step: its GPUs' figures folded as the live
+    reclaimer folds them (adapters/snapshot.per_pod), once for the pod's whole time."""
 
     def __init__(self, gpus: Sequence[GpuUse], window: float, step: float,
                  scrape_interval: float, offset: int = 0):
         k = max(1, round(window / step))
         self.offset = offset  # step of the figures' first entry
         self.window = window
-        self.expected = max(window / scrape_interval, 1.0)
-        self.peaks = [sliding_max(g.peaks, k) for g in gpus]
-        self.samples = [sliding_sum(g.samples, k) for g in gpus]
+        expected = max(window / scrape_interval, 1.0)
+        peaks = [sliding_max(g.peaks, k) for g in gpus]
+        counts = [sliding_sum(g.samples, k) for g in gpus]
+        # per GPU: its coverage, or 1 where it has no sample (the fold skips it)
+        covers = [map(max, map(truediv, c, repeat(expected)), map(0.0.__eq__, c))
+                  for c in counts]
+        self.peak = array("d", map(max, *peaks)) if len(peaks) > 1 else (
+            peaks[0] if peaks else array("d"))
+        self.coverage = array("d", map(min, repeat(1.0), *covers)) if covers else array("d")
+        sampled = [map(0.0.__lt__, c) for c in counts]
+        self.seen = array("b", sampled[0] if len(sampled) == 1 else map(
+            sum, zip(*sampled, strict=True)))
 
     def at(self, i: int) -> Evidence | None:
         """None when no GPU of the pod has a sample in the window (the live query finds none)."""
-        peak, coverage, seen = -1.0, 1.0, 0
         i -= self.offset
-        for peaks, samples in zip(self.peaks, self.samples, strict=True):
-            count = samples[i] if 0 <= i < len(samples) else 0.0
-            if count > 0:
-                seen += 1
-                peak = max(peak, peaks[i])
-                coverage = min(coverage, min(1.0, count / self.expected))
-        if not seen:
+        if not 0 <= i < len(self.seen) or not self.seen[i]:
             return None
-        return Evidence(self.window, peak, coverage, seen)
+        return Evidence(self.window, self.peak[i], self.coverage[i], self.seen[i])
 
     def flips(self, threshold: float, min_coverage: float) -> set[int]:
         """Every step at which one of the comparisons rules.judge() makes on this evidence can
-        come out otherwise than at the step before: per GPU, sampled at all, its coverage
-        against ``min_coverage``, its peak against ``threshold`` and against 0-100 (a broken
-        reading). Between two such steps the pod's state (idle, busy, unknown) cannot change.
-        The pod's own GPU count never changes, so ``gpus_seen < gpus`` flips with "sampled"."""
-        out: set[int] = set()
-        for peaks, samples in zip(self.peaks, self.samples, strict=True):
-            steps = range(1, len(peaks))
-            for flags in (list(map(threshold.__le__, peaks)), list(map(100.0.__ge__, peaks)),
-                          list(map(0.0.__lt__, samples)),
-                          [min(1.0, c / self.expected) >= min_coverage for c in samples]):
-                out.update(compress(steps, map(ne, flags[1:], flags[:-1])))
-            out.add(len(peaks))  # the figures end: after this, no samples
+        come out otherwise than at the step before: how many GPUs are sampled, the coverage
+        against ``min_coverage``, the peak against ``threshold`` and against 0-100 (a broken
+        reading). Between two such steps the pod's state (idle, busy, unknown) cannot change."""
+        steps = range(1, len(self.seen))
+        out = {0, len(self.seen)}  # the figures start and end
+        for flags in (list(map(threshold.__le__, self.peak)), list(map(100.0.__ge__, self.peak)),
+                      self.seen, list(map(min_coverage.__le__, self.coverage))):
+            out.update(compress(steps, map(ne, flags[1:], flags[:-1])))
         return {i + self.offset for i in out}

@@ -9,8 +9,8 @@ make most of that work provably idle:
   cycle that did nothing, does nothing; it is skipped.
 * A pod that is unmarked and judged busy or unknown over every window it may be judged on
   gets no action and changes no other pod's decision, unless team quotas are in force (it
-  counts toward its team's use) or a pending pod waits for the queue (its GPUs are not free).
-  Otherwise such pods are left out of the snapshot.
+  counts toward its team's use) or a pending pod that outranks a running one waits for the
+  queue (its GPUs are not free). Otherwise such pods are left out of the snapshot.
 
 ``replay(..., every_step=True)`` decides every cycle over every pod; the tests hold both to the
 same outcome.
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import msgspec
 
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.rules import judge, rule_for, windows
 from gpusteward.core.whatif.evidence import PodEvidence
-from gpusteward.core.whatif.history import History, PodRecord
+from gpusteward.core.whatif.history import History, PodRecord, Span
 
 
 class PodWatch:
@@ -74,16 +75,39 @@ def boundaries(history: History, policy: Policy) -> set[int]:
     return {i for i in out if 0 <= i < history.grid.steps}
 
 
-def needs_everyone(policy: Policy, present: Iterable[PodRecord], i: int,
-                   history: History) -> bool:
+class Times(NamedTuple):
+    """A record's spans as plain numbers (-1 where none), looked up every decided cycle."""
+
+    run_first: int
+    run_last: int
+    pending_first: int
+    pending_last: int
+    last: int
+    owner: str | None  # the key of the workload the reclaimer would act on
+
+    @classmethod
+    def of(cls, r: PodRecord, history: History) -> Times:
+        run, pend = r.running or Span(-1, -2), r.pending or Span(-1, -2)
+        owner = history.owners.get(r.pod.uid)
+        return cls(run.first, run.last, pend.first, pend.last, r.last,
+                   owner.key if owner else None)
+
+
+def needs_everyone(policy: Policy, present: Iterable[PodRecord], i: int, history: History,
+                   times: dict[str, Times]) -> bool:
     """Whether this cycle must show plan() every pod: team quotas count all of a team's GPUs,
-    and a pending pod the queue may act for needs every node's free GPUs."""
+    and the queue, acting for a pending pod that outranks some running pod, needs every
+    node's free GPUs. (Without quotas, a pending pod may only displace lower priorities.)"""
     if policy.teams:
         return True
     if not policy.queue.enabled:
         return False
-    wait = float(policy.queue.min_wait)
-    now = history.grid.time(i)
-    return any(r.pending is not None and r.pending.holds(i)
-               and not (r.running is not None and r.running.holds(i))
-               and now - history.grid.time(r.pending.first) >= wait for r in present)
+    wait, now, at = float(policy.queue.min_wait), history.grid.time(i), history.grid.time
+    running, waiting = [], []
+    for r in present:
+        t = times[r.pod.uid]
+        if t.run_first <= i <= t.run_last:
+            running.append(r.pod.priority)
+        elif t.pending_first <= i <= t.pending_last and now - at(t.pending_first) >= wait:
+            waiting.append(r.pod.priority)
+    return bool(waiting and running) and max(waiting) > min(running)

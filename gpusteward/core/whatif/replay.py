@@ -32,7 +32,7 @@ from gpusteward.core.reclaim.quota import team
 from gpusteward.core.times import HOUR, stamp
 from gpusteward.core.whatif.history import History, PodRecord
 from gpusteward.core.whatif.outcome import Comeback, Outcome, Reclaimed, Warned
-from gpusteward.core.whatif.pace import PodWatch, boundaries, needs_everyone, step_at
+from gpusteward.core.whatif.pace import PodWatch, Times, boundaries, needs_everyone, step_at
 from gpusteward.core.whatif.waiting import started_earlier
 
 
@@ -64,6 +64,7 @@ def replay(history: History, policy: Policy, name: str = "policy",
     due = boundaries(history, policy)
     flips: dict[int, list[str]] = {}  # cycle -> pods whose judged state may change there
     by_start, by_end = _by_start(history), _by_end(history)
+    times = {r.pod.uid: Times.of(r, history) for r in history.pods}
     active: dict[str, PodRecord] = {}
     halted, carry = 0, True
     for i in range(grid.steps):
@@ -81,9 +82,9 @@ def replay(history: History, policy: Policy, name: str = "policy",
         if not (every_step or carry or flipped or i in due):
             halted += not ok
             continue
-        present = list(_present(active.values(), i, state, history))
-        if not (every_step or needs_everyone(policy, present, i, history)):
-            present = [r for r in present if _shown(r, i, state, watches)]
+        present = list(_present(active.values(), i, state, history, times))
+        if not (every_step or needs_everyone(policy, present, i, history, times)):
+            present = [r for r in present if _shown(r, i, state, watches, times)]
         decided = plan(_snapshot(present, i, ok, state, cache, watches, history, policy), policy)
         halted += bool(decided.halted)
         carry = bool(decided.actions or decided.held_back)
@@ -109,12 +110,14 @@ def _watch(r: PodRecord, policy: Policy, history: History, watches: dict[str, Po
         flips.setdefault(i, []).append(r.pod.uid)
 
 
-def _shown(r: PodRecord, i: int, state: _State, watches: dict[str, PodWatch]) -> bool:
+def _shown(r: PodRecord, i: int, state: _State, watches: dict[str, PodWatch],
+           times: dict[str, Times]) -> bool:
     """Whether plan() must see this pod (pace.py): it is marked, pending, or judged idle."""
     uid = r.pod.uid
     watch = watches.get(uid)
-    return uid in state.marks or watch is None or watch.idle or not (
-        r.running is not None and r.running.holds(i))
+    t = times[uid]
+    return (uid in state.marks or watch is None or watch.idle
+            or not t.run_first <= i <= t.run_last)
 
 
 def _snapshot(present: list[PodRecord], i: int, ok: bool, state: _State,
@@ -148,8 +151,8 @@ def _by_start(history: History) -> dict[int, list[PodRecord]]:
     return out
 
 
-def _present(active: Iterable[PodRecord], i: int, state: _State,
-             history: History) -> Iterator[PodRecord]:
+def _present(active: Iterable[PodRecord], i: int, state: _State, history: History,
+             times: dict[str, Times]) -> Iterator[PodRecord]:
     """The records of step ``i`` the replay has not reclaimed. A warned pod whose record ends
     before its deadline, within one cycle of it, stays one step longer: the record (one sample
     per cycle) cannot tell it from a pod that a reclaimer acting live took at that deadline."""
@@ -157,14 +160,13 @@ def _present(active: Iterable[PodRecord], i: int, state: _State,
         uid = r.pod.uid
         if uid in state.gone:
             continue
-        owner = history.owners.get(uid)
-        if owner is not None and owner.key in state.stopped:
-            _kept_down(r, owner, state, history)
+        t = times[uid]
+        if t.owner is not None and t.owner in state.stopped:
+            _kept_down(r, history.owners[uid], state, history)
             continue
-        if r.last >= i:
-            if (r.running and r.running.holds(i)) or (r.pending and r.pending.holds(i)):
-                yield r
-        elif r.running and r.running.last == i - 1 and uid in state.deadline:
+        if t.run_first <= i <= t.run_last or t.pending_first <= i <= t.pending_last:
+            yield r
+        elif t.last < i and t.run_last == i - 1 and uid in state.deadline:
             state.extended.add(uid)
             yield r
 
@@ -217,10 +219,10 @@ def _carry_out(decided: Plan, now: float, state: _State, history: History, i: in
 def _cleared(a: Action, decided: Plan, now: float, state: _State) -> None:
     uid = a.pod.uid
     state.marks.pop(uid, None)
-    state.deadline.pop(uid, None)
+    deadline = state.deadline.pop(uid, None)
     since = state.idle_at.pop(uid, None)
-    if a.reason != "active" or since is None:
-        return
+    if a.reason != "active" or since is None or (deadline is not None and now > deadline):
+        return  # a comeback after the deadline was held back (limits, unknown evidence)
     verdict = next((v for v in decided.verdicts if v.pod == a.pod.key), None)
     peak = verdict.evidence.peak_percent if verdict and verdict.evidence else None
     state.comebacks.append(Comeback(a.pod.key, a.team, a.pod.gpus, since, now,
