@@ -93,7 +93,6 @@ def in_namespace(outcome: dict, ns: str) -> dict[str, dict]:
     return {r["pod"]: r for r in outcome["reclaimed"] if r["pod"].startswith(f"{ns}/")}
 
 
-@pytest.mark.e2e
 async def test_whatif_names_the_workloads_times_and_gpu_hours_the_reclaimer_freed(
         sandbox, ns, reclaimer, tmp_path):
     short, longer = tmp_path / "short.yaml", tmp_path / "longer.yaml"
