@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from gpusteward.adapters.history import HistoryReader, NoHistory, queries
+from gpusteward.adapters.history import HistoryReader, queries
+from gpusteward.adapters.historyfold import NoHistory
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.dcgm import PodRef, label_set
 from gpusteward.core.policy import parse_policy

@@ -7,6 +7,7 @@ Step ``i`` stands for the reclaim cycle at ``start + i * step``; a GPU's per-ste
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -46,6 +47,54 @@ class GpuUse(msgspec.Struct, frozen=True):
 
     peaks: Sequence[float]
     samples: Sequence[float]
+
+
+class Figures:
+    """One series' figures from step ``first`` on, as they arrive: peaks and sample counts
+    per step (the history reader folds range-query answers into these)."""
+
+    def __init__(self, first: int):
+        self.first = first
+        self.peaks = array("d")
+        self.samples = array("d")
+
+    @property
+    def end(self) -> int:
+        return self.first + max(len(self.peaks), len(self.samples))
+
+    def put(self, slot: int, at: int, values: array) -> None:
+        """Figures from step ``at`` on (chunks arrive in time order; a gap stays unsampled)."""
+        target, gap = (self.peaks, NO_SAMPLE) if slot == 0 else (self.samples, 0.0)
+        if at < self.first:  # an earlier point than the first seen: shift the start back
+            self.peaks[:0] = array("d", [NO_SAMPLE]) * (self.first - at)
+            self.samples[:0] = array("d", bytes(8 * (self.first - at)))
+            self.first = at
+        at -= self.first
+        if at > len(target):
+            target.extend(array("d", [gap]) * (at - len(target)))
+        target[at:at + len(values)] = values
+
+    def framed(self, first: int, end: int) -> GpuUse:
+        """Its figures over steps ``first``..``end - 1`` (unsampled outside its own)."""
+        def pad(values: array, gap: float) -> array:
+            before = array("d", [gap]) * (self.first - first)
+            after = array("d", [gap]) * (end - self.first - len(values))
+            return before + values + after
+
+        return GpuUse(pad(self.peaks, NO_SAMPLE), pad(self.samples, 0.0))
+
+    @classmethod
+    def merged(cls, pieces: list[Figures]) -> Figures:
+        """One GPU's series over time (an exporter restart renames them): highest peak and
+        the samples of all, per step."""
+        if len(pieces) == 1:
+            return pieces[0]
+        first, end = min(p.first for p in pieces), max(p.end for p in pieces)
+        framed = [p.framed(first, end) for p in pieces]
+        out = cls(first)
+        out.peaks = array("d", map(max, *(f.peaks for f in framed)))
+        out.samples = array("d", map(sum, zip(*(f.samples for f in framed), strict=True)))
+        return out
 
 
 class PodRecord(msgspec.Struct, frozen=True):

@@ -10,47 +10,20 @@ pods included) leave the record from then on.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 
 import msgspec
 
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim.decide import GROUP_ACTIONS, plan
-from gpusteward.core.reclaim.model import (
-    IDLE_SINCE,
-    RECLAIM_AT,
-    Action,
-    Evidence,
-    Owner,
-    PastAction,
-    Plan,
-    Snapshot,
-)
-from gpusteward.core.reclaim.quota import team
-from gpusteward.core.times import HOUR, stamp
+from gpusteward.core.reclaim.decide import plan
+from gpusteward.core.reclaim.model import Evidence, Snapshot
+from gpusteward.core.times import HOUR
+from gpusteward.core.whatif.carry import ReplayState, carry_out, kept_down, notes
 from gpusteward.core.whatif.history import History, PodRecord
-from gpusteward.core.whatif.outcome import Comeback, Outcome, Reclaimed, Warned
+from gpusteward.core.whatif.outcome import Outcome
 from gpusteward.core.whatif.pace import PodWatch, Times, boundaries, needs_everyone, step_at
 from gpusteward.core.whatif.waiting import started_earlier
-
-
-class _State:
-    """What the replayed reclaimer has done so far."""
-
-    def __init__(self) -> None:
-        self.marks: dict[str, dict[str, str]] = {}  # pod uid -> the replay's annotations
-        self.idle_at: dict[str, float] = {}  # pod uid -> when it was marked idle
-        self.deadline: dict[str, float] = {}  # pod uid -> reclaim-at
-        self.gone: set[str] = set()  # reclaimed pod uids
-        self.stopped: set[str] = set()  # owner keys suspended or scaled down
-        self.recent: list[PastAction] = []
-        self.warned: list[Warned] = []
-        self.reclaimed: list[Reclaimed] = []
-        self.comebacks: list[Comeback] = []
-        self.extended: set[str] = set()  # pods kept one step past their record (see _present)
-        self.wakeups: list[float] = []  # times a decision falls due: deadlines, limits easing
 
 
 def replay(history: History, policy: Policy, name: str = "policy",
@@ -58,7 +31,7 @@ def replay(history: History, policy: Policy, name: str = "policy",
     """What ``policy`` would have done over ``history``. ``every_step``: decide every cycle
     over every pod, skipping nothing (pace.py; the result is the same, only slower)."""
     grid = history.grid
-    state = _State()
+    state = ReplayState()
     watches: dict[str, PodWatch] = {}  # running pods' evidence and idle flag, by uid
     cache: dict[str, Pod] = {}  # uid -> the snapshot's pod as last built
     due = boundaries(history, policy)
@@ -88,7 +61,7 @@ def replay(history: History, policy: Policy, name: str = "policy",
         decided = plan(_snapshot(present, i, ok, state, cache, watches, history, policy), policy)
         halted += bool(decided.halted)
         carry = bool(decided.actions or decided.held_back)
-        _carry_out(decided, grid.time(i), state, history, i)
+        carry_out(decided, grid.time(i), state, history, i)
         due |= {step_at(history, t) for t in state.wakeups}
         state.wakeups.clear()
     return Outcome(
@@ -97,7 +70,7 @@ def replay(history: History, policy: Policy, name: str = "policy",
         comebacks=tuple(sorted(state.comebacks, key=lambda c: (-c.gpus * c.peak_percent,
                                                                c.pod))),
         earlier=tuple(started_earlier(history, state.reclaimed)),
-        halted_steps=halted, gaps=history.gaps + _extension_note(state))
+        halted_steps=halted, gaps=history.gaps + notes(state))
 
 
 def _watch(r: PodRecord, policy: Policy, history: History, watches: dict[str, PodWatch],
@@ -110,7 +83,7 @@ def _watch(r: PodRecord, policy: Policy, history: History, watches: dict[str, Po
         flips.setdefault(i, []).append(r.pod.uid)
 
 
-def _shown(r: PodRecord, i: int, state: _State, watches: dict[str, PodWatch],
+def _shown(r: PodRecord, i: int, state: ReplayState, watches: dict[str, PodWatch],
            times: dict[str, Times]) -> bool:
     """Whether plan() must see this pod (pace.py): it is marked, pending, or judged idle."""
     uid = r.pod.uid
@@ -120,7 +93,7 @@ def _shown(r: PodRecord, i: int, state: _State, watches: dict[str, PodWatch],
             or not t.run_first <= i <= t.run_last)
 
 
-def _snapshot(present: list[PodRecord], i: int, ok: bool, state: _State,
+def _snapshot(present: list[PodRecord], i: int, ok: bool, state: ReplayState,
               cache: dict[str, Pod], watches: dict[str, PodWatch], history: History,
               policy: Policy) -> Snapshot:
     now = history.grid.time(i)
@@ -151,7 +124,7 @@ def _by_start(history: History) -> dict[int, list[PodRecord]]:
     return out
 
 
-def _present(active: Iterable[PodRecord], i: int, state: _State, history: History,
+def _present(active: Iterable[PodRecord], i: int, state: ReplayState, history: History,
              times: dict[str, Times]) -> Iterator[PodRecord]:
     """The records of step ``i`` the replay has not reclaimed. A warned pod whose record ends
     before its deadline, within one cycle of it, stays one step longer: the record (one sample
@@ -162,7 +135,7 @@ def _present(active: Iterable[PodRecord], i: int, state: _State, history: Histor
             continue
         t = times[uid]
         if t.owner is not None and t.owner in state.stopped:
-            _kept_down(r, history.owners[uid], state, history)
+            kept_down(r, history.owners[uid], state, history)
             continue
         if t.run_first <= i <= t.run_last or t.pending_first <= i <= t.pending_last:
             yield r
@@ -171,7 +144,7 @@ def _present(active: Iterable[PodRecord], i: int, state: _State, history: Histor
             yield r
 
 
-def _pod_at(r: PodRecord, i: int, state: _State, cache: dict[str, Pod],
+def _pod_at(r: PodRecord, i: int, state: ReplayState, cache: dict[str, Pod],
             history: History) -> Pod:
     running = r.running is not None and (r.running.holds(i) or r.pod.uid in state.extended)
     marks = state.marks.get(r.pod.uid, {})
@@ -199,94 +172,3 @@ def _window(running: list[tuple[PodRecord, Pod]], window: float, i: int,
             yield pod.key, found
 
 
-def _carry_out(decided: Plan, now: float, state: _State, history: History, i: int) -> None:
-    for a in decided.actions:
-        uid = a.pod.uid
-        if a.kind == "mark":
-            state.marks.setdefault(uid, {})[IDLE_SINCE] = stamp(now)
-            state.idle_at[uid] = now
-        elif a.kind == "warn" and a.reclaim_at is not None:
-            state.marks.setdefault(uid, {})[RECLAIM_AT] = stamp(a.reclaim_at)
-            state.deadline[uid] = a.reclaim_at
-            state.wakeups.append(a.reclaim_at)
-            state.warned.append(Warned(a.pod.key, a.team, a.pod.gpus, now, a.reclaim_at))
-        elif a.kind == "clear":
-            _cleared(a, decided, now, state)
-        elif a.kind == "reclaim":
-            _reclaim(a, now, state, history, i)
-
-
-def _cleared(a: Action, decided: Plan, now: float, state: _State) -> None:
-    uid = a.pod.uid
-    state.marks.pop(uid, None)
-    deadline = state.deadline.pop(uid, None)
-    since = state.idle_at.pop(uid, None)
-    if a.reason != "active" or since is None or (deadline is not None and now > deadline):
-        return  # a comeback after the deadline was held back (limits, unknown evidence)
-    verdict = next((v for v in decided.verdicts if v.pod == a.pod.key), None)
-    peak = verdict.evidence.peak_percent if verdict and verdict.evidence else None
-    state.comebacks.append(Comeback(a.pod.key, a.team, a.pod.gpus, since, now,
-                                    peak or 0.0, reclaimed=False))
-
-
-def _reclaim(a: Action, now: float, state: _State, history: History, i: int) -> None:
-    assert a.owner is not None
-    state.recent.append(PastAction(now, a.team, a.pod.key))
-    state.wakeups.append(now + HOUR)  # the per-hour limits ease
-    if a.how in GROUP_ACTIONS:
-        state.stopped.add(a.owner.key)
-    records = {r.pod.uid: r for r in history.pods}
-    for pod in (a.pod, *a.peers):
-        state.gone.add(pod.uid)
-        state.marks.pop(pod.uid, None)
-        state.deadline.pop(pod.uid, None)
-        r = records.get(pod.uid)
-        if r is not None:
-            state.reclaimed.append(_freed(r, a, pod.uid == a.pod.uid, now, history, i))
-
-
-def state_allowance(history: History) -> int:
-    """Cycles after a reclaim within which a pod that leaves the record while running is taken
-    to have been reclaimed by a reclaimer acting live (one cycle, and the longest eviction
-    grace the pod may have had: the policy's or Kubernetes' default 30 s)."""
-    return math.ceil((history.grid.step + history.eviction_grace) / history.grid.step)
-
-
-def _freed(r: PodRecord, a: Action, first: bool, now: float, history: History,
-           i: int) -> Reclaimed:
-    grid = history.grid
-    last = r.running.last if r.running else i
-    cut_short = last <= i + state_allowance(history) and last < grid.steps - 1
-    until = grid.end if cut_short or last >= grid.steps - 1 else grid.time(last)
-    assert a.owner is not None
-    return Reclaimed(r.pod.key, team(r.pod, {}), r.card, r.pod.node or "", r.pod.gpus,
-                     a.owner.key,
-                     a.how if first else f"{a.how} (with its workload)", a.reason, now, until,
-                     to_window_end=cut_short)
-
-
-def _kept_down(r: PodRecord, owner: Owner, state: _State, history: History) -> None:
-    """A later pod of a workload the replay suspended or scaled down would not have existed."""
-    state.gone.add(r.pod.uid)
-    if r.running is None:
-        return
-    grid = history.grid
-    until = grid.end if r.running.last >= grid.steps - 1 else grid.time(r.running.last)
-    state.reclaimed.append(Reclaimed(
-        r.pod.key, team(r.pod, {}), r.card, r.pod.node or "", r.pod.gpus, owner.key,
-        "kept down", "idle", grid.time(r.running.first), until))
-
-
-def _extension_note(state: _State) -> tuple[str, ...]:
-    out = []
-    if state.extended:
-        out.append(f"{len(state.extended)} warned pod(s) left the record within a cycle before "
-                   "their deadline; they are counted as reclaimed at the deadline (a reclaimer "
-                   "acting live may have taken them)")
-    taken = sum(r.to_window_end for r in state.reclaimed)
-    if taken:
-        out.append(f"{taken} pod(s) left the record, running, within a cycle and an eviction "
-                   "grace of their replayed reclaim, as a reclaimer acting live makes them do: "
-                   "their GPUs count as freed until the window's end (a pod that happened to "
-                   "end on its own just then is counted the same)")
-    return tuple(out)
