@@ -21,8 +21,8 @@ and generates (``internal/store/pod.go``):
 * ``kube_pod_created`` (gauge): the creation time in Unix seconds.
 
 Every series starts with ``namespace, pod, uid`` (the pod store's common labels). The sandbox's
-Prometheus scrapes it with ``honor_labels: true``, as the kube-state-metrics Helm chart's
-ServiceMonitor does, so ``namespace`` and ``pod`` stay the subject pod's.
+Prometheus scrapes it with ``honor_labels: true``, as kube-prometheus's kube-state-metrics
+ServiceMonitor does (``honorLabels: true``), so ``namespace`` and ``pod`` stay the subject pod's.
 
     python -m gpusteward.sandbox.ksm --kubeconfig FILE --listen 127.0.0.1:8080 \\
         --metric-labels-allowlist 'pods=[gpusteward.io/team]'
@@ -133,8 +133,8 @@ def pod_families(pods: Iterable[Mapping[str, Any]],
 
 
 def scrape_job(address: str) -> dict[str, Any]:
-    """Prometheus's job for the stand-in, as the kube-state-metrics chart's ServiceMonitor
-    makes it (``honorLabels: true``)."""
+    """Prometheus's job for the stand-in, as kube-prometheus's kube-state-metrics
+    ServiceMonitor makes it (``honorLabels: true``)."""
     return {"job_name": f"serviceMonitor/kube-system/{JOB}/0", "honor_labels": True,
             "static_configs": [{"targets": [address], "labels": {"job": JOB}}]}
 
