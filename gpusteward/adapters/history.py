@@ -48,8 +48,8 @@ def queries(policy: Policy, step: float, chunk: float) -> dict[str, str]:
                  f'{{owner_is_controller="true"}}[{c}]))',
         "labels": f"last_over_time(kube_pod_labels[{c}])",
         "created": f"max by (uid) (last_over_time(kube_pod_created[{c}]))",
-        "model": f"{keeping(['UUID', 'gpu', 'modelName', *policy.telemetry.node_labels])}"
-                 f"(last_over_time({GPU_UTIL}[{c}]) or last_over_time({ENGINE_ACTIVE}[{c}]))",
+        "model": keeping(["UUID", "gpu", "GPU_I_ID", "modelName", *policy.telemetry.node_labels])
+                 + f"(last_over_time({GPU_UTIL}[{c}]) or last_over_time({ENGINE_ACTIVE}[{c}]))",
     }
 
 

@@ -14,6 +14,7 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from gpusteward.adapters.connectflags import add_connection_flags, prometheus_connection
@@ -70,7 +71,7 @@ def add_whatif_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_whatif(args: argparse.Namespace) -> int:
     try:
-        policies = [(f, load_policy(f)) for f in args.policy]
+        policies = list(zip(_names(args.policy), map(load_policy, args.policy), strict=True))
     except PolicyError as e:
         print(e, file=sys.stderr)
         return EXIT_USAGE
@@ -84,6 +85,12 @@ def run_whatif(args: argparse.Namespace) -> int:
 
     sys.stdout.write(render.RENDERERS[args.format](outcomes, args.top))
     return 0
+
+
+def _names(files: list[str]) -> list[str]:
+    """Each policy's column: its file name, or its path where two share a name."""
+    names = [Path(f).name for f in files]
+    return names if len(set(names)) == len(names) else files
 
 
 def history_key(policy: Policy) -> str:

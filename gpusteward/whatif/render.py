@@ -18,12 +18,12 @@ from gpusteward.report.render import span, table
 
 def summary(o: Outcome) -> list[tuple[str, str]]:
     return [
-        ("GPU-hours freed", f"{o.gpu_hours:.1f}"),
+        ("GPU-hours freed", f"{o.gpu_hours:.2f}"),
         ("workloads warned", str(len({w.pod for w in o.warned}))),
         ("workloads reclaimed", str(len({r.owner for r in o.reclaimed}))),
         ("busy again within the grace", str(len(o.comebacks))),
         ("pending pods started earlier", str(len(o.earlier))),
-        ("hours pending pods saved", f"{sum(e.earlier_s for e in o.earlier) / 3600:.1f}"),
+        ("hours pending pods saved", f"{sum(e.earlier_s for e in o.earlier) / 3600:.2f}"),
         ("cycles halted (no telemetry)", str(o.halted_steps)),
     ]
 
@@ -32,7 +32,7 @@ def _side_by_side(outcomes: Sequence[Outcome], axis: str) -> list[list[str]]:
     keys: list[str] = []
     for o in outcomes:
         keys += [k for k in o.hours_by(axis) if k not in keys]
-    return [[k, *(f"{o.hours_by(axis).get(k, 0.0):.1f}" for o in outcomes)] for k in keys]
+    return [[k, *(f"{o.hours_by(axis).get(k, 0.0):.2f}" for o in outcomes)] for k in keys]
 
 
 def to_table(outcomes: Sequence[Outcome], top: int) -> str:
@@ -57,7 +57,7 @@ def to_table(outcomes: Sequence[Outcome], top: int) -> str:
 def _details(o: Outcome, top: int) -> list[str]:
     out = []
     if o.reclaimed:
-        rows = [[r.pod, r.team, str(r.gpus), stamp(r.at), r.how, f"{r.gpu_hours:.1f}"]
+        rows = [[r.pod, r.team, str(r.gpus), stamp(r.at), r.how, f"{r.gpu_hours:.2f}"]
                 for r in sorted(o.reclaimed, key=lambda r: -r.gpu_hours)[:top]]
         out.append(f"{o.policy}: reclaimed\n" + table(
             rows, ["POD", "TEAM", "GPUS", "AT", "HOW", "GPU-H"], left=2))
@@ -136,7 +136,7 @@ def to_html(outcomes: Sequence[Outcome], top: int) -> str:
     for o in outcomes:
         parts += [f"<h2>{html.escape(o.policy)}: reclaimed</h2>", _html_table(
             ["pod", "team", "GPUs", "at", "how", "GPU-h"],
-            [[r.pod, r.team, str(r.gpus), stamp(r.at), r.how, f"{r.gpu_hours:.1f}"]
+            [[r.pod, r.team, str(r.gpus), stamp(r.at), r.how, f"{r.gpu_hours:.2f}"]
              for r in sorted(o.reclaimed, key=lambda r: -r.gpu_hours)[:top]])]
     gaps = dict.fromkeys(g for o in outcomes for g in o.gaps)
     parts += ["<h2>What the history lacked</h2><ul>",

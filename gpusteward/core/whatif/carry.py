@@ -116,16 +116,17 @@ def kept_down(r: PodRecord, owner: Owner, state: ReplayState, history: History) 
         "kept down", "idle", grid.time(r.running.first), until))
 
 
-def notes(state: ReplayState) -> tuple[str, ...]:
+def notes(state: ReplayState, policy: str) -> tuple[str, ...]:
+    """What this policy's replay assumed where the record could not tell, named for it."""
     out = []
     if state.extended:
-        out.append(f"{len(state.extended)} warned pod(s) left the record within a cycle before "
-                   "their deadline; they are counted as reclaimed at the deadline (a reclaimer "
-                   "acting live may have taken them)")
+        out.append(f"{policy}: {len(state.extended)} warned pod(s) left the record within a "
+                   "cycle before their deadline; they are counted as reclaimed at the deadline "
+                   "(a reclaimer acting live may have taken them)")
     taken = sum(r.to_window_end for r in state.reclaimed)
     if taken:
-        out.append(f"{taken} pod(s) left the record, running, within a cycle and an eviction "
-                   "grace of their replayed reclaim, as a reclaimer acting live makes them do: "
+        out.append(f"{policy}: {taken} pod(s) left the record, running, within a cycle and an "
+                   "eviction grace of their replayed reclaim, as a reclaimer acting live does: "
                    "their GPUs count as freed until the window's end (a pod that happened to "
                    "end on its own just then is counted the same)")
     return tuple(out)

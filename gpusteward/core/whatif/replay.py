@@ -70,7 +70,7 @@ def replay(history: History, policy: Policy, name: str = "policy",
         comebacks=tuple(sorted(state.comebacks, key=lambda c: (-c.gpus * c.peak_percent,
                                                                c.pod))),
         earlier=tuple(started_earlier(history, state.reclaimed)),
-        halted_steps=halted, gaps=history.gaps + notes(state))
+        halted_steps=halted, gaps=history.gaps + notes(state, name))
 
 
 def _watch(r: PodRecord, policy: Policy, history: History, watches: dict[str, PodWatch],
