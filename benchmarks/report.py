@@ -175,6 +175,24 @@ def preempt_section(pre: dict) -> list[str]:
     return [*lines, ""]
 
 
+def whatif_section(wi: dict) -> list[str]:
+    lines = ["## What-if replay (`python benchmarks/bench_whatif.py`)", "",
+             f"{wi['date']}, `{wi['command']}`. History read through the real adapter (range "
+             "queries over HTTP, JSON decode, attribution) from benchmarks/whatif_prometheus.py "
+             "standing in for Prometheus (a week of 1,000 GPUs does not backfill here; its own "
+             "time to answer is in the wall time, not in our CPU), then replayed with the "
+             "shipped defaults (60 s interval). Target: a week of 1,000 GPUs in <= 60 s and "
+             "<= 1 GB RSS, queries bounded.", "",
+             "| GPUs | days | cycles | pods | read s | replay s | wall s | our CPU s | "
+             "peak RSS MB | PromQL queries | reclaims |", "|---|---|---|---|---|---|---|---|---|"
+             "---|---|"]
+    lines += [f"| {r['gpus']} | {r['days']:g} | {r['steps']} | {r['pods']} | {r['read_s']:.1f} | "
+              f"{r['replay_s']:.1f} | {r['total_s']:.1f} | {r['cpu_s']:.1f} | "
+              f"{r['peak_rss_mb']:.0f} | {r['promql_queries']} | {r['reclaimed']} |"
+              for r in wi["runs"]]
+    return lines + [""]
+
+
 def main() -> None:
     ext, sched, rec, tel = (load(n) for n in ("extender", "scheduler", "reclaimer", "telemetry"))
     out = ["# Benchmark results", "",
@@ -200,6 +218,9 @@ def main() -> None:
     fv = load("fleetview")
     if fv:
         out += fleetview_section(fv)
+    wi = load("whatif")
+    if wi:
+        out += whatif_section(wi)
     notes = HERE / "NOTES.md"
     if notes.exists():
         out += [notes.read_text()]

@@ -37,11 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     from gpusteward.reclaimer.cli import add_reclaimer_parser, run_reclaimer
     from gpusteward.report.cli import add_report_parser, run_report
     from gpusteward.sandbox.cli import add_sandbox_parser, run_sandbox_command
+    from gpusteward.whatif.cli import add_whatif_parser, run_whatif
 
     add_extender_parser(sub).set_defaults(run=run_extender)
     add_reclaimer_parser(sub).set_defaults(run=run_reclaimer)
     _add_policy_parser(sub).set_defaults(run=_run_policy)
     add_report_parser(sub).set_defaults(run=run_report)
+    add_whatif_parser(sub).set_defaults(run=run_whatif)
     add_agent_parser(sub).set_defaults(run=run_agent)
     add_sandbox_parser(sub).set_defaults(run=run_sandbox_command)
     for leaf in _leaves(parser):

@@ -29,12 +29,14 @@ from typing import Any
 
 import yaml
 
+from gpusteward.core.model import CLASS_KEY, TEAM_LABEL
 from gpusteward.sandbox import dra
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.checkout import REPO
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
+from gpusteward.sandbox.ksm import scrape_job as ksm_scrape_job
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
 from gpusteward.sandbox.procs import Proc, free_port, stop_pid
@@ -43,7 +45,8 @@ from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simul
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
-STOP_ORDER = ("reclaimer", "scheduler", "extender", "prometheus", "agent", "simulator", "kwok",
+STOP_ORDER = ("reclaimer", "scheduler", "extender", "prometheus", "agent", "simulator", "ksm",
+              "kwok",
               "controller-manager", "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
@@ -52,6 +55,8 @@ AGENT_XID_HOLD_S = 2
 # The simulator's gauge keeps the last XID, as dcgm-exporter's does; the sandbox enables the
 # exporter's windowed DCGM_EXP_XID_ERRORS_COUNT, so a node heals once its label goes.
 EXPORTER_XID_COUNT_WINDOW_S = 2
+# The pod labels kube-state-metrics is told to keep (--metric-labels-allowlist): team and class.
+KSM_LABELS = (TEAM_LABEL, CLASS_KEY)
 AGENT_PREFIX = "agent/"  # process names "agent/<node>", stopped in the "agent" slot
 REPLICA_PREFIX = "extender/"  # extender replicas behind the "extender" proxy, same stop slot
 
@@ -174,7 +179,7 @@ class Sandbox:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.ports = {name: free_port() for name in
                       ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler",
-                       "simulator", "prometheus", "extender", "reclaimer")}
+                       "simulator", "ksm", "prometheus", "extender", "reclaimer")}
         self._write_credentials()
         self._start_etcd()
         self._start_apiserver()
@@ -182,6 +187,7 @@ class Sandbox:
         self._start_kwok()
         self.create_fleet(self.cfg.fleet)
         self._start_simulator()
+        self._start_ksm()
         if self.cfg.telemetry == "agent":
             self._start_agents()
         self.start_prometheus()
@@ -332,6 +338,14 @@ class Sandbox:
             argv.append(f"--hosts-dir={self.hosts_dir}")
         self._run("simulator", argv, lambda: _http_ok(f"{self.simulator_url}/health"))
 
+    def _start_ksm(self) -> None:
+        """The kube-state-metrics stand-in (pod series for ``gpusteward whatif``)."""
+        self._run("ksm", [sys.executable, "-m", "gpusteward.sandbox.ksm",
+                          f"--kubeconfig={self.kubeconfig}",
+                          f"--listen=127.0.0.1:{self.ports['ksm']}",
+                          f"--metric-labels-allowlist=pods=[{','.join(KSM_LABELS)}]"],
+                  lambda: _http_ok(f"http://127.0.0.1:{self.ports['ksm']}/healthz"))
+
     def _start_agents(self) -> None:
         """One `gpusteward agent` per GPU node, all started before any is waited for."""
         # MIG pools have no agent: it reads whole GPUs (docs/agent.md); dcgm-exporter serves MIG.
@@ -364,7 +378,8 @@ class Sandbox:
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": self.cfg.scrape_interval,
                        "evaluation_interval": self.cfg.scrape_interval},
-            "scrape_configs": [self.telemetry_scrape()],
+            "scrape_configs": [self.telemetry_scrape(),
+                               ksm_scrape_job(f"127.0.0.1:{self.ports['ksm']}")],
         }))
         return config
 

@@ -267,6 +267,22 @@ def print_report(box: Sandbox) -> bool:
     return out.returncode == 0
 
 
+def print_whatif(box: Sandbox, since: float) -> bool:
+    """What-if over the demo's own history: the policy it ran with, and one that waits longer."""
+    patient = Path(tempfile.mkdtemp(prefix="gpusteward-demo-")) / "patient.yaml"
+    policy = yaml.safe_load(Path(box.cfg.policy).read_text())
+    policy["reclaim"]["idle"]["window"] = "60s"
+    patient.write_text(yaml.safe_dump(policy))
+    window = max(60, int(time.time() - since))
+    print(f"\nWhat-if over the demo's history (gpusteward whatif --window {window}s, the sandbox "
+          "policy beside one with a 60 s idle window):\n", flush=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusteward", "whatif", f"--policy={box.cfg.policy}",
+         f"--policy={patient}", f"--window={window}s", "--top=5",
+         f"--prometheus-url={box.prometheus_url}"], text=True, timeout=300)
+    return out.returncode == 0
+
+
 def main() -> int:
     keep = os.environ.get("KEEP") == "1"
     state = default_state_dir() if keep else Path(tempfile.mkdtemp(prefix="gpusteward-demo-"))
@@ -284,6 +300,7 @@ def main() -> int:
         return 1
     try:
         print("\nPlacing a mixed GPU workload, one pod at a time:\n")
+        since = time.time()
         rows = run_workload(box)
         print_rows(rows)
         print()
@@ -301,6 +318,7 @@ def main() -> int:
         ok = all(r["node"] for r in rows) and reclaimed == idle
         ok = print_notifications(receiver) and ok
         ok = print_report(box) and ok
+        ok = print_whatif(box, since) and ok
     finally:
         if keep:
             print(f"\nThe sandbox keeps running (state in {state}). Explore it with:\n"

@@ -209,3 +209,22 @@ def test_the_error_boundary_maps_each_failure_to_a_code_and_a_line(
     if error == "api-403":  # kubernetes-asyncio's exception for a non-2xx answer
         error = ApiException(status=403, reason="Forbidden")
     assert failure(error) == expected  # type: ignore[arg-type]
+
+
+def test_whatif_with_an_invalid_policy_exits_2_naming_the_field(tmp_path, capsys):
+    from gpusteward.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("reclaim:\n  interval: soon\n")
+    assert main(["whatif", "--policy", str(bad), "--prometheus-url", "http://127.0.0.1:9"]) == 2
+    assert "reclaim.interval" in capsys.readouterr().err
+
+
+def test_whatif_without_a_prometheus_url_exits_2(tmp_path, capsys, monkeypatch):
+    from gpusteward.cli import main
+
+    monkeypatch.delenv("PROMETHEUS_URL", raising=False)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("{}\n")
+    assert main(["whatif", "--policy", str(ok)]) == 2
+    assert "no Prometheus URL" in capsys.readouterr().err
