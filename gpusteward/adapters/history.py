@@ -20,8 +20,9 @@ from typing import Any
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.historyfold import Facts, Series, ksm_resource
-from gpusteward.adapters.prometheus import ENGINE_ACTIVE, GPU_UTIL, PrometheusSource, keeping
+from gpusteward.adapters.prometheus import WHOLE_GPU_UTIL, PrometheusSource, keeping
 from gpusteward.adapters.snapshot import evidence_queries
+from gpusteward.core.dcgm import ENGINE_ACTIVE
 from gpusteward.core.policy import Policy
 from gpusteward.core.times import HOUR
 from gpusteward.core.whatif.history import Grid, History
@@ -49,7 +50,8 @@ def queries(policy: Policy, step: float, chunk: float) -> dict[str, str]:
         "labels": f"last_over_time(kube_pod_labels[{c}])",
         "created": f"max by (uid) (last_over_time(kube_pod_created[{c}]))",
         "model": keeping(["UUID", "gpu", "GPU_I_ID", "modelName", *policy.telemetry.node_labels])
-                 + f"(last_over_time({GPU_UTIL}[{c}]) or last_over_time({ENGINE_ACTIVE}[{c}]))",
+                 + f"(last_over_time({WHOLE_GPU_UTIL}[{c}])"
+                 + f" or last_over_time({ENGINE_ACTIVE}[{c}]))",
     }
 
 

@@ -17,16 +17,15 @@ from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.owners import Link, OwnerChains, link_of
 from gpusteward.adapters.prometheus import (
-    ENGINE_ACTIVE,
-    GPU_UTIL,
     NEWEST_SAMPLE,
+    WHOLE_GPU_UTIL,
     PrometheusSource,
     gpu_labels,
     keeping,
 )
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
-from gpusteward.core.dcgm import gpu_id
+from gpusteward.core.dcgm import ENGINE_ACTIVE, gpu_id
 from gpusteward.core.dra import DEFAULT_DRIVER, DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
@@ -181,10 +180,10 @@ def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, st
     def agent(expr: str) -> str:
         return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
 
-    peak = by + (f"({_checked_peak(GPU_UTIL, w)} or "
+    peak = by + (f"({_checked_peak(WHOLE_GPU_UTIL, w)} or "
                  f"({_checked_peak(ENGINE_ACTIVE, w)} * 100) or "
                  f"{agent(_checked_peak(AGENT_POD_UTIL, w))})")
-    count = by + (f"(count_over_time({GPU_UTIL}[{w}]) or "
+    count = by + (f"(count_over_time({WHOLE_GPU_UTIL}[{w}]) or "
                   f"count_over_time({ENGINE_ACTIVE}[{w}]) or "
                   f"{agent(f'count_over_time({AGENT_POD_UTIL}[{w}])')})")
     return peak, count

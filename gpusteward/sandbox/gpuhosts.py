@@ -24,13 +24,11 @@ import asyncio
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from gpusteward.core.dcgm import XID_GPU_LOST, PodRef
+from gpusteward.core.dcgm import MIB, XID_GPU_LOST, PodRef
 from gpusteward.core.dra import DEFAULT_DRIVER as DRIVER
 from gpusteward.sandbox.fakenvml import FakeGpu, config_text, replace_file
 from gpusteward.sandbox.podresources import Holder, PodResourcesServer
 from gpusteward.sandbox.simgpu import SimGpu
-
-MIB = 1 << 20
 
 __all__ = ["GpuHosts", "config_path", "holders", "nvml_gpu", "socket_path"]
 
