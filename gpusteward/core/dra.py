@@ -5,7 +5,7 @@ Decodes the three resource.k8s.io/v1 kinds gpusteward reads, straight from API J
 * ResourceSlice: a driver's devices on a node. NVIDIA's DRA driver for GPUs (driver
   `gpu.nvidia.com`; NVIDIA/k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/deviceinfo.go`) gives
   every device the attributes `type` ("gpu" or "mig"), `uuid` and `productName` (NVML's name,
-  with spaces), and a MIG device `profile` and `parentUUID` too.
+  with spaces), and a MIG device its `profile` too.
 * DeviceClass: its CEL selectors name the driver; `extendedResourceName` (KEP-5004) lets a pod
   ask `nvidia.com/gpu` and be served by the class through a claim the scheduler makes.
 * ResourceClaim: `spec.devices.requests` (what is asked), `status.allocation.devices.results`
@@ -146,7 +146,6 @@ class DraDevice(msgspec.Struct, frozen=True):
     uuid: str = ""
     product: str | None = None  # GFD spelling of productName
     profile: str | None = None  # MIG profile, for a MIG device
-    parent_uuid: str | None = None
 
     @property
     def resource(self) -> str:
@@ -198,8 +197,7 @@ def slice_devices(w: WireSlice, driver: str) -> tuple[DraDevice, ...]:
         profile = _string(attrs, "profile", driver) if kind == "mig" else None
         out.append(DraDevice(node=w.spec.node_name, pool=w.spec.pool.name, name=d.name,
                              uuid=_string(attrs, "uuid", driver) or "",
-                             product=gfd_product(name) if name else None, profile=profile,
-                             parent_uuid=_string(attrs, "parentUUID", driver)))
+                             product=gfd_product(name) if name else None, profile=profile))
     return tuple(out)
 
 
@@ -232,8 +230,7 @@ def to_claim(w: WireClaim, driver: str) -> DraClaim:
     devices = tuple((r.driver, r.pool, r.device) for r in results or () if r.driver == driver)
     extended = (m.annotations or {}).get(EXTENDED_CLAIM_ANNOTATION) == "true"
     return DraClaim(key=f"{m.namespace}/{m.name}", pods=tuple(dict.fromkeys(pods)),
-                    asked=tuple(asked), devices=devices,
-                    extended=extended)
+                    asked=tuple(asked), devices=devices, extended=extended)
 
 
 # --- the join ---------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ devices by `type`. The kubelet plugin publishes one pool per node, named for the
 
 Only the control plane is needed to allocate: the scheduler's DynamicResources plugin reads the
 slices and writes `status.allocation`; kwok then runs the pod without calling a kubelet plugin.
+v1.36 needs no feature gate for it: DynamicResourceAllocation is GA, DRAExtendedResource
+(`extendedResourceName`) and DRADeviceTaints are beta and on by default; only
+DRADeviceTaintRules (DeviceTaintRule objects) is beta and off (`pkg/features/kube_features.go`).
 UUIDs are the DCGM simulator's (``SimGpu.uuid``), so telemetry joins by UUID.
 """
 

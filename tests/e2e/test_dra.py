@@ -55,8 +55,8 @@ def dra_pool(sandbox: Sandbox) -> Iterator[list[Pool]]:
     finally:
         for pool in (H200, L40S, L4):
             sandbox.remove_pool(pool.name)
-        if not sandbox.cfg.managed_resources:
-            sandbox.restart_scheduler(managed_resources=True)
+        if not (sandbox.cfg.managed_resources and sandbox.cfg.node_cache_capable):
+            sandbox.restart_scheduler(managed_resources=True, node_cache_capable=True)
 
 
 def claim_template(ns: Namespace, name: str, count: int,
@@ -109,9 +109,13 @@ def test_the_real_scheduler_allocates_a_template_claim_on_a_kwok_dra_node(sandbo
         ("pods", "trainer", pod["metadata"]["uid"])]
 
 
-def test_pods_asking_nvidia_gpu_are_served_by_the_device_class_on_accepted_cards(sandbox, ns,
-                                                                                 dra_pool):
-    # Without the DRA join the extender saw no GPUs on these nodes and failed every one.
+@pytest.mark.parametrize("node_cache_capable", [True, False],
+                         ids=["nodeCacheCapable", "full-node-objects"])
+def test_pods_asking_nvidia_gpu_are_served_by_the_device_class_on_accepted_cards(
+        sandbox, ns, dra_pool, scheduler_with, node_cache_capable):
+    # Without the DRA join the extender saw no GPUs on these nodes and failed every one; with
+    # full Node objects it still judges a node it watches by its watch, DRA devices and all.
+    scheduler_with(node_cache_capable=node_cache_capable)
     for i in range(3):
         ns.create_pod(gpu_pod(f"h200-{i}", 1, cards="NVIDIA-H200"))
     ns.create_pod(gpu_pod("l40s", 1, cards="NVIDIA-L40S"))

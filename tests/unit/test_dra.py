@@ -112,12 +112,11 @@ def test_slice_devices_decode_gpus_and_mig_devices_of_the_driver_only():
     devices = slice_devices(slice_of("n1", [gpu(0), mig(1, 0),
                                             {"name": "vfio-0", "attributes": {
                                                 "type": s("vfio")}}]), DRIVER)
-    assert [(d.name, d.uuid, d.product, d.profile, d.parent_uuid, d.resource)
-            for d in devices] == [
+    assert [(d.name, d.uuid, d.product, d.profile, d.resource) for d in devices] == [
         ("gpu-0", "GPU-00000000-0000-0000-0000-000000000000", "NVIDIA-H100-80GB-HBM3", None,
-         None, "nvidia.com/gpu"),
+         "nvidia.com/gpu"),
         ("gpu-1-mig-19-0-1", "MIG-1-0", "NVIDIA-A100-SXM4-80GB", "1g.10gb",
-         "GPU-00000001-0000-0000-0000-000000000000", "nvidia.com/mig-1g.10gb")]
+         "nvidia.com/mig-1g.10gb")]
     assert slice_devices(slice_of("n1", [gpu(0)], driver="other.example.com"), DRIVER) == ()
 
 
