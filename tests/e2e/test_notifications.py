@@ -22,8 +22,7 @@ from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.procs import Proc, free_port
 from gpusteward.sandbox.receiver import Receiver
 from tests.e2e.kube import cycle_until, gone, gpu_pod, reasons
-from tests.e2e.scenarios import due_pod
-from tests.e2e.test_reclaim import _leader
+from tests.e2e.test_reclaim import _leader, guarded
 
 
 @pytest.fixture
@@ -156,12 +155,7 @@ def test_a_sink_whose_url_file_is_missing_stops_the_reclaimer_at_start(sandbox, 
 
 async def test_a_pdb_blocking_for_many_cycles_is_told_once(sandbox, ns, reclaimer, receiver,
                                                            tmp_path):
-    ns.create_pod(due_pod("guarded", node="h100-1", labels={"app": "guarded"}))
-    ns.api.create(f"/apis/policy/v1/namespaces/{ns.name}/poddisruptionbudgets", {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "guarded"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
-    ns.running("guarded")
+    guarded(ns, "guarded", "h100-1")
     raw = yaml.safe_load(Path(sandbox.cfg.policy).read_text())
     policy = parse_policy(with_sink(raw, receiver.url_file(tmp_path)))
     rec = await reclaimer("enforce", policy=policy)
