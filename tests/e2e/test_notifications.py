@@ -21,8 +21,8 @@ from gpusteward.reclaimer.outbox import Entry, Outbox
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.procs import Proc, free_port
 from gpusteward.sandbox.receiver import Receiver
-from tests.e2e.kube import cycle_until, gone, gpu_pod
-from tests.e2e.test_reclaim import _leader
+from tests.e2e.kube import cycle_until, gone, gpu_pod, reasons
+from tests.e2e.test_reclaim import _leader, guarded
 
 
 @pytest.fixture
@@ -151,3 +151,22 @@ def test_a_sink_whose_url_file_is_missing_stops_the_reclaimer_at_start(sandbox, 
     assert proc._popen is not None and proc._popen.returncode == 2
     assert "notifications sink 'e2e': urlFile" in proc.log.read_text()
     assert "cannot be read" in proc.log.read_text()
+
+
+async def test_a_pdb_blocking_for_many_cycles_is_told_once(sandbox, ns, reclaimer, receiver,
+                                                           tmp_path):
+    guarded(ns, "guarded", "h100-1")
+    raw = yaml.safe_load(Path(sandbox.cfg.policy).read_text())
+    policy = parse_policy(with_sink(raw, receiver.url_file(tmp_path)))
+    rec = await reclaimer("enforce", policy=policy)
+    rec.outbox = Outbox(policy.notifications, Webhooks(5.0), None, rec.metrics)
+    try:
+        await cycle_until(rec, "three blocked evictions", lambda: reasons(ns, "guarded").count(
+            "GPUReclaimBlocked") >= 3)
+        await rec.outbox.round(nothing)
+        # Young, the pod's due marks were cleared (minPodAge), so it was warned afresh first.
+        assert [e for e, _ in sent_for(receiver, ns.name)] == ["warned", "blocked"]
+        [body] = [b for b in receiver.bodies() if b["event"] == "blocked"]
+        assert body["pod"] == f"{ns.name}/guarded"
+    finally:
+        await rec.outbox.deliver.close()

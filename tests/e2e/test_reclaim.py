@@ -149,13 +149,18 @@ async def test_an_eviction_keeps_the_pods_own_longer_grace(ns, reclaimer):
         ns.api.delete(ns.path("pods", "trainer"), {"gracePeriodSeconds": 0})
 
 
-async def test_a_pdb_blocks_eviction_until_it_is_relaxed(ns, reclaimer):
-    ns.create_pod(due_pod("guarded", node="h100-0", labels={"app": "guarded"}))
+def guarded(ns, name: str, node: str) -> None:
+    """A due idle pod whose PodDisruptionBudget allows no eviction, running."""
+    ns.create_pod(due_pod(name, node=node, labels={"app": name}))
     ns.api.create(f"/apis/policy/v1/namespaces/{ns.name}/poddisruptionbudgets", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "guarded"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
-    ns.running("guarded")
+        "metadata": {"name": name},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}}})
+    ns.running(name)
+
+
+async def test_a_pdb_blocks_eviction_until_it_is_relaxed(ns, reclaimer):
+    guarded(ns, "guarded", "h100-0")
     rec = await reclaimer("enforce")
     await cycle_until(rec, "a blocked eviction", lambda: "GPUReclaimBlocked" in
                       reasons(ns, "guarded"))
