@@ -260,8 +260,9 @@ class Facts:
     def _gaps(self, records: Sequence[PodRecord], policy: Policy) -> Iterable[str]:
         first = min(s[0] for s in self.seen.values())
         if first > 0:
-            yield (f"pod history starts {(first * self.grid.step) / HOUR:.1f} h into the window: "
-                   "nothing before it is replayed")
+            yield (f"pod history starts at {stamp(self.grid.time(first))}, "
+                   f"{first * self.grid.step / HOUR:.2f} h into the window: nothing before it is "
+                   "replayed")
         blind = [r.pod.key for r in records if r.running and not r.gpus]
         if blind:
             yield (f"{len(blind)} GPU pod(s) have no GPU telemetry attributed to them "

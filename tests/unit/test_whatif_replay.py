@@ -163,6 +163,13 @@ def test_a_pod_gone_within_a_cycle_of_its_deadline_counts_as_reclaimed_there():
     assert any("before their deadline" in g for g in out.gaps)
 
 
+def test_a_pod_gone_long_before_its_deadline_is_not_counted():
+    # warned at cycle 4 with a 600 s grace (deadline 14); the record ends at cycle 6
+    out = replay(history(record("left", IDLE[:7], last=6)), policy(grace=600))
+    assert len(out.warned) == 1 and out.reclaimed == ()
+    assert not any("before their deadline" in g for g in out.gaps)
+
+
 @pytest.mark.parametrize(("ends_after", "to_end"), [
     pytest.param(1, True, id="gone-a-cycle-later"),
     pytest.param(2, True, id="gone-after-a-cycle-and-an-eviction-grace"),

@@ -35,6 +35,7 @@ class ReplayState:
         self.reclaimed: list[Reclaimed] = []
         self.comebacks: list[Comeback] = []
         self.extended: set[str] = set()  # pods kept one step past their record (see _present)
+        self.extended_keys: set[str] = set()  # the same pods' namespace/name, for the notes
         self.wakeups: list[float] = []  # times a decision falls due: deadlines, limits easing
 
 
@@ -119,8 +120,9 @@ def kept_down(r: PodRecord, owner: Owner, state: ReplayState, history: History) 
 def notes(state: ReplayState, policy: str) -> tuple[str, ...]:
     """What this policy's replay assumed where the record could not tell, named for it."""
     out = []
-    if state.extended:
-        out.append(f"{policy}: {len(state.extended)} warned pod(s) left the record within a "
+    kept = sum(1 for r in state.reclaimed if r.pod in state.extended_keys)
+    if kept:
+        out.append(f"{policy}: {kept} warned pod(s) left the record within a "
                    "cycle before their deadline; they are counted as reclaimed at the deadline "
                    "(a reclaimer acting live may have taken them)")
     taken = sum(r.to_window_end for r in state.reclaimed)

@@ -10,6 +10,7 @@ pods included) leave the record from then on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 import msgspec
@@ -139,8 +140,10 @@ def _present(active: Iterable[PodRecord], i: int, state: ReplayState, history: H
             continue
         if t.run_first <= i <= t.run_last or t.pending_first <= i <= t.pending_last:
             yield r
-        elif t.last < i and t.run_last == i - 1 and uid in state.deadline:
+        elif (t.last < i and t.run_last == i - 1
+              and state.deadline.get(uid, math.inf) <= history.grid.time(i)):
             state.extended.add(uid)
+            state.extended_keys.add(r.pod.key)
             yield r
 
 
