@@ -52,7 +52,7 @@ class Candidates(msgspec.Struct):
     """The scheduler's candidate nodes as gpusteward judges their victims, one column per field
     and one row per node: a request may carry thousands, and whole-column operations run in C
     where a loop over row objects would cost more than the rest of the request. The two
-    idleness columns are flags packed one byte per node into an int (see `flags`), so that
+    idleness columns are flags packed one byte per node into an int (see `packed`), so that
     combining them is one integer operation."""
 
     nodes: list[str]
