@@ -21,6 +21,7 @@ allow without its webhook (its cert rotator skips webhook configurations that do
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -147,10 +148,31 @@ def start_kueue(box: Any) -> None:
     install_kueue_objects(box.api(), webhook)
     config = box.dir / "kueue.yaml"
     config.write_text(yaml.safe_dump(kueue_config(box.dir, health, webhook)))
+    certs = box.dir / "kueue-certs"
+    api = box.api()
+
+    def ready() -> bool:
+        return _mount_secret(api, certs) and _ready(f"http://127.0.0.1:{health}/readyz")
+
     box.run_process("kueue", [str(binary), f"--config={config}",
                               f"--kubeconfig={box.kubeconfig}",
-                              f"--visibility-server-port={visibility}"],
-                    lambda: _ready(f"http://127.0.0.1:{health}/readyz"), timeout=180)
+                              f"--visibility-server-port={visibility}"], ready, timeout=180)
+
+
+def _mount_secret(api: KubeHTTP, certs: Path) -> bool:
+    """Do what the kubelet does for Kueue's pod: put its Secret's serving certificate, once its
+    cert rotator has written it there, into the directory it serves from (its rotator waits
+    for the files, as for a mounted Secret volume)."""
+    if (certs / "tls.crt").exists():
+        return True
+    data = api.get(f"/api/v1/namespaces/{KUEUE_NAMESPACE}/secrets/{KUEUE_WEBHOOK_SECRET}").get(
+        "data") or {}
+    if not {"tls.crt", "tls.key"} <= data.keys():
+        return False
+    certs.mkdir(parents=True, exist_ok=True)
+    (certs / "tls.key").write_bytes(base64.b64decode(data["tls.key"]))
+    (certs / "tls.crt").write_bytes(base64.b64decode(data["tls.crt"]))
+    return True
 
 
 def _ready(url: str) -> bool:
