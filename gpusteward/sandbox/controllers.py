@@ -1,10 +1,11 @@
 """Optional workload controllers for the sandbox (``gpusteward sandbox up --with kueue``), off by
 default so a plain sandbox stays fast.
 
-Each is built from its Go module with the machine's Go, pinned in ``sandbox/controllers``
-(its own go.mod/go.sum, separate from ``sandbox/go``), and cached like the control plane::
+Each is built from its Go module with the machine's Go, pinned in ``sandbox/controllers/<name>``
+(its own go.mod/go.sum, separate from ``sandbox/go`` and from each other), and cached like the
+control plane::
 
-    ${GPUSTEWARD_CACHE}/controllers/<key>/<name>
+    ${GPUSTEWARD_CACHE}/controllers/<key>/<binary>
 
 keyed by go.mod, go.sum, ``go version`` and the package; a build goes to a temporary directory
 and is renamed into place only when it succeeded; builds are serialised with a file lock. The
@@ -29,7 +30,7 @@ import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -38,9 +39,20 @@ from gpusteward.sandbox.checkout import REPO
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.procs import free_port
 
-SOURCE = REPO / "sandbox" / "controllers"
-#: name -> (module, main package)
-CONTROLLERS = {"kueue": ("sigs.k8s.io/kueue", "sigs.k8s.io/kueue/cmd/kueue")}
+SOURCES = REPO / "sandbox" / "controllers"
+
+
+class Controller(NamedTuple):
+    module: str
+    package: str  # its main package
+    binary: str
+
+    @property
+    def source(self) -> Path:
+        return SOURCES / self.binary
+
+
+CONTROLLERS = {"kueue": Controller("sigs.k8s.io/kueue", "sigs.k8s.io/kueue/cmd/kueue", "kueue")}
 _RECIPE = "1"
 KUEUE_NAMESPACE = "kueue-system"
 # Kueue's default (apis/config/v1beta2: InternalCertManagement.WebhookSecretName).
@@ -57,10 +69,10 @@ def _go() -> str:
     return go
 
 
-def _key(go_version: str, package: str) -> str:
+def _key(go_version: str, c: Controller) -> str:
     digest = hashlib.sha256()
-    for part in (_RECIPE, go_version, package, (SOURCE / "go.mod").read_text(),
-                 (SOURCE / "go.sum").read_text()):
+    for part in (_RECIPE, go_version, c.package, (c.source / "go.mod").read_text(),
+                 (c.source / "go.sum").read_text()):
         digest.update(f"{len(part)}\0{part}".encode())
     return digest.hexdigest()[:16]
 
@@ -68,30 +80,27 @@ def _key(go_version: str, package: str) -> str:
 def ensure_controller(name: str, log: Any = print) -> Path:
     """The controller's binary, built on first use."""
     go = _go()
-    package = CONTROLLERS[name][1]
+    c = CONTROLLERS[name]
     go_version = subprocess.run([go, "version"], check=True, capture_output=True, text=True,
                                 timeout=120).stdout.strip()
     root = cache_root() / "controllers"
-    bin_dir = root / _key(go_version, package)
-    if os.access(bin_dir / name, os.X_OK):
-        return bin_dir / name
+    bin_dir = root / _key(go_version, c)
+    if os.access(bin_dir / c.binary, os.X_OK):
+        return bin_dir / c.binary
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / ".lock"):
-        if not os.access(bin_dir / name, os.X_OK):
+        if not os.access(bin_dir / c.binary, os.X_OK):
             shutil.rmtree(bin_dir, ignore_errors=True)
-            _build(go, name, package, bin_dir, log)
-    return bin_dir / name
+            log(f"building {name} from Go modules into {bin_dir} (first use only)")
+            took = go_build_into(go, c.source, [c.package], "-s -w", bin_dir, [c.binary], name)
+            log(f"built {name} in {took:.0f}s")
+    return bin_dir / c.binary
 
 
-def _build(go: str, name: str, package: str, bin_dir: Path, log: Any) -> None:
-    log(f"building {name} from Go modules into {bin_dir} (first use only)")
-    took = go_build_into(go, SOURCE, [package], "-s -w", bin_dir, [name], name)
-    log(f"built {name} in {took:.0f}s")
-
-
-def module_dir(module: str) -> Path:
-    """The module cache's copy of the pinned module (downloaded if needed)."""
-    out = subprocess.run([_go(), "mod", "download", "-json", module], cwd=SOURCE, check=True,
+def module_dir(name: str) -> Path:
+    """The module cache's copy of the controller's pinned module (downloaded if needed)."""
+    c = CONTROLLERS[name]
+    out = subprocess.run([_go(), "mod", "download", "-json", c.module], cwd=c.source, check=True,
                          capture_output=True, text=True, timeout=600,
                          env={**os.environ, "GOWORK": "off", "GOFLAGS": "-mod=readonly"})
     return Path(json.loads(out.stdout)["Dir"])
@@ -100,7 +109,7 @@ def module_dir(module: str) -> Path:
 def kueue_crds(webhook_port: int) -> list[dict[str, Any]]:
     """Kueue's CRDs from the pinned module; those its cert rotator injects its CA into convert
     through its webhook, as its own kustomize patches make them."""
-    bases = module_dir(CONTROLLERS["kueue"][0]) / "config" / "components" / "crd" / "bases"
+    bases = module_dir("kueue") / "config" / "components" / "crd" / "bases"
     crds = [yaml.safe_load(p.read_text()) for p in sorted(bases.glob("*.yaml"))]
     for crd in crds:
         if crd["spec"]["names"]["plural"] in KUEUE_CONVERTED:
