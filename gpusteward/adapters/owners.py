@@ -75,7 +75,7 @@ class OwnerChains:
         tops: dict[str, Owner] = {}
         for pod in pods:
             chain = await self._chain(pod)
-            if len(chain) > 1:
+            if len(chain) > 1 or kinds.KUEUE_QUEUE in pod.labels:  # Kueue admits bare pods too
                 tops[pod.uid] = await self._owner(chain)
         members: dict[tuple[str, str | None], list[str]] = {}
         for uid, o in tops.items():

@@ -7,6 +7,17 @@ import argparse
 from gpusteward.adapters.connectflags import whole_number
 
 
+def _controllers(text: str) -> tuple[str, ...]:
+    from gpusteward.sandbox.controllers import CONTROLLERS
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in CONTROLLERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown controller {', '.join(unknown)} (known: "
+                                         f"{', '.join(CONTROLLERS)})")
+    return names
+
+
 def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sb = sub.add_parser("sandbox", help="local real control plane with simulated GPU nodes")
     sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
@@ -18,6 +29,9 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
                     help="run N extender processes behind one loopback address with ClientIP "
                          "affinity, as a Service with sessionAffinity reaches them (default 1)")
     up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")
+    up.add_argument("--with", dest="controllers", type=_controllers, default=(),
+                    metavar="NAME[,NAME]", help="start workload controllers too, built from Go "
+                    "modules on first use: kueue")
     up.add_argument("--no-preemption", action="store_true",
                     help="disable the scheduler's DefaultPreemption (on by default, as in real "
                          "clusters): waiting pods are left to queue enforcement alone")

@@ -33,6 +33,7 @@ from gpusteward.core.model import CLASS_KEY, TEAM_LABEL
 from gpusteward.sandbox import dra
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.checkout import REPO
+from gpusteward.sandbox.controllers import STARTERS
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
@@ -45,9 +46,8 @@ from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simul
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
-STOP_ORDER = ("reclaimer", "scheduler", "extender", "prometheus", "agent", "simulator", "ksm",
-              "kwok",
-              "controller-manager", "apiserver", "etcd")
+STOP_ORDER = ("reclaimer", "kueue", "scheduler", "extender", "prometheus", "agent", "simulator",
+              "ksm", "kwok", "controller-manager", "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
 # 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).
@@ -78,6 +78,8 @@ class SandboxConfig:
     extender_replicas: int = 1
     extender_affinity: str = "ClientIP"
     with_reclaimer: bool = False
+    # Optional workload controllers (gpusteward.sandbox.controllers), built on first use.
+    with_controllers: tuple[str, ...] = ()
     policy: Path = SANDBOX_POLICY
     node_cache_capable: bool = True
     # The scheduler's DefaultPreemption, on as in real clusters; off leaves waiting pods to
@@ -194,6 +196,8 @@ class Sandbox:
         if self.cfg.with_extender:
             self.start_extender()
         self.start_scheduler()
+        for name in self.cfg.with_controllers:
+            STARTERS[name](self)
         if self.cfg.with_reclaimer:
             self.start_reclaimer()
         self.save()
@@ -213,6 +217,9 @@ class Sandbox:
         (self.dir / "state.json").write_text(json.dumps(state, indent=2))
 
     # --- components ---------------------------------------------------------------------
+    def run_process(self, name: str, argv: list[str], ready, timeout: float = 90.0) -> Proc:
+        return self._run(name, argv, ready, timeout)
+
     def _run(self, name: str, argv: list[str], ready, timeout: float = 90.0) -> Proc:
         proc = Proc(name, argv, self.dir / "logs" / f"{name}.log",
                     die_with_parent=not self.cfg.detach)

@@ -1,7 +1,7 @@
-// Optional controllers for `gpusteward sandbox up --with ...`, built from Go modules with the
+// Kueue for `gpusteward sandbox up --with kueue`, built from its Go module with the
 // machine's Go (gpusteward/sandbox/controllers.py). Separate from sandbox/go so that bumping one
 // never moves the other's dependencies.
-module gpusteward.invalid/controllers
+module gpusteward.invalid/controllers/kueue
 
 go 1.26.0
 
