@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusteward.adapters.errors import PrometheusSettingsError
 from gpusteward.core.addresses import parse_hostport
+from gpusteward.core.typedconfig import Duration, duration_text
 
 if TYPE_CHECKING:  # the HTTP stack loads only for commands that query Prometheus
     from gpusteward.adapters.promconnection import PrometheusConnection
@@ -125,6 +126,20 @@ def whole_number(least: int, unit: str = "") -> Callable[[str], int]:
         if not (text.isascii() and text.isdigit()) or int(text) < least:
             raise argparse.ArgumentTypeError(f"expected {what} >= {least}, got {text!r}")
         return int(text)
+    return parse
+
+
+def duration_flag(least: int = 1) -> Callable[[str], float]:
+    """A flag type: a duration (90s, 5m, 24h, 7d) of at least ``least`` whole seconds."""
+    def parse(text: str) -> float:
+        try:
+            seconds = float(Duration.parse(text))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+        if seconds < least:
+            raise argparse.ArgumentTypeError(
+                f"expected at least {duration_text(least)}, got {text!r}")
+        return float(int(seconds))
     return parse
 
 

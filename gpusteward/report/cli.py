@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, TextIO
 
 from gpusteward.adapters.connectflags import (
     add_connection_flags,
+    duration_flag,
     prometheus_connection,
     whole_number,
 )
 from gpusteward.adapters.errors import SettingsError
 from gpusteward.core.policy import Policy, load_policy, parse_policy
 from gpusteward.core.report.model import DIMENSIONS
-from gpusteward.core.typedconfig import Duration
 
 if TYPE_CHECKING:
     from kubernetes_asyncio import client
@@ -41,16 +41,6 @@ if TYPE_CHECKING:
 
 EXIT_NO_TELEMETRY = 3
 MAX_SLOTS = 2_000  # default step: the window in at most this many slots
-
-
-def _duration(text: str) -> float:
-    try:
-        seconds = float(Duration.parse(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
-    if seconds < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1s, got {text!r}")
-    return float(int(seconds))
 
 
 def _currency(text: str) -> str:
@@ -64,9 +54,9 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     p = subparsers.add_parser("report", help="allocated vs actually used GPUs, idle cost, queue")
     p.add_argument("--policy", metavar="FILE",
                    help="policy YAML file (default: the built-in defaults)")
-    p.add_argument("--window", type=_duration, default="24h", metavar="DURATION",
+    p.add_argument("--window", type=duration_flag(1), default="24h", metavar="DURATION",
                    help="how far back to look, e.g. 6h, 24h, 7d")
-    p.add_argument("--step", type=_duration, metavar="DURATION",
+    p.add_argument("--step", type=duration_flag(1), metavar="DURATION",
                    help="resolution of the utilization samples (default: the scrape interval, "
                    f"or coarser to keep the window within {MAX_SLOTS} slots)")
     p.add_argument("--by", choices=DIMENSIONS, default="team", help="group rows by")

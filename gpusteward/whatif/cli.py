@@ -17,25 +17,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpusteward.adapters.connectflags import add_connection_flags, prometheus_connection
+from gpusteward.adapters.connectflags import (
+    add_connection_flags,
+    duration_flag,
+    prometheus_connection,
+)
 from gpusteward.adapters.errors import SettingsError
 from gpusteward.core.policy import Policy, PolicyError, load_policy
 from gpusteward.core.times import parse_time
 from gpusteward.core.whatif.history import History
 from gpusteward.core.whatif.outcome import Outcome
 from gpusteward.core.whatif.replay import replay
-from gpusteward.report.cli import _duration as report_duration
 
 EXIT_USAGE = 2
 FORMATS = ("table", "json", "csv", "html")
-
-
-def _window(text: str) -> float:
-    """The report's --window parser, and at least one cycle (the reclaimer steps >= 1m)."""
-    seconds = report_duration(text)
-    if seconds < 60:
-        raise argparse.ArgumentTypeError(f"expected at least 1m, got {text!r}")
-    return seconds
 
 
 def _time(text: str) -> float:
@@ -58,7 +53,7 @@ def add_whatif_parser(subparsers: Any) -> argparse.ArgumentParser:
         "whatif", help="replay policies over recorded history: what they would have freed")
     p.add_argument("--policy", action="append", required=True, metavar="FILE",
                    help="a policy YAML file; repeat to compare policies side by side")
-    p.add_argument("--window", type=_window, default="7d", metavar="DURATION",
+    p.add_argument("--window", type=duration_flag(60), default="7d", metavar="DURATION",
                    help="how much history to replay, ending at --end (e.g. 6h, 7d)")
     p.add_argument("--end", type=_time, metavar="TIME",
                    help="the end of the replayed window, RFC 3339 (default: now)")
