@@ -35,8 +35,12 @@ GROUP_ACTIONS = {"suspend", "scale"}  # act on a whole workload: only when all i
 
 
 def plan(snap: Snapshot, policy: Policy) -> Plan:
+    # Restores give GPUs back within quota: telemetry has no say in them.
+    back = tuple(selfservice.restores(snap.restore_asks, snap.pods, policy,
+                                      snap.namespace_labels))
     if not snap.telemetry_ok:
-        return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}")
+        return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}",
+                    restores=back)
     over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers)
     snoozed = _snoozes(snap, policy)
     verdicts: list[Verdict] = []
@@ -61,9 +65,8 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
                  if a.pod.uid not in claimed]
     allowed, held = _limit(reclaims, snap, policy)
-    back = selfservice.restores(snap.restore_asks, snap.pods, policy, snap.namespace_labels)
     return Plan(tuple(verdicts), tuple(staged + allowed), tuple(held), snoozes=snoozed.changed,
-                restores=tuple(back))
+                restores=back)
 
 
 def _snoozes(snap: Snapshot, policy: Policy) -> snooze.Review:
