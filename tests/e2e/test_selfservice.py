@@ -42,7 +42,7 @@ async def test_a_scaled_down_deployment_comes_back_when_its_owner_asks(ns, recla
     await cycle_until(rec, "scaled to zero", lambda: ns.api.get(path)["spec"]["replicas"] == 0)
     wait_for("its pods to go away", lambda: not running_pods(ns, "serve"), timeout=60)
     ask_back(ns, path)
-    await rec.cycle()
+    await rec.cycle()  # the next cycle, whatever telemetry says
     restored = ns.api.get(path)
     assert restored["spec"]["replicas"] == 2
     left = restored["metadata"].get("annotations") or {}

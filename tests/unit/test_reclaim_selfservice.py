@@ -39,3 +39,10 @@ def test_pending_pods_and_earlier_grants_count_against_the_quota():
 def test_a_team_without_a_quota_is_never_refused():
     assert answers([RestoreAsk("Job", "x", "big", "x", 64)], [gpu_pod("a", ns="x")]) == [
         ("big", "")]
+
+
+def test_a_restore_does_not_wait_for_telemetry():
+    snap = msgspec.structs.replace(snapshot([gpu_pod("a")], telemetry_ok=False),
+                                   restore_asks=(RestoreAsk("Job", "ml", "train", "ml", 1),))
+    decided = plan(snap, POLICY)
+    assert decided.halted and [(a.name, why) for a, why in decided.restores] == [("train", "")]

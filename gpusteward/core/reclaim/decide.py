@@ -44,8 +44,12 @@ _HOWS = {str(h): h for h in How}
 
 
 def plan(snap: Snapshot, policy: Policy) -> Plan:
+    # Restores give GPUs back within quota: telemetry has no say in them.
+    back = tuple(selfservice.restores(snap.restore_asks, snap.pods, policy,
+                                      snap.namespace_labels))
     if not snap.telemetry_ok:
-        return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}")
+        return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}",
+                    restores=back)
     over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers)
     snoozed = _snoozes(snap, policy)
     verdicts: list[Verdict] = []
@@ -71,9 +75,8 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
                  if a.pod.uid not in claimed]
     blocks = [a for a in reclaims if a.kind == ActionKind.BLOCK]  # an Event only: no limit
     allowed, held = _limit([a for a in reclaims if a.kind == ActionKind.RECLAIM], snap, policy)
-    back = selfservice.restores(snap.restore_asks, snap.pods, policy, snap.namespace_labels)
     return Plan(tuple(verdicts), tuple(staged + blocks + allowed), tuple(held),
-                snoozes=snoozed.changed, restores=tuple(back))
+                snoozes=snoozed.changed, restores=back)
 
 
 def _snoozes(snap: Snapshot, policy: Policy) -> snooze.Review:
