@@ -46,8 +46,8 @@ from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simul
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
-STOP_ORDER = ("reclaimer", "kueue", "scheduler", "extender", "prometheus", "agent", "simulator",
-              "ksm", "kwok", "controller-manager", "apiserver", "etcd")
+STOP_ORDER = ("reclaimer", "kueue", "kuberay", "scheduler", "extender", "prometheus", "agent",
+              "simulator", "ksm", "kwok", "controller-manager", "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
 # 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).

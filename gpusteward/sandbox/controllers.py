@@ -46,13 +46,16 @@ class Controller(NamedTuple):
     module: str
     package: str  # its main package
     binary: str
-
-    @property
-    def source(self) -> Path:
-        return SOURCES / self.binary
+    source: Path  # the Go module that pins it
 
 
-CONTROLLERS = {"kueue": Controller("sigs.k8s.io/kueue", "sigs.k8s.io/kueue/cmd/kueue", "kueue")}
+CONTROLLERS = {
+    "kueue": Controller("sigs.k8s.io/kueue", "sigs.k8s.io/kueue/cmd/kueue", "kueue",
+                        SOURCES / "kueue"),
+    "kuberay": Controller("github.com/ray-project/kuberay/ray-operator",
+                          "github.com/ray-project/kuberay/ray-operator", "ray-operator",
+                          SOURCES / "kuberay"),
+}
 _RECIPE = "1"
 KUEUE_NAMESPACE = "kueue-system"
 # Kueue's default (apis/config/v1beta2: InternalCertManagement.WebhookSecretName).
@@ -192,4 +195,24 @@ def _ready(url: str) -> bool:
         return False
 
 
-STARTERS = {"kueue": start_kueue}
+def start_kuberay(box: Any) -> None:
+    """Build (first use), install and start KubeRay's operator against the sandbox ``box``:
+    its CRDs from the pinned module (config/crd/bases), no leader election, no webhooks (its
+    default: ENABLE_WEBHOOKS unset)."""
+    binary = ensure_controller("kuberay", box.cfg.log)
+    probe, metrics = free_port(), free_port()
+    api = box.api()
+    for path in sorted((module_dir("kuberay") / "config" / "crd" / "bases").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        api.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                  f"{crd['metadata']['name']}", crd)
+    wait_for("KubeRay's API to be served",
+             lambda: api.exists("/apis/ray.io/v1/rayclusters"), timeout=60)
+    box.run_process("kuberay", [str(binary), f"--kubeconfig={box.kubeconfig}",
+                                f"--health-probe-bind-address=127.0.0.1:{probe}",
+                                f"--metrics-addr=127.0.0.1:{metrics}",
+                                "--enable-leader-election=false"],
+                    lambda: _ready(f"http://127.0.0.1:{probe}/readyz"), timeout=180)
+
+
+STARTERS = {"kueue": start_kueue, "kuberay": start_kuberay}

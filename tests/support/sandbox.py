@@ -37,11 +37,16 @@ def started(tmp_path_factory: pytest.TempPathFactory, name: str,
         box.stop()
 
 
-def fresh_namespace(api: KubeHTTP, prefix: str = "e2e") -> Iterator[Namespace]:
-    """A fresh namespace; at teardown its pods are deleted and waited for, freeing their GPUs."""
+def fresh_namespace(api: KubeHTTP, prefix: str = "e2e",
+                    owners: tuple[str, ...] = ()) -> Iterator[Namespace]:
+    """A fresh namespace; at teardown its pods are deleted and waited for, freeing their GPUs.
+    ``owners``: collection paths under the namespace (``/apis/ray.io/v1/.../rayclusters`` with
+    ``{ns}`` for its name) deleted first, whose controllers would recreate the pods."""
     namespace = Namespace(api, f"{prefix}-{secrets.token_hex(3)}")
     namespace.create()
     yield namespace
+    for path in owners:
+        api.delete(path.format(ns=namespace.name), {"propagationPolicy": "Background"})
     namespace.delete()
 
 
