@@ -58,7 +58,7 @@ demo: setup
 bench-extender: venv
 	$(PY) benchmarks/bench_extender.py
 
-BENCHES := bench_extender bench_scheduler bench_reclaimer bench_telemetry
+BENCHES := bench_extender bench_scheduler bench_reclaimer bench_telemetry bench_fleetview bench_whatif
 
 # Every benchmark, then benchmarks/RESULTS.md and its plots (about 15 minutes on 2 cores).
 bench: setup

@@ -3,7 +3,8 @@
     python benchmarks/bench_extender.py [--nodes 1000 5000] [--requests 400] [--quick]
         [--verbs filter prioritize preempt]
 
-Server-side time is the handler's work (decode + answer) measured in-process. The round trip
+Server-side time is the handler's work (decode + `app.respond`: the answer and the expected
+placement it records) measured in-process. The round trip
 compares the real app, served from its own process, with a floor server that only decodes the
 same body with json.loads and encodes a same-size reply with json.dumps (target in
 docs/architecture.md: ratio <= 1.0). The preempt verb is measured server-side only, with every
@@ -36,7 +37,7 @@ from gpusteward.core.fleet import FleetStore  # noqa: E402
 from gpusteward.core.policy import parse_policy  # noqa: E402
 from gpusteward.core.reclaim.model import Evidence  # noqa: E402
 from gpusteward.extender import wire  # noqa: E402
-from gpusteward.extender.app import Extender, create_app  # noqa: E402
+from gpusteward.extender.app import Extender, create_app, respond  # noqa: E402
 from gpusteward.extender.preempt import Preempter  # noqa: E402
 from gpusteward.extender.replies import filter_reply, prioritize_reply  # noqa: E402
 from gpusteward.extender.view import PlacementView  # noqa: E402
@@ -84,11 +85,11 @@ def quantiles(samples: list[float]) -> dict[str, float]:
 
 def server_side(view: PlacementView, body: bytes, verb: str, count: int) -> dict[str, float]:
     answer = filter_reply if verb == "filter" else prioritize_reply
-    answer(view, wire.decode_args(body))  # first sight of the demand builds its table
+    respond(view, answer, wire.decode_args(body))  # first sight of the demand builds its table
     times = []
     for _ in range(count):
         t = time.perf_counter()
-        answer(view, wire.decode_args(body))
+        respond(view, answer, wire.decode_args(body))
         times.append(time.perf_counter() - t)
     return quantiles(times)
 
@@ -255,6 +256,7 @@ def start(kind: str, n: int) -> tuple[subprocess.Popen, int]:
 
 def run(nodes: list[int], count: int, verbs: list[str]) -> dict:
     results = []
+    load_at_start = os.getloadavg()[0]
     for n in nodes:
         view = make_view(n)
         if "preempt" in verbs:
@@ -269,7 +271,9 @@ def run(nodes: list[int], count: int, verbs: list[str]) -> dict:
             results += placement_rows(n, view, count, placement)
     return {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join(sys.argv), "results": results}
+            "command": " ".join(sys.argv), "results": results,
+            # 1-minute load average: other work on the same cores slows the CPU time too
+            "load": [load_at_start, os.getloadavg()[0]]}
 
 
 def placement_rows(n: int, view: PlacementView, count: int, verbs: list[str]) -> list[dict]:

@@ -157,13 +157,30 @@ def telemetry_section(tel: dict) -> list[str]:
             ""]
 
 
+def fleetview_section(fv: dict) -> list[str]:
+    lines = ["## Fleet view on DRA vs the device plugin (`python benchmarks/bench_fleetview.py`)",
+             "", f"{fv['date']}. The extender's list+watch view of the same fleet, its GPUs "
+             "served by the device plugin or by NVIDIA's DRA driver (a ResourceSlice per node, "
+             "a DeviceClass, an allocated claim per pod). Re-list = decode every LIST body and "
+             "rebuild the view (median of 5); retained = the view's memory after the bodies "
+             "are freed; event = one pod bound (on DRA also its claim allocated).", "",
+             "| GPUs served by | nodes | GPUs | pods | LIST MB | re-list ms | retained MB | "
+             "event µs |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['nodes']} | {r['gpus']} | {r['pods']} | "
+              f"{sum(r['list_mb'].values()):.1f} | {r['relist_ms']:.0f} | "
+              f"{r['retained_mb']:.1f} | {r['event_us']:.0f} |" for r in fv["results"]]
+    return [*lines, ""]
+
+
 def preempt_section(pre: dict) -> list[str]:
     """The preempt-only run (``--verbs preempt``): wall and CPU time beside each other, since
     it ran beside other work on the shared cores."""
+    load = (f" Load average {pre['load'][0]:.1f} at the start, {pre['load'][1]:.1f} at the end "
+            "(other work on the same cores)." if "load" in pre else "")
     lines = [f"### Preempt verb (`python {pre['command']}`)", "",
-             f"Machine: {pre['machine']}, Python {pre['python']}, {pre['date']}. Every node a "
-             "candidate proposing two victims (a third of all pods idle); server-side = decode + "
-             "answer in-process.", "",
+             f"Machine: {pre['machine']}, Python {pre['python']}, {pre['date']}.{load} Every node "
+             "a candidate proposing two victims (a third of all pods idle); server-side = decode "
+             "+ answer in-process.", "",
              "| candidates | mode | body MB | server p50 ms | server p99 ms | CPU p50 ms | "
              "CPU p99 ms |", "|---|---|---|---|---|---|---|"]
     for r in pre["results"]:
@@ -172,6 +189,24 @@ def preempt_section(pre: dict) -> list[str]:
         lines.append(f"| {r['nodes']} | {mode} | {r['body_mb']:.2f} | {s['p50_ms']:.2f} | "
                      f"{s['p99_ms']:.2f} | {s['cpu_p50_ms']:.2f} | {s['cpu_p99_ms']:.2f} |")
     return [*lines, ""]
+
+
+def whatif_section(wi: dict) -> list[str]:
+    lines = ["## What-if replay (`python benchmarks/bench_whatif.py`)", "",
+             f"{wi['date']}, `{wi['command']}`. History read through the real adapter (range "
+             "queries over HTTP, JSON decode, attribution) from benchmarks/whatif_prometheus.py "
+             "standing in for Prometheus (a week of 1,000 GPUs does not backfill here; its own "
+             "time to answer is in the wall time, not in our CPU), then replayed with the "
+             "shipped defaults (60 s interval). Target: a week of 1,000 GPUs in <= 60 s and "
+             "<= 1 GB RSS, queries bounded.", "",
+             "| GPUs | days | cycles | pods | read s | replay s | wall s | our CPU s | "
+             "peak RSS MB | PromQL queries | reclaims |", "|---|---|---|---|---|---|---|---|---|"
+             "---|---|"]
+    lines += [f"| {r['gpus']} | {r['days']:g} | {r['steps']} | {r['pods']} | {r['read_s']:.1f} | "
+              f"{r['replay_s']:.1f} | {r['total_s']:.1f} | {r['cpu_s']:.1f} | "
+              f"{r['peak_rss_mb']:.0f} | {r['promql_queries']} | {r['reclaimed']} |"
+              for r in wi["runs"]]
+    return lines + [""]
 
 
 def main() -> None:
@@ -196,6 +231,12 @@ def main() -> None:
         out += reclaimer_section(rec)
     if tel:
         out += telemetry_section(tel)
+    fv = load("fleetview")
+    if fv:
+        out += fleetview_section(fv)
+    wi = load("whatif")
+    if wi:
+        out += whatif_section(wi)
     notes = HERE / "NOTES.md"
     if notes.exists():
         out += [notes.read_text()]

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpusteward.adapters.errors import PrometheusSettingsError
+from gpusteward.core.addresses import parse_hostport
+from gpusteward.core.typedconfig import Duration, duration_text
 
 if TYPE_CHECKING:  # the HTTP stack loads only for commands that query Prometheus
     from gpusteward.adapters.promconnection import PrometheusConnection
@@ -108,6 +110,39 @@ class EnvParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def hostport(text: str) -> tuple[str, int]:
+    """A listen flag's value (``HOST:PORT``), as argparse wants a bad one reported."""
+    try:
+        return parse_hostport(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def whole_number(least: int, unit: str = "") -> Callable[[str], int]:
+    """A flag type: plain digits (no sign, no spaces) making at least ``least``."""
+    what = f"a whole number of {unit}" if unit else "a whole number"
+
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or int(text) < least:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {least}, got {text!r}")
+        return int(text)
+    return parse
+
+
+def duration_flag(least: int = 1) -> Callable[[str], float]:
+    """A flag type: a duration (90s, 5m, 24h, 7d) of at least ``least`` whole seconds."""
+    def parse(text: str) -> float:
+        try:
+            seconds = float(Duration.parse(text))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+        if seconds < least:
+            raise argparse.ArgumentTypeError(
+                f"expected at least {duration_text(least)}, got {text!r}")
+        return float(int(seconds))
+    return parse
+
+
 def add_kube_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("API server")
     group.add_argument("--kubeconfig", metavar="FILE",
@@ -118,8 +153,11 @@ def add_kube_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_connection_flags(parser: argparse.ArgumentParser) -> None:
-    """--kubeconfig and --context, and every Prometheus connection flag."""
+    """--kubeconfig, --context and --dra-driver, and every Prometheus connection flag."""
     add_kube_flags(parser)
+    parser.add_argument("--dra-driver", default="gpu.nvidia.com", metavar="NAME",
+                        help="the DRA driver whose ResourceSlice devices are GPUs "
+                             "(NVIDIA's DRA driver for GPUs: gpu.nvidia.com)")
     group = parser.add_argument_group(
         "Prometheus (or Thanos, Mimir); each flag also reads the environment variable shown")
     group.add_argument("--prometheus-url", metavar="URL",

@@ -23,6 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from gpusteward.adapters.errors import KubeConfigError, KubeError, WatchExpired
 from gpusteward.adapters.kubeconfig import locate, pick_context, read_merged
+from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Pod
@@ -86,7 +87,7 @@ _pod_decoder = msgspec.json.Decoder(WirePod)
 class Watcher:
     """Keeps one kind (`nodes` or `pods`) of a FleetStore in step with the API server."""
 
-    def __init__(self, api: client.ApiClient, store: FleetStore, kind: str,
+    def __init__(self, api: client.ApiClient, store: FleetStore | DraFleet, kind: str,
                  resources: Sequence[str], clock: Callable[[], float] = time.time,
                  page_size: int = 500, watch_timeout: int = 300):
         self.api, self.store, self.kind = api, store, kind
@@ -157,6 +158,9 @@ class Watcher:
             raise KubeError(f"watch {self.kind}: {status.message}", status.code)
         if event.type == "BOOKMARK":
             return _node_decoder.decode(event.object).metadata.resource_version
+        return self._apply_object(event)
+
+    def _apply_object(self, event: Event) -> str:
         if self.kind == "nodes":
             return self._apply_node(event)
         return self._apply_pod(event)
@@ -190,7 +194,8 @@ class Watcher:
             log.warning("pod %s/%s: ignoring unreadable GPU request: %s",
                         wire.metadata.namespace, wire.metadata.name, e)
             return None
-        if pod.gpus <= 0 or pod.phase in ("Succeeded", "Failed"):
+        # A pod with DRA claims may hold GPUs through them: core/dra.py's join decides.
+        if (pod.gpus <= 0 and not pod.claims) or pod.phase in ("Succeeded", "Failed"):
             return None
         return pod
 

@@ -37,22 +37,20 @@ from gpusteward.core.attribution import (
     is_per_pod,
     node_of,
 )
-from gpusteward.core.dcgm import gpu_id
+from gpusteward.core.dcgm import ENGINE_ACTIVE, GPU_UTIL, XID_COUNT, gpu_id
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import Health, TelemetryPolicy
 
 log = logging.getLogger("gpusteward.telemetry")
 
-XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 # Series that identify one GPU (or one MIG instance) on a node.
 _GPU_KEY = ("gpu", "GPU_I_ID")
 # dcgm-exporter reports no GPU_UTIL for a MIG instance (series with GPU_I_ID/GPU_I_PROFILE),
 # or a 0 whatever it computes (NVIDIA/dcgm-exporter#50, #216, #430): an instance is only ever
 # read from the profiling engine-activity field, which `or` supplies where GPU_UTIL is left out.
-GPU_UTIL = 'DCGM_FI_DEV_GPU_UTIL{GPU_I_ID=""}'
-ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+WHOLE_GPU_UTIL = f'{GPU_UTIL}{{GPU_I_ID=""}}'
 # The newest sample of any GPU or MIG instance (the reclaimer's freshness probe).
-NEWEST_SAMPLE = f"max(timestamp({GPU_UTIL}) or timestamp({ENGINE_ACTIVE}))"
+NEWEST_SAMPLE = f"max(timestamp({WHOLE_GPU_UTIL}) or timestamp({ENGINE_ACTIVE}))"
 
 
 class _Transient(Exception):
@@ -87,7 +85,7 @@ def keeping(labels: Sequence[str]) -> str:
 
 def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
     """The PromQL of one refresh. GR_ENGINE_ACTIVE stands in where GPU_UTIL is absent and
-    always reads MIG instances (see GPU_UTIL).
+    always reads MIG instances (see WHOLE_GPU_UTIL).
 
     Each query keeps the labels ``assemble`` reads; ``timestamp`` goes inside the aggregation so
     that it is still each sample's time.
@@ -105,8 +103,8 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
     counted = ['xid!=""'] + ([f'xid!~"{"|".join(str(x) for x in sorted(health.ignored_xids))}"']
                              if health.ignored_xids else [])
     return {
-        "util": by + f"(({GPU_UTIL} / 100) or {ENGINE_ACTIVE})",
-        "util_at": by + f"(timestamp({GPU_UTIL}) or timestamp({ENGINE_ACTIVE}))",
+        "util": by + f"(({WHOLE_GPU_UTIL} / 100) or {ENGINE_ACTIVE})",
+        "util_at": by + f"(timestamp({WHOLE_GPU_UTIL}) or timestamp({ENGINE_ACTIVE}))",
         "temp": by + "(DCGM_FI_DEV_GPU_TEMP)",
         "fb_used": by + "(DCGM_FI_DEV_FB_USED)",
         "xid": by + f"(max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:{step}]))",

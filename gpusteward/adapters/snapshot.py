@@ -11,29 +11,38 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio import client
 
+from gpusteward.adapters.dra import KINDS as DRA_KINDS
+from gpusteward.adapters.dra import read as read_dra
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
+from gpusteward.adapters.owners import Link, OwnerChains, link_of
 from gpusteward.adapters.prometheus import (
-    ENGINE_ACTIVE,
-    GPU_UTIL,
     NEWEST_SAMPLE,
+    WHOLE_GPU_UTIL,
     PrometheusSource,
     gpu_labels,
     keeping,
 )
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
-from gpusteward.core.dcgm import gpu_id
+from gpusteward.core.dcgm import ENGINE_ACTIVE, gpu_id
+from gpusteward.core.dra import DEFAULT_DRIVER, DraFleet
+from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
-from gpusteward.core.model import Pod
+from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Evidence, Owner, PastAction, Snapshot
+from gpusteward.core.reclaim.kinds import BUILT_IN
+from gpusteward.core.reclaim.model import Evidence, PastAction, Snapshot
 from gpusteward.core.reclaim.rules import peak_of, windows
+from gpusteward.core.reclaim.selfservice import restore_asks
 
 
 class Spec(msgspec.Struct):
     replicas: int | None = None
     suspend: bool | None = None
+    parallelism: int | None = None
+    # Decoded only for a restore request (core/reclaim/selfservice.py).
+    template: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 class Workload(msgspec.Struct):
@@ -53,6 +62,11 @@ WORKLOAD_PATHS = {
 }
 
 
+def listed_links(owned: Mapping[str, list[Workload]]) -> list[Link]:
+    return [link_of(kind, BUILT_IN[kind], "v1", w.metadata, spec=w.spec)
+            for kind, items in owned.items() for w in items]
+
+
 def _decode(raws: Iterable[msgspec.Raw], typ: type) -> list[Any]:
     decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(typ)
     return [decoder.decode(r) for r in raws]
@@ -60,8 +74,9 @@ def _decode(raws: Iterable[msgspec.Raw], typ: type) -> list[Any]:
 
 class SnapshotReader:
     def __init__(self, api: client.ApiClient, prometheus: PrometheusSource, policy: Policy,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, dra_driver: str = DEFAULT_DRIVER):
         self.api = api
+        self.dra_driver = dra_driver
         self.prometheus = prometheus
         self.policy = policy
         self.clock = clock
@@ -77,22 +92,40 @@ class SnapshotReader:
             *(self._list(path) for path in WORKLOAD_PATHS.values()))
         names = self.policy.resources
         wires = _decode(pods_raw, WirePod)
-        pods = tuple(p for p in (_pod(w, names) for w in wires) if p is not None)
-        nodes = {n.name: n for n in (to_node(w, names) for w in _decode(nodes_raw, WireNode))}
+        pods, nodes, by_uuid = await self._join_dra(
+            [to_node(w, names) for w in _decode(nodes_raw, WireNode)],
+            [p for p in (_pod(w, names) for w in wires) if p is not None])
         owned = dict(zip(WORKLOAD_PATHS, (_decode(w, Workload) for w in workloads), strict=True))
+        chains = OwnerChains(self.api)
+        owners = await chains.resolve(pods, wires, listed_links(owned))
+        self.api_calls += chains.api_calls
         # Every pod's node, the exporters' too: an older exporter's series name its pod, not
         # its node (core.attribution.node_of).
         pod_nodes = {w.metadata.name: w.spec.node_name for w in wires if w.spec.node_name}
-        self.who = self.attribution(nodes, pods, pod_nodes)
+        self.who = self.attribution(nodes, pods, pod_nodes, by_uuid)
         evidence, ok, problem = await self.evidence(pods, now, self.who)
+        ns_labels = {n.metadata.name: n.metadata.labels or {}
+                     for n in _decode(ns_raw, NamespaceObj)}
         return Snapshot(
-            now=now, pods=pods, nodes=nodes, owners=resolve_owners(pods, owned),
-            namespace_labels={n.metadata.name: n.metadata.labels or {}
-                              for n in _decode(ns_raw, NamespaceObj)},
+            now=now, pods=pods, nodes=nodes, owners=owners,
+            namespace_labels=ns_labels,
             evidence=evidence, telemetry_ok=ok, telemetry_problem=problem,
             recent_actions=tuple(recent),
             tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
+            restore_asks=restore_asks(owned, ns_labels, names),
         )
+
+    async def _join_dra(self, nodes: list[Node], pods: list[Pod],
+                        ) -> tuple[tuple[Pod, ...], dict[str, Node], dict[str, str]]:
+        """Nodes and GPU pods with their DRA devices (core/dra.py), and DRA GPU UUID -> pod."""
+        store = FleetStore()
+        dra = DraFleet(store, self.dra_driver)
+        self.api_calls += len(DRA_KINDS)
+        await read_dra(self.api, dra)
+        dra.replace_all(nodes, pods)
+        by_uuid = {d.uuid: p.key for p in store.pods.values() for d in dra.devices_of(p.uid)
+                   if d.uuid}
+        return tuple(store.pods.values()), dict(store.nodes), by_uuid
 
     async def _list(self, path: str) -> list[msgspec.Raw]:
         self.api_calls += 1
@@ -100,9 +133,10 @@ class SnapshotReader:
         return items
 
     def attribution(self, nodes: Iterable[str], pods: Iterable[Pod],
-                    pod_nodes: Mapping[str, str] | None = None) -> Attribution:
+                    pod_nodes: Mapping[str, str] | None = None,
+                    by_uuid: Mapping[str, str] | None = None) -> Attribution:
         t = self.policy.telemetry
-        return Attribution.of(t.node_labels, t.honor_labels, nodes, pods, pod_nodes)
+        return Attribution.of(t.node_labels, t.honor_labels, nodes, pods, pod_nodes, by_uuid)
 
     async def evidence(self, pods: tuple[Pod, ...], now: float, who: Attribution | None = None,
                        ) -> tuple[dict[float, dict[str, Evidence]], bool, str]:
@@ -146,10 +180,10 @@ def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, st
     def agent(expr: str) -> str:
         return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
 
-    peak = by + (f"({_checked_peak(GPU_UTIL, w)} or "
+    peak = by + (f"({_checked_peak(WHOLE_GPU_UTIL, w)} or "
                  f"({_checked_peak(ENGINE_ACTIVE, w)} * 100) or "
                  f"{agent(_checked_peak(AGENT_POD_UTIL, w))})")
-    count = by + (f"(count_over_time({GPU_UTIL}[{w}]) or "
+    count = by + (f"(count_over_time({WHOLE_GPU_UTIL}[{w}]) or "
                   f"count_over_time({ENGINE_ACTIVE}[{w}]) or "
                   f"{agent(f'count_over_time({AGENT_POD_UTIL}[{w}])')})")
     return peak, count
@@ -206,35 +240,6 @@ def _pod(w: WirePod, resources: Sequence[str]) -> Pod | None:
         pod = to_pod(w, resources)
     except QuantityError:
         return None
-    return pod if pod.gpus > 0 and pod.phase not in ("Succeeded", "Failed") else None
-
-
-def resolve_owners(pods: Iterable[Pod], owned: Mapping[str, list[Workload]]) -> dict[str, Owner]:
-    """pod uid -> the workload to act on (ReplicaSets resolve to their Deployment)."""
-    by_uid = {kind: {w.metadata.uid: w for w in items} for kind, items in owned.items()}
-    top: dict[str, tuple[str, Workload | None, str, str]] = {}
-    for pod in pods:
-        ref = pod.controller
-        if ref is None:
-            continue
-        kind, name, obj = ref.kind, ref.name, by_uid.get(ref.kind, {}).get(ref.uid)
-        if kind == "ReplicaSet" and obj is not None:
-            parent = next((o for o in obj.metadata.owner_references or () if o.controller), None)
-            if parent is not None and parent.kind == "Deployment":
-                kind, name = "Deployment", parent.name
-                obj = by_uid["Deployment"].get(parent.uid)
-        top[pod.uid] = (kind, obj, pod.namespace, name)
-    members: dict[tuple[str, str, str], list[str]] = {}
-    for uid, (kind, _, ns, name) in top.items():
-        members.setdefault((kind, ns, name), []).append(uid)
-    return {uid: Owner(kind, ns, name, tuple(members[(kind, ns, name)]), _in_progress(kind, obj))
-            for uid, (kind, obj, ns, name) in top.items()}
-
-
-def _in_progress(kind: str, obj: Workload | None) -> bool:
-    if obj is None:
-        return False
-    if kind == "Job":
-        return bool(obj.spec.suspend)
-    annotations = obj.metadata.annotations or {}
-    return kind in ("Deployment", "StatefulSet") and REPLICAS_BEFORE in annotations
+    # A pod with DRA claims may hold GPUs through them: the DRA join decides.
+    held = pod.gpus > 0 or pod.claims
+    return pod if held and pod.phase not in ("Succeeded", "Failed") else None

@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from gpusteward.adapters import buildinfo
+from gpusteward.adapters.dradevices import DraDevices, slice_lister
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import connect
 from gpusteward.adapters.nvml import NvmlReader, NvmlUnavailable
@@ -57,6 +58,7 @@ class AgentDeps:
     nvml: NvmlReader = field(default_factory=NvmlReader)
     pod_resources: PodResourcesClient | None = None
     pods: PodDirectory | None = None
+    dra: DraDevices | None = None  # UUIDs of GPUs held through DRA claims
 
 
 @dataclass
@@ -79,7 +81,7 @@ async def _assignments(
 ) -> tuple[tuple[DeviceAssignment, ...], list[str]]:
     client = deps.pod_resources or PodResourcesClient(socket)
     try:
-        held = await client.list()
+        held = await client.list(deps.dra)
     except PodResourcesUnavailable as e:
         if exported.pod_resources_ok is not False:
             log.warning("exporting GPU metrics without pod labels: %s", e)
@@ -141,11 +143,19 @@ async def _pod_directory(settings: AgentSettings) -> tuple[PodDirectory | None, 
     return PodDirectory(api_lister(api, settings.node)), api
 
 
+async def _with_api(settings: AgentSettings, deps: AgentDeps) -> Any:
+    """The API server's pod directory and DRA device UUIDs, when the agent may use it."""
+    deps.pods, api = await _pod_directory(settings)
+    if api is not None and deps.dra is None:
+        deps.dra = DraDevices(slice_lister(api, settings.node))
+    return api
+
+
 async def _collector(app: web.Application) -> AsyncIterator[None]:
     settings, deps, exported = app[SETTINGS], app[DEPS], app[EXPORTED]
     api = None
     if deps.pods is None:
-        deps.pods, api = await _pod_directory(settings)
+        api = await _with_api(settings, deps)
 
     async def loop() -> None:
         while True:

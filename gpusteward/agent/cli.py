@@ -12,12 +12,12 @@ import logging
 
 from aiohttp import web
 
+from gpusteward.adapters.connectflags import hostport
 from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.logs import add_log_flags
 from gpusteward.adapters.nvml import NvmlReader, NvmlUnavailable
 from gpusteward.adapters.podresources import DEFAULT_SOCKET
 from gpusteward.agent.app import AgentDeps, AgentSettings, create_app
-from gpusteward.core.addresses import parse_hostport
 
 log = logging.getLogger("gpusteward.agent")
 
@@ -25,13 +25,6 @@ EXIT_NO_DRIVER = 1
 ON_MISSING_DRIVER = ("exit", "serve-error")
 
 __all__ = ["add_agent_parser", "run_agent"]
-
-
-def _hostport(text: str) -> tuple[str, int]:
-    try:
-        return parse_hostport(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def _seconds(text: str) -> float:
@@ -48,7 +41,7 @@ def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p = subparsers.add_parser(
         "agent", help="serve dcgm-exporter-compatible GPU metrics read through NVML (per node)"
     )
-    p.add_argument("--listen", type=_hostport, default="0.0.0.0:9400", metavar="HOST:PORT",
+    p.add_argument("--listen", type=hostport, default="0.0.0.0:9400", metavar="HOST:PORT",
                    help="/metrics and /healthz (9400 is dcgm-exporter's port)")
     p.add_argument("--node-name",
                    help="value of the Hostname label (default $NODE_NAME; required)")

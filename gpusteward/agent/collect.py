@@ -21,12 +21,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from gpusteward.core.dcgm import XID_GPU_LOST, MigInstance
+from gpusteward.core.dcgm import ENGINE_ACTIVE, GPU_UTIL, MIB, XID_GPU_LOST, MigInstance
 from gpusteward.core.nodereadings import DeviceAssignment, GpuSample, NvmlSnapshot, PidOwner, PodRef
 
 __all__ = ["AgentGpu", "AgentView", "PodUtil", "collect", "shared", "unavailable_view"]
 
-MIB = 1024 * 1024
 GPU_IS_LOST = "gpu_is_lost"
 
 
@@ -133,7 +132,7 @@ def _distinct_pods(held: list[DeviceAssignment]) -> list[PodRef]:
 def _missing(sample: GpuSample) -> frozenset[str]:
     missing: set[str] = set()
     if sample.util_percent is None:
-        missing |= {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+        missing |= {GPU_UTIL, ENGINE_ACTIVE}
     if sample.temp_c is None:
         missing.add("DCGM_FI_DEV_GPU_TEMP")
     if sample.power_mw is None:

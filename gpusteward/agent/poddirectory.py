@@ -24,11 +24,10 @@ from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import AdapterError
 from gpusteward.adapters.kube import list_raw
-from gpusteward.core.kubewire import Meta
+from gpusteward.core.kubewire import MIRROR_ANNOTATION, Meta
 
 log = logging.getLogger("gpusteward.agent.pods")
 
-MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 PodName = tuple[str, str]  # (namespace, name)
 Lister = Callable[[], Awaitable[dict[str, PodName]]]
 

@@ -120,16 +120,20 @@ class Attribution:
     known_nodes: Collection[str] = ()
     holders: Mapping[str, Collection[str]] = field(default_factory=dict)  # node -> pod keys
     pod_nodes: Mapping[str, str] = field(default_factory=dict)  # any pod's name -> its node
+    # GPU UUID -> pod key, for GPUs allocated through DRA claims (core/dra.py): an exporter
+    # that does not map DRA pods labels their GPUs with no pod, but always with ``UUID``.
+    by_uuid: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, node_labels: Sequence[str], honor: bool | str, nodes: Iterable[str],
-           pods: Iterable[Pod], pod_nodes: Mapping[str, str] | None = None) -> Attribution:
+           pods: Iterable[Pod], pod_nodes: Mapping[str, str] | None = None,
+           by_uuid: Mapping[str, str] | None = None) -> Attribution:
         holders: dict[str, set[str]] = {}
         for p in pods:
             if p.node and p.gpus > 0:
                 holders.setdefault(p.node, set()).add(p.key)
         return cls(tuple(node_labels), honor_mode(honor), frozenset(nodes), holders,
-                   dict(pod_nodes or {}))
+                   dict(pod_nodes or {}), dict(by_uuid or {}))
 
     def node(self, labels: Mapping[str, str]) -> str | None:
         return node_of(labels, self.node_labels, self.known_nodes, self.pod_nodes)
@@ -137,4 +141,5 @@ class Attribution:
     def pod(self, labels: Mapping[str, str], node: str | None = None) -> str | None:
         """The verified holder of a series' GPU, or None (a free GPU, or the exporter's pod)."""
         node = node if node is not None else self.node(labels)
-        return holder(claimed_pod(labels, self.honor), node or "", self.holders)
+        return (holder(claimed_pod(labels, self.honor), node or "", self.holders)
+                or holder(self.by_uuid.get(labels.get("UUID", "")), node or "", self.holders))

@@ -41,8 +41,10 @@ from typing import Protocol
 
 __all__ = [
     "DCGM_FIELDS",
+    "ENGINE_ACTIVE",
     "EXPORTER_LABELS",
     "GPU_UTIL",
+    "MIB",
     "XID_COUNT",
     "XID_ERRORS",
     "XID_GPU_LOST",
@@ -62,6 +64,7 @@ __all__ = [
 
 DEFAULT_DRIVER_VERSION = "550.90.07"
 XID_GPU_LOST = 79  # what the driver logs when a GPU falls off the bus (NVML: GPU_IS_LOST)
+MIB = 1 << 20  # NVML counts memory in bytes, the exporter prints MiB
 DEFAULT_NODE_LABEL = "Hostname"
 
 
@@ -159,6 +162,7 @@ def _go_double(value: float) -> str:
 
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 
@@ -178,7 +182,7 @@ DCGM_FIELDS = (
         "DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: _go_int(g.fb_used_mib)
     ),
     Field(
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        ENGINE_ACTIVE,
         "Ratio of time the graphics engine is active.",
         lambda g: _go_double(min(max(g.util_percent, 0.0), 100.0) / 100.0),
     ),

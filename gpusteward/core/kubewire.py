@@ -36,6 +36,11 @@ class Container(msgspec.Struct):
     resources: Resources | None = None
 
 
+class PodClaim(msgspec.Struct, rename="camel"):
+    name: str = ""
+    resource_claim_template_name: str | None = None
+
+
 class PodSpec(msgspec.Struct, rename="camel"):
     containers: list[Container] = msgspec.field(default_factory=list)
     init_containers: list[Container] | None = None
@@ -45,6 +50,7 @@ class PodSpec(msgspec.Struct, rename="camel"):
     preemption_policy: str | None = None
     node_selector: dict[str, str] | None = None
     tolerations: list[Toleration] | None = None
+    resource_claims: list[PodClaim] | None = None
 
 
 class Condition(msgspec.Struct, rename="camel"):
@@ -214,4 +220,5 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
         mirror=MIRROR_ANNOTATION in annotations,
         nominated_node=(w.status.nominated_node_name if w.status else None) or None,
         preempted=_preempted(conditions),
+        claims=tuple(c.name for c in s.resource_claims or ()),
     )

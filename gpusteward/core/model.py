@@ -53,6 +53,7 @@ class OwnerRef(msgspec.Struct, frozen=True):
     name: str
     uid: str = ""
     controller: bool = False
+    api_version: str = msgspec.field(default="", name="apiVersion")
 
 
 class Pod(msgspec.Struct, frozen=True):
@@ -82,6 +83,8 @@ class Pod(msgspec.Struct, frozen=True):
     nominated_node: str | None = None
     # The scheduler is preempting this pod (DisruptionTarget, reason PreemptionByScheduler).
     preempted: bool = False
+    # Its spec.resourceClaims entries: DRA devices may be behind them (core/dra.py).
+    claims: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

@@ -107,6 +107,16 @@ class Placement(StrEnum):
     SPREAD = "spread"
 
 
+class SnoozeCaps(Config, frozen=True):
+    """How far a workload's owner may postpone reclaim (core/reclaim/snooze.py). Unset fields
+    inherit: reclaim.snooze, then the pod's class, then its team (the last one set wins)."""
+
+    # The longest snooze, counted from when the reclaimer first sees it; 0: no snoozing.
+    max_duration: Annotated[Duration, Between(0, 7 * DAY)] | None = None
+    # Snoozes one workload may start in any 7 days.
+    max_per_week: Count | None = None
+
+
 class WorkloadClass(Config, frozen=True):
     # Tiers in order of preference, used when a pod names no card types of its own.
     preferred_tiers: list[Name] = msgspec.field(default_factory=list)
@@ -115,6 +125,7 @@ class WorkloadClass(Config, frozen=True):
     idle: IdleRule = _factory(IdleRule)
     # Caps the eviction grace of this class's pods (else their own grace is the floor).
     eviction_grace_cap: Wait | None = None
+    snooze: SnoozeCaps = _factory(SnoozeCaps)
 
 
 def _default_classes() -> dict[str, WorkloadClass]:
@@ -140,8 +151,12 @@ class OwnerActions(Config, frozen=True):
     job: Literal["suspend", "evict", "annotate"] = "suspend"
     deployment: Literal["scale", "annotate"] = "scale"
     stateful_set: Literal["scale", "annotate"] = "scale"
-    # ReplicaSets without a Deployment, custom controllers, ...
-    unknown: Literal["evict", "annotate"] = "evict"
+    # ReplicaSets without a Deployment, custom controllers, ...: block sends an Event and stops
+    # nothing (an evicted pod would be recreated by its controller at once).
+    unknown: Literal["block", "evict", "annotate"] = "block"
+    # Per kind ("Kind.group", e.g. "Trainer.example.com"), overriding unknown: evict where the
+    # owner's controller does not recreate an evicted pod.
+    kinds: dict[str, Literal["block", "evict", "annotate"]] = msgspec.field(default_factory=dict)
 
 
 class PriorityOverride(Config, frozen=True):
@@ -184,11 +199,14 @@ class Reclaim(Config, frozen=True):
     allow_opt_out: bool = True
     # Eviction grace period handed to the pod; never zero.
     eviction_grace: Wait = Duration(30)
+    snooze: SnoozeCaps = msgspec.field(
+        default_factory=lambda: SnoozeCaps(max_duration=Duration(8 * HOUR), max_per_week=3))
 
 
 class Team(Config, frozen=True):
     quota_gpus: Count | None = None
     quota_by_tier: dict[str, Count] = msgspec.field(default_factory=dict)
+    snooze: SnoozeCaps = _factory(SnoozeCaps)
 
 
 class Queue(Config, frozen=True):
@@ -206,6 +224,33 @@ class Preemption(Config, frozen=True):
     protect_busy: dict[Name, list[Name]] = msgspec.field(default_factory=dict)
 
 
+NoticeEvent = Literal["warned", "reclaimed", "blocked", "restored"]
+
+
+class Sink(Config, frozen=True):
+    """Where notifications go (gpusteward/reclaimer/notify.py)."""
+
+    name: Name
+    # json: gpusteward's own payload; slack: a Slack-compatible incoming-webhook payload.
+    format: Literal["json", "slack"] = "json"
+    # A file holding the webhook URL, such as a key of a mounted Secret: the URL is a
+    # credential and never stands in the policy ConfigMap.
+    url_file: Name = "/var/run/secrets/gpusteward/notifications/url"
+    events: list[NoticeEvent] = msgspec.field(
+        default_factory=lambda: ["warned", "reclaimed", "blocked", "restored"])
+
+
+class Notifications(Config, frozen=True):
+    sinks: list[Sink] = msgspec.field(default_factory=list)
+    # Per delivery attempt: a hanging receiver never holds a message longer.
+    timeout: Annotated[Duration, Between(1, MINUTE)] = Duration(10)
+    # Retried with backoff (1 s doubling to 5 min) for this long, then given up and counted.
+    retry_for: Annotated[Duration, Between(1, DAY)] = Duration(HOUR)
+    # Messages waiting for delivery; beyond it new ones are dropped and counted. Bounded so the
+    # record of them (a ConfigMap, at most 1 MiB) always fits.
+    queue_size: Annotated[int, msgspec.Meta(ge=1, le=500)] = 200
+
+
 class Policy(Config, frozen=True):
     api_version: Literal["gpusteward.io/v1alpha1"] = "gpusteward.io/v1alpha1"
     kind: Literal["Policy"] = "Policy"
@@ -219,6 +264,7 @@ class Policy(Config, frozen=True):
     teams: dict[str, Team] = msgspec.field(default_factory=dict)
     queue: Queue = _factory(Queue)
     preemption: Preemption = _factory(Preemption)
+    notifications: Notifications = _factory(Notifications)
 
 
 class PolicyError(Exception):
@@ -229,6 +275,7 @@ class PolicyError(Exception):
         super().__init__(f"invalid policy {source}:\n{lines}")
 
 
+_KIND = re.compile(r"^[A-Z][A-Za-z0-9]*\.[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -302,8 +349,25 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
         if getattr(p.reclaim.idle, f.name) is None:
             yield FieldError(("reclaim", "idle", f.encode_name),
                              "must be set: classes and PriorityClasses inherit it from here")
+    names = [s.name for s in p.notifications.sinks]
+    for i, sink in enumerate(p.notifications.sinks):
+        if names.index(sink.name) != i:
+            yield FieldError(("notifications", "sinks", i, "name"),
+                             f"sink {sink.name!r} is defined twice")
+        if not sink.url_file.startswith("/"):
+            yield FieldError(("notifications", "sinks", i, "urlFile"),
+                             "must be an absolute path to a file holding the URL (a mounted "
+                             "Secret), not the URL itself")
+    for f in msgspec.structs.fields(SnoozeCaps):
+        if getattr(p.reclaim.snooze, f.name) is None:
+            yield FieldError(("reclaim", "snooze", f.encode_name),
+                             "must be set: classes and teams inherit it from here")
     if p.telemetry.stale_after < p.telemetry.refresh:
         yield FieldError(("telemetry", "staleAfter"), "must be at least telemetry.refresh")
+    for kind in p.reclaim.owner_actions.kinds:
+        if not _KIND.match(kind):
+            yield FieldError(("reclaim", "ownerActions", "kinds", kind),
+                             "expected Kind.group, e.g. Trainer.example.com")
 
 
 def _class_errors(

@@ -19,7 +19,7 @@ from yaml.nodes import CollectionNode, MappingNode, Node, ScalarNode
 MAX_BYTES = 1024 * 1024  # the shipped example is under 10 KiB
 MAX_DEPTH = 32  # the policy itself nests 6 levels deep
 MAX_ALIASES = 64  # uses of `*anchor`
-MAX_NODES = 100_000  # values in the document once every alias is expanded
+MAX_VALUES = 100_000  # values in the document once every alias is expanded
 
 _MERGE = "tag:yaml.org,2002:merge"
 
@@ -52,8 +52,8 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
         size = 1 + sum(self._sizes[id(c)] for c in _children(node))
         self._sizes[id(node)] = size
-        if size > MAX_NODES:
-            raise ComposerError(None, None, f"expands to more than {MAX_NODES} values "
+        if size > MAX_VALUES:
+            raise ComposerError(None, None, f"expands to more than {MAX_VALUES} values "
                                 "(aliases repeat what they name)", mark)
         return node
 

@@ -16,6 +16,7 @@ changes. What is kept:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import compress, repeat
 from operator import add, eq, ge, mul, not_, sub
 
@@ -48,15 +49,23 @@ def shield_for(preemptor_class: str, policy: Preemption) -> Shield:
 
 
 class Candidates(msgspec.Struct):
-    """The scheduler's candidate nodes as gpusteward judges their victims, one list per field
+    """The scheduler's candidate nodes as gpusteward judges their victims, one column per field
     and one row per node: a request may carry thousands, and whole-column operations run in C
-    where a loop over row objects would cost more than the rest of the request."""
+    where a loop over row objects would cost more than the rest of the request. The two
+    idleness columns are flags packed one byte per node into an int (see `packed`), so that
+    combining them is one integer operation."""
 
     nodes: list[str]
-    victims: list[int]  # how many victims the scheduler proposes on the node
-    idle: list[int]  # of them idle by their reclaim rule; no evidence counts as busy
+    all_idle: int  # every victim on the node idle (by its reclaim rule; no evidence is busy)
+    some_idle: int  # at least one victim idle
     pdb_violations: list[int]
     shielded: list[bool] | None = None  # a busy victim is one the preemptor's Shield covers
+
+    @classmethod
+    def counted(cls, nodes: list[str], victims: list[int], idle: list[int],
+                pdb_violations: list[int], shielded: list[bool] | None = None) -> Candidates:
+        """From per-node counts: victims the scheduler proposes, how many of them idle."""
+        return cls(nodes, *idle_flags(victims, idle), pdb_violations, shielded)
 
 
 class Choice(msgspec.Struct, frozen=True):
@@ -69,55 +78,71 @@ class Choice(msgspec.Struct, frozen=True):
 _TIERS = (IDLE, PARTLY_IDLE, BUSY)
 
 
-def tier_of(victims: int, idle: int) -> str:
-    return _TIERS[tier_rank(victims, idle)]
+def packed(values: Iterable[int]) -> int:
+    """0/1 flags, one byte each, the first the most significant: `&` and `|` of two such ints
+    combine the flags node by node."""
+    return int.from_bytes(bytes(values), "big")
+
+
+def flags(mask: int, count: int) -> bytes:
+    """The 0/1 flags `packed` made, one byte per node."""
+    return mask.to_bytes(count, "big")
+
+
+def idle_flags(victims: list[int], idle: list[int]) -> tuple[int, int]:
+    """(all_idle, some_idle) of Candidates from per-node counts."""
+    return packed(map(ge, idle, victims)), packed(map(bool, idle))
 
 
 def choose(c: Candidates, policy: Preemption) -> Choice:
     """Keep the candidates rules 1-3 of the module docstring allow."""
+    nodes, pdb, every, some = c.nodes, c.pdb_violations, c.all_idle, c.some_idle
     vetoed: tuple[str, ...] = ()
     if c.shielded is not None and any(c.shielded):
-        vetoed = tuple(compress(c.nodes, c.shielded))
+        vetoed = tuple(compress(nodes, c.shielded))
         open_ = list(map(not_, c.shielded))
-        c = Candidates(list(compress(c.nodes, open_)), list(compress(c.victims, open_)),
-                       list(compress(c.idle, open_)), list(compress(c.pdb_violations, open_)))
-    if not c.nodes:
+        every, some = (packed(compress(flags(m, len(nodes)), open_)) for m in (every, some))
+        nodes, pdb = list(compress(nodes, open_)), list(compress(pdb, open_))
+    if not nodes:
         return Choice((), None, vetoed)
-    if policy.prefer_idle and c.pdb_violations.count(c.pdb_violations[0]) == len(c.nodes) \
-            and min(c.victims) > 0:
-        return _best_tier(c, vetoed)
-    # One sort key per row: PDB violations first (3 per violation), then the tier (0-2):
-    # 2 - (any idle) - (all idle).
-    keys = list(map(mul, c.pdb_violations, repeat(3)))
+    if pdb.count(pdb[0]) == len(nodes):  # rule 2 keeps every node
+        if policy.prefer_idle:
+            return _best_tier(nodes, every, some, vetoed)
+        return Choice(tuple(nodes), _worst_tier(every, some, len(nodes)), vetoed)
+    # One sort key per row: PDB violations first (3 per violation), then the tier rank (0-2):
+    # 2 - (some idle) - (all idle).
+    ranks = list(map(sub, map(sub, repeat(2), flags(some, len(nodes))), flags(every, len(nodes))))
+    keys = list(map(mul, pdb, repeat(3)))
     if policy.prefer_idle:
-        keys = list(map(sub, map(sub, map(add, keys, repeat(2)), map(bool, c.idle)),
-                        map(ge, c.idle, c.victims)))
+        keys = list(map(add, keys, ranks))
     best = min(keys)
     is_best = list(map(eq, keys, repeat(best)))
-    kept = tuple(compress(c.nodes, is_best))
-    dropped = tuple(compress(c.nodes, map(not_, is_best)))
-    worst = best % 3 if policy.prefer_idle else max(
-        map(tier_rank, compress(c.victims, is_best), compress(c.idle, is_best)))
+    kept = tuple(compress(nodes, is_best))
+    dropped = tuple(compress(nodes, map(not_, is_best)))
+    worst = best % 3 if policy.prefer_idle else max(compress(ranks, is_best))
     return Choice(kept, _TIERS[worst], vetoed, dropped)
 
 
-def _best_tier(c: Candidates, vetoed: tuple[str, ...]) -> Choice:
-    """The usual request (one PDB count for all, every node proposing a victim) ranked by tier
-    alone: the sort keys above would all share their PDB part, so three column passes give the
-    same choice as building them."""
-    most_idle = max(c.idle)
-    best: list[bool] | list[int] = []  # all idle (victims > 0, so some idle too)
-    if most_idle >= min(c.victims):
-        best = list(map(ge, c.idle, c.victims))
-    if any(best):
-        tier = IDLE
-    elif most_idle > 0:
-        best, tier = c.idle, PARTLY_IDLE
-    else:
-        return Choice(tuple(c.nodes), BUSY, vetoed)
-    return Choice(tuple(compress(c.nodes, best)), tier, vetoed,
-                  tuple(compress(c.nodes, map(not_, best))))
+def _best_tier(nodes: list[str], every: int, some: int, vetoed: tuple[str, ...]) -> Choice:
+    """Rule 3 when rule 2 keeps every node: the best tier present, by two integer operations
+    on the packed flags instead of a key per row."""
+    best, tier = every & some, IDLE
+    if not best:
+        best, tier = every | some, PARTLY_IDLE
+    if not best:
+        return Choice(tuple(nodes), BUSY, vetoed)
+    keep = flags(best, len(nodes))
+    left_out = flags(best ^ _everyone(len(nodes)), len(nodes))
+    return Choice(tuple(compress(nodes, keep)), tier, vetoed, tuple(compress(nodes, left_out)))
 
 
-def tier_rank(victims: int, idle: int) -> int:
-    return 2 - (idle > 0) - (idle >= victims)
+def _worst_tier(every: int, some: int, count: int) -> str:
+    everyone = _everyone(count)
+    if every | some != everyone:
+        return BUSY
+    return IDLE if every & some == everyone else PARTLY_IDLE
+
+
+def _everyone(count: int) -> int:
+    """The flag set for each of count nodes."""
+    return int.from_bytes(b"\x01" * count, "big")

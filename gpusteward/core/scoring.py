@@ -52,6 +52,8 @@ class Demand(msgspec.Struct, frozen=True):
     class_name: str
     # (resource name, count) behind `gpus`, sorted; empty: not known, `gpus` alone is checked.
     resources: tuple[tuple[str, int], ...] = ()
+    # DRA: claims made from the pod's templates that the watch has not shown yet (core/dra.py).
+    claims_unseen: bool = False
 
 
 class ClassRule(msgspec.Struct, frozen=True):
@@ -82,6 +84,8 @@ FITS = NodeFit(ok=True)
 
 
 def filter_node(state: NodeState, demand: Demand) -> NodeFit:
+    if demand.claims_unseen:  # the scheduler waits for them too; it retries the pod
+        return NodeFit.failed("its ResourceClaims are not in gpusteward's watch yet")
     if demand.gpus == 0:
         return FITS  # not a GPU pod: not ours to judge
     node = state.node

@@ -21,7 +21,7 @@ from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.core.model import Telemetry
 from gpusteward.extender import preempt, wire
 from gpusteward.extender.metrics import ExtenderMetrics
-from gpusteward.extender.replies import Outcome, filter_reply, prioritize_reply
+from gpusteward.extender.replies import Reply, filter_reply, prioritize_reply
 from gpusteward.extender.view import PlacementView
 
 log = logging.getLogger("gpusteward.extender")
@@ -43,11 +43,14 @@ class Watch(Protocol):
 class Extender:
     view: PlacementView
     telemetry: TelemetrySource | None
-    watches: Sequence[Watch] = ()
+    watches: Sequence[Watch] = ()  # readiness waits for these (Nodes, Pods)
     refresh_seconds: float = 15.0
     metrics: ExtenderMetrics = field(default_factory=ExtenderMetrics)
     evidence: preempt.EvidenceSource | None = None  # per-pod idle evidence for /preempt
     last_ok: float = 0.0
+    # Watches that feed the view but not readiness: a cluster without resource.k8s.io/v1 (or
+    # without the RBAC for it) still places device-plugin pods; each watch logs why it waits.
+    side_watches: Sequence[Watch] = ()
 
     def __post_init__(self) -> None:
         # Read at scrape time, so a refresh that stops or crashes still shows as ageing.
@@ -93,7 +96,7 @@ EXTENDER = web.AppKey("extender", Extender)
 
 
 @dataclass(frozen=True)
-class Limits:
+class RequestLimits:
     """What one request may cost (docs/operations.md, "Extender request limits").
 
     max_body_bytes: the largest body read at all; body_budget_bytes: bodies buffered at once
@@ -105,7 +108,7 @@ class Limits:
     read_timeout: float = 10.0
 
 
-LIMITS = web.AppKey("limits", Limits)
+LIMITS = web.AppKey("limits", RequestLimits)
 VERBS = ("filter", "prioritize", "preempt")
 # aiohttp would inflate a gzip body inside the event loop, also to drain one we refused; idle
 # keep-alive connections are closed after a minute (aiohttp's default is an hour).
@@ -113,8 +116,8 @@ SERVER_OPTIONS = {"auto_decompress": False, "keepalive_timeout": 60.0}
 
 
 def create_app(extender: Extender, *, max_body_bytes: int = 32 << 20,
-               limits: Limits | None = None) -> web.Application:
-    limits = limits or Limits(max_body_bytes=max_body_bytes,
+               limits: RequestLimits | None = None) -> web.Application:
+    limits = limits or RequestLimits(max_body_bytes=max_body_bytes,
                               body_budget_bytes=max(3 * max_body_bytes, 8 << 20))
     app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_counted],
                           handler_args=SERVER_OPTIONS)
@@ -186,7 +189,24 @@ async def _counted(request: web.Request,
     return response
 
 
-Answer = Callable[[PlacementView, wire.ExtenderArgs], Outcome]
+Answer = Callable[[PlacementView, wire.ExtenderArgs], Reply]
+
+
+def respond(view: PlacementView, answer: Answer, args: wire.ExtenderArgs) -> Reply:
+    """One filter or prioritize request. The answer itself only reads the view; these are the
+    request path's writes, each rebuilding the nodes it touches in every cached demand table:
+    the pod asked about again stops counting where it was expected (it must not crowd itself
+    out), and after prioritize it is expected on the node ranked first until the watch shows
+    where it was bound (burst correction, view.py)."""
+    assert args.Pod is not None  # decode_args refuses a request without one
+    uid = args.Pod.metadata.uid
+    view.settle_parked()
+    view.forget(uid)
+    reply = answer(view, args)
+    # No uid: a probe, or a pod the scheduler never binds under that uid.
+    if uid and reply.best_node is not None:
+        view.expect(uid, reply.best_node)
+    return reply
 
 
 class _Refused(Exception):
@@ -247,13 +267,13 @@ def _verb(verb: str, answer: Answer) -> Callable[[web.Request], Awaitable[web.Re
     async def handler(request: web.Request) -> web.Response:
         ext = request.app[EXTENDER]
         try:
-            outcome = answer(ext.view, wire.decode_args(await _body(request)))
+            reply = respond(ext.view, answer, wire.decode_args(await _body(request)))
         except (wire.BadRequest, _Refused) as e:
             return _refusal(verb, e, wire.error_result(str(e)) if verb == "filter"
                             else _error(str(e)))
-        if outcome.unknown_nodes:
-            ext.metrics.unknown_nodes.labels(verb).inc(outcome.unknown_nodes)
-        return web.Response(body=outcome.body, content_type=JSON)
+        if reply.unknown_nodes:
+            ext.metrics.unknown_nodes.labels(verb).inc(reply.unknown_nodes)
+        return web.Response(body=reply.body, content_type=JSON)
 
     return handler
 
@@ -289,7 +309,7 @@ async def _refresh_loop(ext: Extender) -> None:
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
     ext = app[EXTENDER]
-    tasks = [asyncio.create_task(w.run()) for w in ext.watches]
+    tasks = [asyncio.create_task(w.run()) for w in (*ext.watches, *ext.side_watches)]
     tasks.append(asyncio.create_task(_refresh_loop(ext)))
     yield
     for task in tasks:

@@ -33,7 +33,7 @@ class ConnectionGuard:
     def __call__(self) -> asyncio.Protocol:
         if len(self.open) >= self.max_connections:
             self._on_close("connection_cap")
-            return _Refused()
+            return _OverCap()
         return _Guarded(self, self._factory())
 
     def sweep(self) -> None:
@@ -52,7 +52,7 @@ class ConnectionGuard:
             self.sweep()
 
 
-class _Refused(asyncio.Protocol):
+class _OverCap(asyncio.Protocol):
     """Over the cap: closed at once (the client sees a reset and retries)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -1,4 +1,7 @@
-"""Answer filter and prioritize from the precomputed fragments: lookups and byte joins only."""
+"""Answer filter and prioritize from the precomputed fragments: lookups and byte joins only.
+
+Pure with respect to the view: nothing here changes it. What the request path does change (the
+pod's expected placement) the handler records (`app.respond`)."""
 
 from __future__ import annotations
 
@@ -11,21 +14,21 @@ from gpusteward.core.cards import CardPatternError
 from gpusteward.core.kubewire import QuantityError
 from gpusteward.core.scoring import Demand
 from gpusteward.extender import wire
-from gpusteward.extender.scorebook import PASSED, DemandTable, Fragments
+from gpusteward.extender.scorebook import DemandTable, FilterOutcome, Fragments
 from gpusteward.extender.view import PlacementView
 
 NOT_CACHED = "node not in gpusteward's cache yet; retry"
 
 
-class Outcome(msgspec.Struct):
+class Reply(msgspec.Struct):
     body: bytes
-    unknown_nodes: int = 0
+    unknown_nodes: int = 0  # nodes not in the cache (answered "retry" or scored 0)
+    # prioritize: the top-ranked node, where the scheduler most likely binds the pod
+    best_node: str | None = None
 
 
 def demand_or_400(view: PlacementView, args: wire.ExtenderArgs) -> Demand:
     assert args.Pod is not None
-    view.settle_parked()
-    view.forget(args.Pod.metadata.uid)
     try:
         return view.demand_of(args.Pod)
     except (CardPatternError, QuantityError) as e:
@@ -52,11 +55,12 @@ def _by_name(view: PlacementView, table: DemandTable,
         yield name, frags, raw
 
 
-def filter_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
+def filter_reply(view: PlacementView, args: wire.ExtenderArgs) -> Reply:
     table = view.book.table(demand_or_400(view, args))
-    lists: tuple[list[bytes], list[bytes], list[bytes]] = ([], [], [])
+    lists: tuple[list[bytes], list[bytes], list[bytes]] = ([], [], [])  # by FilterOutcome
     passed, failed, unresolvable = lists
     unknown = 0
+    names_only = args.NodeNames is not None
     if args.NodeNames is not None:  # the hot path: lookups and appends
         get = table.by_node.get
         for name in args.NodeNames:
@@ -66,28 +70,27 @@ def filter_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
                 failed.append(_not_cached(name))
             else:
                 lists[f.outcome].append(f.entry)
-        body = wire.filter_result(node_names=passed, nodes=None, failed=failed,
-                                  unresolvable=unresolvable)
-        return Outcome(body, unknown)
-    for name, frags, raw in _by_name(view, table, args):
-        if frags is None:
-            unknown += 1
-            failed.append(_not_cached(name))
-        elif frags.outcome == PASSED:
-            assert raw is not None  # full-node mode: every node arrives whole
-            lists[PASSED].append(bytes(raw))
-        else:
-            lists[frags.outcome].append(frags.failure)
-    body = wire.filter_result(node_names=None, nodes=passed, failed=failed,
+    else:
+        for name, frags, raw in _by_name(view, table, args):
+            if frags is None:
+                unknown += 1
+                failed.append(_not_cached(name))
+            elif frags.outcome == FilterOutcome.PASSED:
+                assert raw is not None  # full-node mode: every node arrives whole
+                passed.append(bytes(raw))
+            else:
+                lists[frags.outcome].append(frags.failure)
+    body = wire.filter_result(node_names=passed if names_only else None,
+                              nodes=None if names_only else passed, failed=failed,
                               unresolvable=unresolvable)
-    return Outcome(body, unknown)
+    return Reply(body, unknown)
 
 
 def _not_cached(name: str) -> bytes:
     return wire.encode_str(name) + b":" + wire.encode_str(NOT_CACHED)
 
 
-def prioritize_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
+def prioritize_reply(view: PlacementView, args: wire.ExtenderArgs) -> Reply:
     table = view.book.table(demand_or_400(view, args))
     ranked: list[Fragments | None]
     if args.NodeNames is not None:  # the hot path: C-level lookups and one join
@@ -101,22 +104,13 @@ def prioritize_reply(view: PlacementView, args: wire.ExtenderArgs) -> Outcome:
     unknown = ranked.count(None)
     if unknown:
         pairs = zip(names, ranked, strict=True)
-        body = wire.priority_list([f.priority if f else wire.host_priority(n, 0)
+        body = wire.priority_list([f.priority_json if f else wire.host_priority(n, 0)
                                    for n, f in pairs])
     else:
-        body = wire.priority_list(map(_PRIORITY, ranked))
-    _expect_on_best(view, args, ranked)
-    return Outcome(body, unknown)
-
-
-_PRIORITY = attrgetter("priority")
-_SCORE = attrgetter("score")
-
-
-def _expect_on_best(view: PlacementView, args: wire.ExtenderArgs,
-                    ranked: list[Fragments | None]) -> None:
-    if args.Pod is None or not args.Pod.metadata.uid:
-        return  # nothing to expect: a probe, or a pod the scheduler never binds under that uid
+        body = wire.priority_list(map(_PRIORITY_JSON, ranked))
     best = max(filter(None, ranked), key=_SCORE, default=None)
-    if best is not None:
-        view.expect(args.Pod.metadata.uid, best.name)
+    return Reply(body, unknown, None if best is None else best.name)
+
+
+_PRIORITY_JSON = attrgetter("priority_json")
+_SCORE = attrgetter("score")

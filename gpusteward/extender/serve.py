@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -16,15 +15,18 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
+from kubernetes_asyncio import client
 
+from gpusteward.adapters.dra import KINDS as DRA_KINDS
+from gpusteward.adapters.dra import DraWatcher
 from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import Watcher, connect
-from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
-from gpusteward.core.policy import Policy
-from gpusteward.extender.app import Extender, Limits, create_app, create_metrics_app
+from gpusteward.extender.app import Extender, RequestLimits, create_app, create_metrics_app
+from gpusteward.extender.cli import ExtenderSettings
 from gpusteward.extender.guard import ConnectionGuard
 from gpusteward.extender.view import PlacementView
 
@@ -32,60 +34,70 @@ log = logging.getLogger("gpusteward.extender")
 _AIOHTTP_SERVER_LOG = logging.getLogger("aiohttp.server")
 
 
-async def serve(policy: Policy, args: argparse.Namespace,
-                prometheus: PrometheusConnection | None) -> int:
+async def serve(settings: ExtenderSettings) -> int:
+    files = settings.tls
     try:
-        tls = server_tls(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+        tls = server_tls(files.cert, files.key, files.client_ca)
     except ValueError as e:
         raise SettingsError(f"TLS: {e}") from e
     except OSError as e:  # ssl.SSLError too; neither names the file
-        files = ", ".join(f for f in (args.tls_cert_file, args.tls_key_file,
-                                      args.tls_client_ca_file) if f)
-        raise SettingsError(f"TLS: cannot load {files}: {e.strerror or e}") from e
-    api = await connect(args.kubeconfig, args.context)
+        named = ", ".join(f for f in (files.cert, files.key, files.client_ca) if f)
+        raise SettingsError(f"TLS: cannot load {named}: {e.strerror or e}") from e
+    api = await connect(settings.kubeconfig, settings.context)
     async with contextlib.AsyncExitStack() as stack:
         # Whatever fails below (a busy port) still stops the watches and closes the client.
         stack.push_async_callback(api.close)
-        return await _serve(policy, args, prometheus, api, tls, stack)
+        return await _serve(settings, build_extender(settings, api), tls, stack)
 
 
-async def _serve(policy: Policy, args: argparse.Namespace,
-                 prometheus: PrometheusConnection | None, api: Any, tls: ssl.SSLContext | None,
-                 stack: contextlib.AsyncExitStack) -> int:
+def build_extender(settings: ExtenderSettings, api: client.ApiClient) -> Extender:
+    """The extender wired to its adapters: watches of Nodes and Pods, Prometheus telemetry and
+    the reclaimer's idle evidence (none without a Prometheus URL)."""
+    policy, prometheus = settings.policy, settings.prometheus
     fleet = FleetStore()
-    view = PlacementView(policy, fleet)
+    dra = DraFleet(fleet, settings.dra_driver)
+    view = PlacementView(policy, fleet, dra=dra)
     telemetry = evidence = None
     if prometheus:
         telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health,
                                      locate=lambda: (fleet.nodes, fleet.pod_nodes()))
-        evidence = SnapshotReader(api, telemetry, policy)  # the reclaimer's idle evidence
+        # the reclaimer's idle evidence
+        evidence = SnapshotReader(api, telemetry, policy, dra_driver=settings.dra_driver)
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")
-    watches = [Watcher(api, fleet, kind, policy.resources) for kind in ("nodes", "pods")]
-    extender = Extender(view, telemetry, watches, float(policy.telemetry.refresh),
-                        evidence=evidence)
-    max_body = args.max_body_mb << 20
-    app = create_app(extender, limits=Limits(max_body_bytes=max_body,
-                                             body_budget_bytes=3 * max_body))
+    watches = [Watcher(api, dra, kind, policy.resources) for kind in ("nodes", "pods")]
+    return Extender(view, telemetry, watches, float(policy.telemetry.refresh),
+                    evidence=evidence,
+                    side_watches=[DraWatcher(api, dra, kind) for kind in DRA_KINDS])
+
+
+async def _serve(settings: ExtenderSettings, extender: Extender, tls: ssl.SSLContext | None,
+                 stack: contextlib.AsyncExitStack) -> int:
+    max_body = settings.max_body_bytes
+    app = create_app(extender, limits=RequestLimits(max_body_bytes=max_body,
+                                                    body_budget_bytes=3 * max_body))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
-    host, port = args.listen
+    host, port = settings.listen
     listener = await listen(runner, extender, host, port, tls, Transport())
     stack.push_async_callback(listener.close)
     if tls is not None:
+        assert settings.tls.cert and settings.tls.key  # server_tls loaded them
         reloader = asyncio.create_task(
-            CertificateReloader(tls, args.tls_cert_file, args.tls_key_file).run())
+            CertificateReloader(tls, settings.tls.cert, settings.tls.key).run())
         stack.callback(reloader.cancel)
-    if args.metrics_listen:
+    if settings.metrics_listen:
         metrics_runner = web.AppRunner(create_metrics_app(extender), access_log=None)
         await metrics_runner.setup()
         stack.push_async_callback(metrics_runner.cleanup)
-        await start_site(web.TCPSite(metrics_runner, *args.metrics_listen), *args.metrics_listen)
-        log.info("metrics and probes on %s:%d", *args.metrics_listen)
+        await start_site(web.TCPSite(metrics_runner, *settings.metrics_listen),
+                         *settings.metrics_listen)
+        log.info("metrics and probes on %s:%d", *settings.metrics_listen)
+    prometheus = settings.prometheus
     log.info("extender listening on %s:%d (%s; prometheus: %s)", host, port,
-             "TLS" + (" with client certificates" if args.tls_client_ca_file else "")
+             "TLS" + (" with client certificates" if settings.tls.client_ca else "")
              if tls else "plain HTTP", prometheus.describe() if prometheus else "none")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

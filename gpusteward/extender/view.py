@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from gpusteward.core.cards import CARD_TYPES_ANNOTATION, TierTable, parse_card_types
+from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, WirePod, pod_request, to_node
 from gpusteward.core.model import Node, Telemetry, class_of
@@ -31,9 +32,11 @@ PARKED_MAX = 1024
 
 
 class PlacementView:
-    def __init__(self, policy: Policy, fleet: FleetStore, clock: Callable[[], float] = time.time):
+    def __init__(self, policy: Policy, fleet: FleetStore, clock: Callable[[], float] = time.time,
+                 dra: DraFleet | None = None):
         self.policy = policy
         self.fleet = fleet
+        self.dra = dra  # the DRA join in front of ``fleet``, if the app runs one
         self.clock = clock
         self.tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
         self.telemetry = Telemetry()
@@ -135,7 +138,14 @@ class PlacementView:
         labels = pod.metadata.labels or {}
         annotations = pod.metadata.annotations or {}
         resources = pod_request(pod.spec, self.policy.resources)
+        claims = pod.spec.resource_claims or ()
+        joined = self.fleet.pods.get(pod.metadata.uid) if claims else None
+        if joined is not None:  # DRA claims: what the join says they ask (core/dra.py)
+            resources = dict(joined.resources)
+        templates = sum(1 for c in claims if c.resource_claim_template_name)
         return Demand(
+            claims_unseen=bool(self.dra and templates
+                               and self.dra.claims_unseen(pod.metadata.uid, templates)),
             gpus=sum(resources.values()),
             card_patterns=parse_card_types(annotations.get(CARD_TYPES_ANNOTATION)),
             class_name=class_of(labels, annotations, self.policy.default_class),

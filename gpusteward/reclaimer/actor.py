@@ -22,11 +22,14 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpusteward.adapters.stopper import Switches
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
+    RECLAIM_BLOCKED,
     RECLAIM_REASON,
+    RECLAIMED_AT,
     REPLICAS_BEFORE,
     Action,
     ActionKind,
@@ -39,11 +42,14 @@ from gpusteward.core.times import stamp
 log = logging.getLogger("gpusteward.reclaimer")
 
 EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
-                ActionKind.CLEAR: "GPUActive", ActionKind.RECLAIM: "GPUReclaimed"}
+                ActionKind.CLEAR: "GPUActive", ActionKind.RECLAIM: "GPUReclaimed",
+                ActionKind.BLOCK: "GPUReclaimBlocked"}
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
 PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs",
               How.SCALE: "patch apps/deployments and apps/statefulsets",
-              How.ANNOTATE: "patch pods"}
+              How.ANNOTATE: "patch pods", How.DEACTIVATE: "patch kueue.x-k8s.io/workloads",
+              How.STOP: "patch the owner's kind (notebooks, inferenceservices ...)",
+              How.PAUSE: "patch keda.sh/scaledobjects", How.BLOCK: "patch pods"}
 EVENT_PERMISSION = "create events"
 RETRIES_ON_CONFLICT = 3
 CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
@@ -55,6 +61,7 @@ class Actor:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
+        self.switches = Switches(api)
         self.policy = policy
         self.clock = clock
         self.instance = socket.gethostname()
@@ -62,7 +69,8 @@ class Actor:
     async def apply(self, action: Action) -> ActResult:
         result = await _guard(action, self._carry_out(action))
         if result == ActResult.DONE:
-            await self.event(action, EVENT_REASON[action.kind], action.message)
+            await self.event(action, EVENT_REASON[action.kind], action.message,
+                             warning=action.kind == ActionKind.BLOCK)
         elif result == ActResult.BLOCKED:
             await self.event(action, BLOCKED_EVENT_REASON,
                              f"eviction refused by a PodDisruptionBudget; retrying next cycle "
@@ -76,8 +84,9 @@ class Actor:
         if action.kind == ActionKind.RECLAIM:
             await self._reclaim(action, own_grace)
         else:
-            await {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
-                   ActionKind.CLEAR: self._clear}[action.kind](action)
+            stage = {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
+                     ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block}
+            await stage[action.kind](action)
         return ActResult.DONE
 
     async def _recheck(self, action: Action) -> tuple[int | None, bool]:
@@ -121,15 +130,21 @@ class Actor:
     async def _clear(self, action: Action) -> None:
         await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None})
 
+    async def _block(self, action: Action) -> None:
+        await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]})
+
     async def _reclaim(self, action: Action, own_grace: int | None) -> None:
         assert action.owner is not None
         await self._annotate(action, {RECLAIM_REASON: f"{action.reason}: {action.message}"})
         owner = action.owner
-        if action.how == How.EVICT:
+        if owner.how:  # the owner's own switch (core.reclaim.kinds)
+            await self.switches.stop(owner, action.reason, stamp(self.clock()))
+        elif action.how == How.EVICT:
             await self._evict(action, own_grace)
         elif action.how == How.SUSPEND:
             await self.batch.patch_namespaced_job(owner.name, owner.namespace, {
-                "metadata": {"annotations": {RECLAIM_REASON: action.reason}},
+                "metadata": {"annotations": {RECLAIM_REASON: action.reason,
+                                             RECLAIMED_AT: stamp(self.clock())}},
                 "spec": {"suspend": True}}, _request_timeout=CALL_TIMEOUT)
         elif action.how == How.SCALE:
             await self._scale_to_zero(owner.kind, owner.namespace, owner.name, action.reason)
@@ -154,7 +169,8 @@ class Actor:
             before = obj.spec.replicas or 0
             body = {"metadata": {"resourceVersion": obj.metadata.resource_version,
                                  "annotations": {REPLICAS_BEFORE: str(before),
-                                                 RECLAIM_REASON: scaled_reason(reason, before)}},
+                                                 RECLAIM_REASON: scaled_reason(reason, before),
+                                                 RECLAIMED_AT: stamp(self.clock())}},
                     "spec": {"replicas": 0}}
             try:
                 await patch(name, namespace, body, _request_timeout=CALL_TIMEOUT)

@@ -19,12 +19,14 @@ import msgspec
 
 from gpusteward.adapters.errors import AdapterError, LeaseLost
 from gpusteward.core.policy import Policy, ReclaimMode
+from gpusteward.core.reclaim import notice
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import (
     Action,
     ActionKind,
     ActResult,
     PastAction,
+    PastState,
     Plan,
     Snapshot,
     Verdict,
@@ -33,11 +35,14 @@ from gpusteward.core.reclaim.model import (
 from gpusteward.core.times import HOUR
 from gpusteward.reclaimer.ledger import LedgerConflict
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
+from gpusteward.reclaimer.outbox import Outbox
+from gpusteward.reclaimer.selfservice import SelfService
+from gpusteward.reclaimer.snoozes import SnoozeBook
 
 log = logging.getLogger("gpusteward.reclaimer")
 
 # What each mode lets through to the API server.
-_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR}
+_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK}
 WRITES: dict[ReclaimMode, set[ActionKind]] = {
     ReclaimMode.OBSERVE: set(), ReclaimMode.WARN: _STAGES,
     ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM}}
@@ -115,6 +120,9 @@ class Reclaimer:
     _ledger_read: bool = False
     _ledger_behind: bool = False
     decisions: DecisionLog = field(default_factory=DecisionLog)
+    snoozes: SnoozeBook = field(default_factory=SnoozeBook)
+    selfservice: SelfService | None = None  # answers restore requests (none: they wait)
+    outbox: Outbox | None = None  # notifications (none: not sent)
 
     @property
     def decision_ttl(self) -> float:
@@ -124,6 +132,7 @@ class Reclaimer:
     def reread_ledger(self) -> None:
         """On taking the Lease: another replica may have reclaimed since this one last led."""
         self._ledger_read = False
+        self.snoozes.loaded = self.snoozes.store is None
 
     async def cycle(self) -> Plan:
         started = time.perf_counter()
@@ -135,9 +144,16 @@ class Reclaimer:
             self._ledger_behind = any(a.at > self.clock() for a in loaded)
             self._ledger_read = True
         snap = await self.reader.read(self.recent)
+        snap = msgspec.structs.replace(snap, snoozes=await self.snoozes.current())
         decided = plan(snap, self.policy)
         logged = audit(decided, snap, self.decisions)
         results = await self._act_all(decided.actions, snap.now)
+        if self.outbox is not None:
+            self.outbox.offer(notice.from_cycle(decided, results, snap.owners, self.policy,
+                                                snap.now))
+        await self.snoozes.settle(decided.snoozes, snap.now, self.mode != "observe",
+                                  self._fenced)
+        await self._restore(decided)
         await self._write_ledger()
         self.metrics.observe(snap, decided, float(self.policy.reclaim.interval))
         elapsed = time.perf_counter() - started
@@ -145,6 +161,20 @@ class Reclaimer:
         self.metrics.cycles.labels("halted" if decided.halted else "ok").inc()
         summarize(decided, results, self.mode, elapsed, logged)
         return decided
+
+    async def _restore(self, decided: Plan) -> None:
+        if self.selfservice is None or not decided.restores:
+            return
+        try:
+            answered = await self.selfservice.answer(
+                decided.restores, self.mode != ReclaimMode.OBSERVE, self._fenced)
+        except Halt as h:
+            log.warning("restore requests not answered (%s): %s", h.result, h)
+            return
+        for ask, result, _ in answered:
+            self.metrics.restores.labels(ask.team, result).inc()
+        if self.outbox is not None:
+            self.outbox.offer(notice.restored(answered, self.clock()))
 
     async def _act_all(self, actions: tuple[Action, ...],
                        decided_at: float) -> list[ActResult]:
@@ -184,7 +214,7 @@ class Reclaimer:
         await self._fenced()
         if action.kind != ActionKind.RECLAIM:
             return await self.writer.apply(action)
-        intent = PastAction(self.clock(), action.team, action.pod.key, "intent")
+        intent = PastAction(self.clock(), action.team, action.pod.key, PastState.INTENT)
         await self._record(intent)
         result = await self.writer.apply(action)
         self._settle(intent, result)

@@ -54,6 +54,26 @@ class ReclaimerMetrics:
                               "Writes not carried out because this replica could not confirm "
                               "it holds the Lease (why=fenced) or the decision no longer "
                               "matched the cluster (why=stale).", ["why"], registry=r)
+        self.restores = Counter("gpusteward_reclaimer_restores_total",
+                                "Self-service restore requests (gpusteward.io/restore) by team "
+                                "and result (restored, refused, stale, skipped, error).",
+                                ["team", "result"], registry=r)
+        self.notices = Counter("gpusteward_notifications_total",
+                               "Notifications by sink, event (warned, reclaimed, blocked, "
+                               "restored) and result (sent; failed: given up after "
+                               "notifications.retryFor; dropped: the queue was full).",
+                               ["sink", "event", "result"], registry=r)
+        self.notice_errors = Counter("gpusteward_notification_attempt_failures_total",
+                                     "Delivery attempts a receiver did not take (no answer in "
+                                     "time, not 2xx, unreachable); retried with backoff.",
+                                     ["sink"], registry=r)
+        self.notices_pending = Gauge("gpusteward_notifications_pending",
+                                     "Notifications waiting for delivery, by sink.", ["sink"],
+                                     registry=r)
+        self.notice_record_errors = Counter(
+            "gpusteward_notification_record_errors_total",
+            "Failed writes of the notification record (<lease>-notifications); without it a "
+            "failover could send a message twice or not at all.", registry=r)
 
     def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)
@@ -74,7 +94,8 @@ class ReclaimerMetrics:
                 gpus[(v.team, card, v.state)] = gpus.get((v.team, card, v.state), 0.0) + held
             if v.state == VerdictState.IDLE:
                 self.idle_seconds.labels(v.team).inc(held * interval)
-            stages["warned" if v.state == VerdictState.IDLE and RECLAIM_AT in pod.annotations
+            stages["snoozed" if v.snoozed_until is not None else
+                   "warned" if v.state == VerdictState.IDLE and RECLAIM_AT in pod.annotations
                    else v.state] += 1
         self.gpus.clear()
         for (owner, card, state), n in gpus.items():

@@ -3,29 +3,35 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import os
 import signal
 import socket
+import time
 import uuid
 
 from aiohttp import web
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpusteward.adapters.errors import ListenError, SettingsError
+from gpusteward.adapters.errors import ListenError
 from gpusteward.adapters.kube import connect
 from gpusteward.adapters.lease import LeaseGuard
-from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
 from gpusteward.adapters.snapshot import SnapshotReader
-from gpusteward.core.policy import Policy, ReclaimMode
+from gpusteward.adapters.webhook import Webhooks, read_url
+from gpusteward.core.reclaim.model import SnoozeRecord
 from gpusteward.reclaimer.actor import Actor
+from gpusteward.reclaimer.cli import ReclaimerSettings, RestoreSettings
 from gpusteward.reclaimer.ledger import ConfigMapLedger
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.reclaimer.outbox import Entry, Outbox
 from gpusteward.reclaimer.restore import Restorer
+from gpusteward.reclaimer.selfservice import SelfService
+from gpusteward.reclaimer.snoozes import SnoozeBook
+from gpusteward.reclaimer.stopped import stopped, table
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -43,34 +49,50 @@ def _metrics_app(reclaimer: Reclaimer) -> web.Application:
     return app
 
 
-async def serve(policy: Policy, args: argparse.Namespace,
-                prometheus: PrometheusConnection | None) -> int:
-    if prometheus is None:
-        log.error("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the policy's "
-                  "telemetry.prometheusUrl): the reclaimer never acts without telemetry")
-        return 2
-    api = await connect(args.kubeconfig, args.context)
-    source = PrometheusSource(prometheus, policy.telemetry, policy.health)
-    reclaimer = Reclaimer(policy, ReclaimMode(args.mode or policy.reclaim.mode),
-                          SnapshotReader(api, source, policy),
-                          Actor(api, policy),
-                          ledger=ConfigMapLedger(api, args.lease_namespace,
-                                                 ledger_name(args.lease_name)))
+def build_reclaimer(settings: ReclaimerSettings, api: client.ApiClient,
+                    prometheus_attempts: int = 3, webhooks: Webhooks | None = None) -> Reclaimer:
+    """The reclaimer wired to its adapters: snapshots from the API server and Prometheus,
+    actions through the Actor, the last hour's reclaims in the ledger, snoozes and restore
+    requests, and (given ``webhooks`` and sinks) the notification outbox."""
+    policy, namespace = settings.policy, settings.lease_namespace
+    source = PrometheusSource(settings.prometheus, policy.telemetry, policy.health,
+                              attempts=prometheus_attempts)
+    ledger = ConfigMapLedger(api, namespace, settings.ledger) if settings.ledger else None
+    snoozes = SnoozeBook(ConfigMapRecords(api, namespace, settings.snoozes, SnoozeRecord)
+                         if settings.snoozes else None, ObjectEvents(api))
+    reclaimer = Reclaimer(policy, settings.mode,
+                          SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
+                          Actor(api, policy), ledger=ledger, snoozes=snoozes,
+                          selfservice=SelfService(api, ObjectEvents(api)))
+    if webhooks is not None and policy.notifications.sinks and settings.notifications:
+        reclaimer.outbox = Outbox(policy.notifications, webhooks, ConfigMapRecords(
+            api, namespace, settings.notifications, Entry), reclaimer.metrics)
+    return reclaimer
+
+
+async def serve(settings: ReclaimerSettings) -> int:
+    for sink in settings.policy.notifications.sinks:
+        read_url(sink)  # a sink without a readable URL is a setup error: exit 2, say which
+    api = await connect(settings.kubeconfig, settings.context)
+    webhooks = Webhooks(float(settings.policy.notifications.timeout))
+    reclaimer = build_reclaimer(settings, api, webhooks=webhooks)
     log.info("reclaimer mode=%s interval=%ss prometheus=%s", reclaimer.mode,
-             float(policy.reclaim.interval), prometheus.describe())
+             float(settings.policy.reclaim.interval), settings.prometheus.describe())
     try:
-        if args.once:
+        if settings.once:
             await reclaimer.cycle()
             return 0
-        return await _serve_forever(reclaimer, api, args)
+        return await _serve_forever(reclaimer, api, settings)
     finally:
+        await webhooks.close()
         await api.close()
 
 
-async def _serve_forever(reclaimer: Reclaimer, api, args: argparse.Namespace) -> int:  # noqa: ANN001
+async def _serve_forever(reclaimer: Reclaimer, api: client.ApiClient,
+                         settings: ReclaimerSettings) -> int:
     runner = web.AppRunner(_metrics_app(reclaimer), access_log=None)
     await runner.setup()
-    host, port = args.metrics_listen
+    host, port = settings.metrics_listen
     try:
         await web.TCPSite(runner, host, port).start()
     except OSError as e:
@@ -80,7 +102,7 @@ async def _serve_forever(reclaimer: Reclaimer, api, args: argparse.Namespace) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    election = asyncio.create_task(_lead(reclaimer, api, args))
+    election = asyncio.create_task(_lead(reclaimer, api, settings))
     await asyncio.wait([election, asyncio.create_task(stop.wait())],
                        return_when=asyncio.FIRST_COMPLETED)
     failed = election.done() and not election.cancelled() and election.exception()
@@ -92,27 +114,31 @@ async def _serve_forever(reclaimer: Reclaimer, api, args: argparse.Namespace) ->
     return 1 if failed else 0
 
 
-async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  # noqa: ANN001
+async def _lead(reclaimer: Reclaimer, api: client.ApiClient, settings: ReclaimerSettings) -> None:
     """Only the Lease holder cycles. Every write checks the Lease with the API server first
     (the guard is the reclaimer's fence); a holder that cannot renew cancels its cycles."""
     identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-    guard = LeaseGuard(api, args.lease_namespace, args.lease_name, identity,
-                       int(args.lease_duration))
+    guard = LeaseGuard(api, settings.lease_namespace, settings.lease_name, identity,
+                       settings.lease_duration)
     reclaimer.fence = guard
     try:
         while True:
-            log.info("waiting for the Lease %s/%s as %s", args.lease_namespace, args.lease_name,
-                     identity)
+            log.info("waiting for the Lease %s/%s as %s", settings.lease_namespace,
+                     settings.lease_name, identity)
             await guard.acquire()
             reclaimer.metrics.leader.set(1)
             reclaimer.reread_ledger()
-            log.info("leading as %s (Lease %s/%s)", identity, args.lease_namespace,
-                     args.lease_name)
+            log.info("leading as %s (Lease %s/%s)", identity, settings.lease_namespace,
+                     settings.lease_name)
             acting = asyncio.create_task(reclaimer.run())
             holding = asyncio.create_task(guard.hold())
+            tasks = [acting, holding]
+            if reclaimer.outbox is not None:  # delivers beside the cycles, never inside them
+                reclaimer.outbox.restart()
+                tasks.append(asyncio.create_task(reclaimer.outbox.run(guard.check)))
             await asyncio.wait([acting, holding], return_when=asyncio.FIRST_COMPLETED)
-            acting.cancel()
-            holding.cancel()
+            for task in tasks:
+                task.cancel()
             reclaimer.metrics.leader.set(0)
             why = holding.result() if holding.done() and not holding.cancelled() else "?"
             log.warning("lost the Lease (%s); cycles stopped, standing by", why)
@@ -120,34 +146,21 @@ async def _lead(reclaimer: Reclaimer, api, args: argparse.Namespace) -> None:  #
         await asyncio.shield(guard.release())
 
 
-def ledger_name(lease_name: str) -> str:
-    """The ConfigMap beside the Lease that keeps the last hour's reclaims."""
-    return f"{lease_name}-reclaims"
-
-
-async def restore(args: argparse.Namespace) -> int:
+async def restore(settings: RestoreSettings) -> int:
+    api = await connect(settings.kubeconfig, settings.context)
+    if settings.list_stopped:
+        async with api:
+            print(table(await stopped(api)))
+        return 0
     try:
-        namespace, kind, name = args.target.split("/")
-    except ValueError:
-        raise SettingsError("expected NAMESPACE/KIND/NAME (KIND: Deployment, StatefulSet or "
-                            f"Job), got {args.target!r}") from None
-    api = await connect(args.kubeconfig, args.context)
-    try:
-        print(await Restorer(api).restore(namespace, kind, name))
+        print(await Restorer(api, time.time()).restore(settings.namespace, settings.kind,
+                                                       settings.name))
         return 0
     except ValueError as e:
         log.error("%s", e)
         return 1
     except ApiException as e:
-        log.error("restoring %s failed: HTTP %s %s", args.target, e.status, e.reason)
+        log.error("restoring %s failed: HTTP %s %s", settings.target, e.status, e.reason)
         return 1
     finally:
         await api.close()
-
-
-def default_namespace() -> str:
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-            return f.read().strip()
-    except OSError:
-        return os.environ.get("POD_NAMESPACE", "default")

@@ -18,41 +18,29 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from gpusteward.adapters.connectflags import add_connection_flags, prometheus_connection
+from gpusteward.adapters.connectflags import (
+    add_connection_flags,
+    duration_flag,
+    prometheus_connection,
+    whole_number,
+)
 from gpusteward.adapters.errors import SettingsError
-from gpusteward.core.policy import Policy, PolicyError, load_policy, parse_policy
+from gpusteward.core.policy import Policy, load_policy, parse_policy
 from gpusteward.core.report.model import DIMENSIONS
-from gpusteward.core.typedconfig import Duration
 
 if TYPE_CHECKING:
-    from gpusteward.adapters.promconnection import PrometheusConnection
+    from kubernetes_asyncio import client
 
-EXIT_USAGE = 2
+    from gpusteward.adapters.promconnection import PrometheusConnection
+    from gpusteward.report.usage import UsageReader
+
 EXIT_NO_TELEMETRY = 3
 MAX_SLOTS = 2_000  # default step: the window in at most this many slots
-
-
-def _duration(text: str) -> float:
-    try:
-        seconds = float(Duration.parse(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
-    if seconds < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1s, got {text!r}")
-    return float(int(seconds))
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
 
 
 def _currency(text: str) -> str:
@@ -62,13 +50,13 @@ def _currency(text: str) -> str:
     return text.strip()
 
 
-def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("report", help="allocated vs actually used GPUs, idle cost, queue")
     p.add_argument("--policy", metavar="FILE",
                    help="policy YAML file (default: the built-in defaults)")
-    p.add_argument("--window", type=_duration, default="24h", metavar="DURATION",
+    p.add_argument("--window", type=duration_flag(1), default="24h", metavar="DURATION",
                    help="how far back to look, e.g. 6h, 24h, 7d")
-    p.add_argument("--step", type=_duration, metavar="DURATION",
+    p.add_argument("--step", type=duration_flag(1), metavar="DURATION",
                    help="resolution of the utilization samples (default: the scrape interval, "
                    f"or coarser to keep the window within {MAX_SLOTS} slots)")
     p.add_argument("--by", choices=DIMENSIONS, default="team", help="group rows by")
@@ -76,7 +64,7 @@ def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="what is written to stdout")
     p.add_argument("--html", type=Path, metavar="FILE",
                    help="also write a self-contained HTML report with charts")
-    p.add_argument("--top", type=_count, default=10, metavar="N",
+    p.add_argument("--top", type=whole_number(0), default=10, metavar="N",
                    help="how many idle pods to list")
     p.add_argument("--cluster-name", default="", metavar="NAME",
                    help="the cluster the report is about, in its title (default: none)")
@@ -94,49 +82,78 @@ def step_for(window: float, step: float | None, policy: Policy) -> float:
     return float(max(int(scrape), -(-int(window) // MAX_SLOTS)))
 
 
-def run_report(args: argparse.Namespace) -> int:
-    try:
+@dataclass(frozen=True)
+class ReportSettings:
+    policy: Policy
+    prometheus: PrometheusConnection
+    window: float = 86_400.0  # seconds back from now
+    step: float = 60.0  # seconds between utilization samples
+    by: str = "team"
+    format: str = "table"
+    html: Path | None = None
+    top: int = 10
+    cluster_name: str = ""
+    currency: str = "$"
+    kubeconfig: str | None = None
+    context: str | None = None
+    dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> ReportSettings:
+        """The checked settings; raises PolicyError or SettingsError naming what is wrong."""
         policy = load_policy(args.policy) if args.policy else parse_policy({})
-    except PolicyError as e:
-        print(e, file=sys.stderr)
-        return EXIT_USAGE
-    prometheus = prometheus_connection(args, policy.telemetry.prometheus_url, os.environ)
-    if prometheus is None:
-        raise SettingsError("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the "
-                            "policy's telemetry.prometheusUrl)")
-    return asyncio.run(_report(args, policy, prometheus))
+        prometheus = prometheus_connection(args, policy.telemetry.prometheus_url, env)
+        if prometheus is None:
+            raise SettingsError("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the "
+                                "policy's telemetry.prometheusUrl)")
+        return cls(policy=policy, prometheus=prometheus, window=args.window,
+                   step=step_for(args.window, args.step, policy), by=args.by,
+                   format=args.format, html=args.html, top=args.top,
+                   cluster_name=args.cluster_name, currency=args.currency,
+                   kubeconfig=args.kubeconfig, context=args.context,
+                   dra_driver=args.dra_driver)
 
 
-async def _report(args: argparse.Namespace, policy: Policy,
-                  prometheus: PrometheusConnection) -> int:
-    from gpusteward.adapters.kube import connect
+def run_report(args: argparse.Namespace) -> int:
+    return asyncio.run(write_report(ReportSettings.from_args(args, os.environ)))
+
+
+def build_usage_reader(settings: ReportSettings, api: client.ApiClient) -> UsageReader:
+    """The report's reader wired to its adapters: the reclaimer's snapshot and Prometheus."""
     from gpusteward.adapters.prometheus import PrometheusSource
     from gpusteward.adapters.snapshot import SnapshotReader
+    from gpusteward.report.usage import UsageReader
+
+    policy = settings.policy
+    source = PrometheusSource(settings.prometheus, policy.telemetry, policy.health)
+    return UsageReader(SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
+                       source, policy)
+
+
+async def write_report(settings: ReportSettings) -> int:
+    from gpusteward.adapters.kube import connect
     from gpusteward.core.report.aggregate import build_report
     from gpusteward.report import render
     from gpusteward.report.html import to_html
-    from gpusteward.report.usage import UsageReader
 
-    api = await connect(args.kubeconfig, args.context)
-    source = PrometheusSource(prometheus, policy.telemetry, policy.health)
-    reader = UsageReader(SnapshotReader(api, source, policy), source, policy)
+    api = await connect(settings.kubeconfig, settings.context)
+    reader = build_usage_reader(settings, api)
     progress = ProgressLine(sys.stderr)
     try:
         async with progress:
-            inp = await reader.read(args.window, step_for(args.window, args.step, policy),
-                                    progress.update)
+            inp = await reader.read(settings.window, settings.step, progress.update)
     finally:
         await api.close()
-    report = build_report(inp, policy, by=args.by, top=args.top)
-    look = render.Presentation(cluster=args.cluster_name, currency=args.currency)
-    if args.format == "csv":
+    report = build_report(inp, settings.policy, by=settings.by, top=settings.top)
+    look = render.Presentation(cluster=settings.cluster_name, currency=settings.currency)
+    if settings.format == "csv":
         sys.stdout.write(render.to_csv(report))
     else:
-        sys.stdout.write({"table": render.to_table, "json": render.to_json}[args.format](
+        sys.stdout.write({"table": render.to_table, "json": render.to_json}[settings.format](
             report, look))
-    if args.html:
-        args.html.write_text(to_html(report, look))
-        print(f"gpusteward report: wrote {args.html}", file=sys.stderr)
+    if settings.html:
+        settings.html.write_text(to_html(report, look))
+        print(f"gpusteward report: wrote {settings.html}", file=sys.stderr)
     if not report.telemetry_ok:
         print(f"gpusteward report: telemetry unavailable, usage shown as unknown: "
               f"{report.telemetry_problem}", file=sys.stderr)

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpusteward.adapters.errors import TelemetryUnavailable
-from gpusteward.adapters.prometheus import ENGINE_ACTIVE, GPU_UTIL, PrometheusSource
+from gpusteward.adapters.prometheus import WHOLE_GPU_UTIL, PrometheusSource
 from gpusteward.adapters.snapshot import AGENT_POD_UTIL, SnapshotReader
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
-from gpusteward.core.dcgm import gpu_id
+from gpusteward.core.dcgm import ENGINE_ACTIVE, gpu_id
 from gpusteward.core.policy import Policy
 from gpusteward.core.report.model import ReportInput, Series, Window
 
@@ -24,7 +24,7 @@ Progress = Callable[[int, int], None]  # (range queries done, range queries in a
 def utilization_query(step: float, scrape_interval: float) -> str:
     """Peak utilization per slot: the lookback spans two scrapes, so no slot falls between them."""
     look = f"{int(max(step, 2 * scrape_interval))}s"
-    return (f"max_over_time({GPU_UTIL}[{look}]) or "
+    return (f"max_over_time({WHOLE_GPU_UTIL}[{look}]) or "
             f"(max_over_time({ENGINE_ACTIVE}[{look}]) * 100) or "
             f'label_replace(max_over_time({AGENT_POD_UTIL}[{look}]), '
             f'"{VIRTUAL_GPU_LABEL}", "agent", "", "")')

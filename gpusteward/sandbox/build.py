@@ -283,6 +283,34 @@ def _build(
     say(f"built sandbox binaries in {elapsed:.0f}s ({elapsed / 60:.1f} min): {bin_dir}")
 
 
+def go_build_into(go: str, cwd: Path, packages: list[str], ldflags: str, bin_dir: Path,
+                  names: list[str], what: str) -> float:
+    """``go build`` of a module's packages (at its pinned versions) into ``bin_dir``, through a
+    temporary directory renamed into place only when every binary in ``names`` was built; the
+    log lies beside ``bin_dir``. The caller holds the lock. Returns the seconds it took."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{bin_dir.name}-", dir=bin_dir.parent))
+    log_path = bin_dir.parent / f"build-{bin_dir.name}.log"
+    command = [go, "build", "-mod=readonly", "-trimpath", f"-p={_build_parallelism()}",
+               "-ldflags", ldflags, "-o", f"{tmp}{os.sep}", *packages]
+    env = {**os.environ, "CGO_ENABLED": "0", "GOWORK": "off"}
+    started = time.monotonic()
+    try:
+        with open(log_path, "w", encoding="utf-8") as out:
+            out.write(f"# cwd: {cwd}\n# {' '.join(command)}\n")
+            out.flush()
+            result = subprocess.run(command, cwd=cwd, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, check=False)
+            out.write(f"# exit {result.returncode} after {time.monotonic() - started:.0f}s\n")
+        if result.returncode != 0 or not all(os.access(tmp / n, os.X_OK) for n in names):
+            raise SandboxBuildError(f"go build of {what} failed; log: {log_path}\n"
+                                    + _log_tail(log_path, 20))
+        tmp.chmod(0o755)
+        os.rename(tmp, bin_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return time.monotonic() - started
+
+
 def main() -> int:
     """Build if needed and print the bin directory."""
     try:

@@ -4,24 +4,34 @@ from __future__ import annotations
 
 import argparse
 
-
-def _replicas(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return int(text)
+from gpusteward.adapters.connectflags import whole_number
 
 
-def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
+def _controllers(text: str) -> tuple[str, ...]:
+    from gpusteward.sandbox.controllers import CONTROLLERS
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in CONTROLLERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown controller {', '.join(unknown)} (known: "
+                                         f"{', '.join(CONTROLLERS)})")
+    return names
+
+
+def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sb = sub.add_parser("sandbox", help="local real control plane with simulated GPU nodes")
     sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
     up = sb_sub.add_parser("up", help="build what is missing and start the sandbox")
     up.add_argument("--fleet", help="fleet YAML file (default: a mixed H100/A100/L4 fleet)")
     up.add_argument("--with-extender", action="store_true",
                     help="run the extender behind the real kube-scheduler")
-    up.add_argument("--extender-replicas", type=_replicas, default=1, metavar="N",
+    up.add_argument("--extender-replicas", type=whole_number(1), default=1, metavar="N",
                     help="run N extender processes behind one loopback address with ClientIP "
                          "affinity, as a Service with sessionAffinity reaches them (default 1)")
     up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")
+    up.add_argument("--with", dest="controllers", type=_controllers, default=(),
+                    metavar="NAME[,NAME]", help="start workload controllers too, built from Go "
+                    "modules on first use: kueue, kuberay")
     up.add_argument("--no-preemption", action="store_true",
                     help="disable the scheduler's DefaultPreemption (on by default, as in real "
                          "clusters): waiting pods are left to queue enforcement alone")
@@ -38,6 +48,7 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> None:
                        ("env", "print export lines for KUBECONFIG and PROMETHEUS_URL")):
         p = sb_sub.add_parser(name, help=text)
         p.add_argument("--state-dir", help="the sandbox's state directory")
+    return sb
 
 
 def run_sandbox_command(args: argparse.Namespace) -> int:

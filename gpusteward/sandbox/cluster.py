@@ -29,11 +29,15 @@ from typing import Any
 
 import yaml
 
+from gpusteward.core.model import CLASS_KEY, TEAM_LABEL
+from gpusteward.sandbox import dra
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.checkout import REPO
+from gpusteward.sandbox.controllers import STARTERS
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
+from gpusteward.sandbox.ksm import scrape_job as ksm_scrape_job
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
 from gpusteward.sandbox.procs import Proc, free_port, stop_pid
@@ -42,8 +46,9 @@ from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simul
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
-STOP_ORDER = ("reclaimer", "scheduler", "extender", "noopextender", "prometheus", "agent",
-              "simulator", "kwok", "controller-manager", "apiserver", "etcd")
+STOP_ORDER = ("reclaimer", "kueue", "kuberay", "scheduler", "extender", "noopextender",
+              "prometheus", "agent", "simulator", "ksm", "kwok", "controller-manager",
+              "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
 # 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).
@@ -51,6 +56,8 @@ AGENT_XID_HOLD_S = 2
 # The simulator's gauge keeps the last XID, as dcgm-exporter's does; the sandbox enables the
 # exporter's windowed DCGM_EXP_XID_ERRORS_COUNT, so a node heals once its label goes.
 EXPORTER_XID_COUNT_WINDOW_S = 2
+# The pod labels kube-state-metrics is told to keep (--metric-labels-allowlist): team and class.
+KSM_LABELS = (TEAM_LABEL, CLASS_KEY)
 AGENT_PREFIX = "agent/"  # process names "agent/<node>", stopped in the "agent" slot
 REPLICA_PREFIX = "extender/"  # extender replicas behind the "extender" proxy, same stop slot
 
@@ -72,12 +79,17 @@ class SandboxConfig:
     extender_replicas: int = 1
     extender_affinity: str = "ClientIP"
     with_reclaimer: bool = False
+    # Optional workload controllers (gpusteward.sandbox.controllers), built on first use.
+    with_controllers: tuple[str, ...] = ()
     policy: Path = SANDBOX_POLICY
     node_cache_capable: bool = True
     # The scheduler's DefaultPreemption, on as in real clusters; off leaves waiting pods to
     # gpusteward's queue enforcement alone. preempt_verb: whether the extender steers it.
     preemption: bool = True
     preempt_verb: bool = True
+    # The extender's managedResources: kube-scheduler sends only pods that ask one of them.
+    # Off, it sends every pod, so pods whose GPUs come from DRA claims alone reach it too.
+    managed_resources: bool = True
     scrape_interval: str = "1s"
     # The URL the scheduler calls as its extender: gpusteward's (None) or another one, such as
     # the benchmark's protocol floor (start_protocol_floor).
@@ -175,7 +187,7 @@ class Sandbox:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.ports = {name: free_port() for name in
                       ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler",
-                       "simulator", "prometheus", "extender", "reclaimer")}
+                       "simulator", "ksm", "prometheus", "extender", "reclaimer")}
         self._write_credentials()
         self._start_etcd()
         self._start_apiserver()
@@ -183,12 +195,15 @@ class Sandbox:
         self._start_kwok()
         self.create_fleet(self.cfg.fleet)
         self._start_simulator()
+        self._start_ksm()
         if self.cfg.telemetry == "agent":
             self._start_agents()
         self.start_prometheus()
         if self.cfg.with_extender:
             self.start_extender()
         self.start_scheduler()
+        for name in self.cfg.with_controllers:
+            STARTERS[name](self)
         if self.cfg.with_reclaimer:
             self.start_reclaimer()
         self.save()
@@ -208,6 +223,9 @@ class Sandbox:
         (self.dir / "state.json").write_text(json.dumps(state, indent=2))
 
     # --- components ---------------------------------------------------------------------
+    def run_process(self, name: str, argv: list[str], ready, timeout: float = 90.0) -> Proc:
+        return self._run(name, argv, ready, timeout)
+
     def _run(self, name: str, argv: list[str], ready, timeout: float = 90.0) -> Proc:
         proc = Proc(name, argv, self.dir / "logs" / f"{name}.log",
                     die_with_parent=not self.cfg.detach)
@@ -301,6 +319,7 @@ class Sandbox:
         for obj in node_objects(fleet):
             api.apply(f"/api/v1/nodes/{obj['metadata']['name']}", obj)
         names = {obj["metadata"]["name"] for obj in node_objects(fleet)}
+        self._publish_dra(fleet)
 
         def all_ready() -> bool:
             ready = {n["metadata"]["name"] for n in api.get("/api/v1/nodes")["items"]
@@ -310,6 +329,15 @@ class Sandbox:
         # Ready (kwok) and untainted (the node lifecycle controller lifts not-ready a few
         # seconds later): only then will the scheduler place pods there.
         wait_for("the fleet to be Ready and schedulable", all_ready, timeout=180)
+
+    def _publish_dra(self, fleet: Fleet) -> None:
+        """The DRA pools' ResourceSlices, and NVIDIA's DeviceClasses once there is one."""
+        slices = dra.fleet_slices(fleet)
+        api = self.api()
+        for obj in dra.device_classes() if slices else ():
+            api.apply(f"{dra.RESOURCE_API}/deviceclasses/{obj['metadata']['name']}", obj)
+        for obj in slices:
+            api.apply(f"{dra.RESOURCE_API}/resourceslices/{obj['metadata']['name']}", obj)
 
     def _start_simulator(self) -> None:
         port = self.ports["simulator"]
@@ -322,6 +350,14 @@ class Sandbox:
             check_socket_path(socket_path(self.hosts_dir, longest))
             argv.append(f"--hosts-dir={self.hosts_dir}")
         self._run("simulator", argv, lambda: _http_ok(f"{self.simulator_url}/health"))
+
+    def _start_ksm(self) -> None:
+        """The kube-state-metrics stand-in (pod series for ``gpusteward whatif``)."""
+        self._run("ksm", [sys.executable, "-m", "gpusteward.sandbox.ksm",
+                          f"--kubeconfig={self.kubeconfig}",
+                          f"--listen=127.0.0.1:{self.ports['ksm']}",
+                          f"--metric-labels-allowlist=pods=[{','.join(KSM_LABELS)}]"],
+                  lambda: _http_ok(f"http://127.0.0.1:{self.ports['ksm']}/healthz"))
 
     def _start_agents(self) -> None:
         """One `gpusteward agent` per GPU node, all started before any is waited for."""
@@ -355,7 +391,8 @@ class Sandbox:
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": self.cfg.scrape_interval,
                        "evaluation_interval": self.cfg.scrape_interval},
-            "scrape_configs": [self.telemetry_scrape()],
+            "scrape_configs": [self.telemetry_scrape(),
+                               ksm_scrape_job(f"127.0.0.1:{self.ports['ksm']}")],
         }))
         return config
 
@@ -372,6 +409,8 @@ class Sandbox:
         api = self.api()
         for node in pool.node_names():
             api.delete(f"/api/v1/nodes/{node}")
+        for name in dra.pool_slice_names(pool):
+            api.delete(f"{dra.RESOURCE_API}/resourceslices/{name}")
         self._reload_prometheus()
 
     def _reload_prometheus(self) -> None:
@@ -430,6 +469,8 @@ class Sandbox:
                 ext["nodeCacheCapable"] = self.cfg.node_cache_capable
                 if not self.cfg.preempt_verb:
                     ext.pop("preemptVerb", None)
+                if not self.cfg.managed_resources:
+                    ext.pop("managedResources", None)
         else:
             config.pop("extenders", None)
         return config
@@ -460,7 +501,8 @@ class Sandbox:
 
     def restart_scheduler(self, *, node_cache_capable: bool | None = None,
                           with_extender: bool | None = None, preemption: bool | None = None,
-                          preempt_verb: bool | None = None) -> None:
+                          preempt_verb: bool | None = None,
+                          managed_resources: bool | None = None) -> None:
         if node_cache_capable is not None:
             self.cfg.node_cache_capable = node_cache_capable
         if preemption is not None:
@@ -469,6 +511,8 @@ class Sandbox:
             self.cfg.preempt_verb = preempt_verb
         if with_extender is not None:
             self.cfg.with_extender = with_extender
+        if managed_resources is not None:
+            self.cfg.managed_resources = managed_resources
         self.stop_component("scheduler")
         self.start_scheduler()
         self.save()

@@ -40,6 +40,7 @@ def up(args: argparse.Namespace) -> int:
         return 2
     cfg = SandboxConfig(state_dir=state_dir, fleet=fleet, with_extender=args.with_extender,
                         with_reclaimer=args.with_reclaimer, telemetry=args.telemetry,
+                        with_controllers=args.controllers,
                         honor_labels=args.honor_labels,
                         preemption=not args.no_preemption,
                         extender_replicas=args.extender_replicas,

@@ -2,8 +2,9 @@
 
 Starts the sandbox (building the control plane on first use), runs the extender behind the real
 kube-scheduler, submits training, inference and experiment pods with card preferences and
-different utilizations -- on whole GPUs, on MIG slices of the MIG-mixed A100 node and on replicas
-of the time-sliced T4 node -- and shows where each pod landed and why. Set KEEP=1 to leave the
+different utilizations -- on whole GPUs, on MIG slices of the MIG-mixed A100 node, on replicas
+of the time-sliced T4 node and on H200s that NVIDIA's DRA driver serves (a ResourceSlice, no
+device plugin) -- and shows where each pod landed and why. Set KEEP=1 to leave the
 sandbox running afterwards.
 """
 
@@ -23,15 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import yaml
 
+from gpusteward.adapters.dra import RESOURCE_API
+from gpusteward.core.dra import DraFleet, WireSlice, slice_devices
+from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, to_node
+from gpusteward.core.model import Node
 from gpusteward.core.sharing import physical
 from gpusteward.sandbox.build import SandboxBuildError
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.commands import default_state_dir
-from gpusteward.sandbox.fleet import GPU_RESOURCES
+from gpusteward.sandbox.fleet import DEFAULT_FLEET, GPU_RESOURCES, Fleet, Pool
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.procs import SandboxError
+from gpusteward.sandbox.receiver import Receiver
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 
 NS = "demo"
@@ -68,7 +75,13 @@ WORKLOAD = [
     Job("mig-notebook", "experiment", 1, None, "0", MIG_SLICE),
     *(Job(f"t4-infer-{i}", "inference", 1, "Tesla-T4", "25", shared=True) for i in range(4)),
     Job("t4-notebook", "experiment", 1, "Tesla-T4", "0", shared=True),
+    # nvidia.com/gpu on the DRA pool: the driver's DeviceClass serves it (KEP-5004).
+    Job("dra-serving", "inference", 2, "NVIDIA-H200", "60"),
+    Job("dra-notebook", "experiment", 1, "NVIDIA-H200", "0"),
 ]
+# The default fleet plus a DRA pool: H200s published as NVIDIA's DRA driver publishes them.
+DEMO_FLEET = Fleet(pools=[*DEFAULT_FLEET.pools, Pool(
+    name="h200-dra", product="NVIDIA-H200", count=1, gpus=4, memory_mi_b=143771, dra=True)])
 
 
 def manifest(job: Job) -> dict[str, Any]:
@@ -117,12 +130,23 @@ def _node_of(api: KubeHTTP, pod: str) -> str | None:
     return api.get(f"/api/v1/namespaces/{NS}/pods/{pod}")["spec"].get("nodeName")
 
 
+def fleet_nodes(api: KubeHTTP) -> dict[str, Node]:
+    """The nodes as gpusteward sees them: device-plugin allocatable plus DRA devices."""
+    store = FleetStore()
+    dra = DraFleet(store)
+    dra.replace_slices({o["metadata"]["name"]: slice_devices(msgspec.convert(o, WireSlice),
+                                                              dra.driver)
+                        for o in api.get(f"{RESOURCE_API}/resourceslices")["items"]})
+    dra.replace_all([to_node(msgspec.convert(o, WireNode), GPU_RESOURCES)
+                     for o in api.get("/api/v1/nodes")["items"]], [])
+    return store.nodes
+
+
 def run_workload(box: Sandbox) -> list[dict[str, Any]]:
     api = box.api()
     api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                       "metadata": {"name": NS}})
-    objects = {n.name: n for n in (to_node(msgspec.convert(o, WireNode), GPU_RESOURCES)
-                                   for o in api.get("/api/v1/nodes")["items"])}
+    objects = fleet_nodes(api)
     nodes = sorted(objects)
     rows = []
     for job in WORKLOAD:
@@ -172,7 +196,8 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
         f"{top}/{len(rows)} on a node gpusteward scored highest among those allowed.",
         "score = gpusteward's 0-10 placement score (card fit, live GPU load, packing, health);",
         "next = best score among the other allowed nodes; util = node GPU utilization before;",
-        "gpus = physical GPUs: a 1g.10gb MIG slice is 1/7 of an A100, a T4 replica 1/4 of a T4.",
+        "gpus = physical GPUs: a 1g.10gb MIG slice is 1/7 of an A100, a T4 replica 1/4 of a T4;",
+        "the H200s are served by Dynamic Resource Allocation (ResourceSlice, DeviceClass).",
     ]
 
 
@@ -205,6 +230,33 @@ def watch_reclaimer(box: Sandbox, rows: list[dict[str, Any]],
     return sum(gpus[p] for p in reclaimed), reclaimed
 
 
+def notifying(box: Sandbox, receiver: Receiver) -> Path:
+    """The sandbox policy plus a JSON webhook sink at the local receiver, its URL in a file as
+    a mounted Secret would hold it."""
+    policy = yaml.safe_load(Path(box.cfg.policy).read_text())
+    policy["notifications"] = {"sinks": [{"name": "demo", "format": "json", "urlFile": str(
+        receiver.url_file(box.cfg.state_dir, "webhook-url"))}]}
+    path = box.cfg.state_dir / "policy-with-notifications.yaml"
+    path.write_text(yaml.safe_dump(policy, sort_keys=False))
+    return path
+
+
+def print_notifications(receiver: Receiver, wait: float = 20) -> bool:
+    """What the webhook receiver got; the reclaims' messages may trail their Events a little."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not any(
+            b["event"] == "reclaimed" for b in receiver.bodies()):
+        time.sleep(1)
+    bodies = receiver.bodies()
+    print(f"\nNotifications received by a webhook on {receiver.url} ({len(bodies)}):\n")
+    for b in bodies:
+        print(f"  {b['event']:<10}{b['workload']:<28}team={b['team']:<8}"
+              f"deadline={b.get('deadline') or '-'}")
+    if bodies:
+        print(f"\n  e.g. snooze: {bodies[0]['snooze']}\n       back:   {bodies[0]['restore']}")
+    return any(b["event"] == "reclaimed" for b in bodies)
+
+
 def print_report(box: Sandbox) -> bool:
     """The fleet report over the demo's last minutes: allocated vs really used GPUs."""
     print("\nFleet report (gpusteward report --window 3m --by card):\n", flush=True)
@@ -212,6 +264,22 @@ def print_report(box: Sandbox) -> bool:
         [sys.executable, "-m", "gpusteward", "report", f"--policy={box.cfg.policy}",
          "--window=3m", "--by=card", f"--kubeconfig={box.kubeconfig}",
          f"--prometheus-url={box.prometheus_url}"], text=True, timeout=120)
+    return out.returncode == 0
+
+
+def print_whatif(box: Sandbox, since: float) -> bool:
+    """What-if over the demo's own history: the policy it ran with, and one that waits longer."""
+    patient = Path(tempfile.mkdtemp(prefix="gpusteward-demo-")) / "patient.yaml"
+    policy = yaml.safe_load(Path(box.cfg.policy).read_text())
+    policy["reclaim"]["idle"]["window"] = "60s"
+    patient.write_text(yaml.safe_dump(policy))
+    window = max(60, int(time.time() - since))
+    print(f"\nWhat-if over the demo's history (gpusteward whatif --window {window}s, the sandbox "
+          "policy beside one with a 60 s idle window):\n", flush=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusteward", "whatif", f"--policy={box.cfg.policy}",
+         f"--policy={patient}", f"--window={window}s", "--top=5",
+         f"--prometheus-url={box.prometheus_url}"], text=True, timeout=300)
     return out.returncode == 0
 
 
@@ -224,19 +292,23 @@ def main() -> int:
         return 1
     print("Starting the sandbox (the first run builds Kubernetes from Go modules: ~6 min)...")
     try:
-        box = Sandbox(SandboxConfig(state_dir=state, with_extender=True, detach=keep,
+        box = Sandbox(SandboxConfig(state_dir=state, fleet=DEMO_FLEET, with_extender=True,
+                                    detach=keep,
                                     log=lambda m: print(f"  {m}", flush=True))).start()
     except (SandboxBuildError, SandboxError, TimeoutError) as e:
         print(f"demo failed to start the sandbox: {e}", file=sys.stderr)
         return 1
     try:
         print("\nPlacing a mixed GPU workload, one pod at a time:\n")
+        since = time.time()
         rows = run_workload(box)
         print_rows(rows)
         print()
         print("\n".join(summary(rows)))
         print("\nStarting the reclaimer. The sandbox policy runs it in enforce mode with a 15 s"
               "\nidle window and a 4 s grace (shipped default: observe, 30 min, 15 min).\n")
+        receiver = Receiver()
+        box.cfg.policy = notifying(box, receiver)
         box.start_reclaimer()
         returned, reclaimed = watch_reclaimer(box, rows)
         allocated = sum(r["physical"] for r in rows)
@@ -244,7 +316,9 @@ def main() -> int:
         print(f"\nReclaimer: {returned:.3g} of {allocated:.3g} allocated GPUs were held by idle "
               f"pods and given back ({', '.join(sorted(reclaimed))}); busy pods were left alone.")
         ok = all(r["node"] for r in rows) and reclaimed == idle
+        ok = print_notifications(receiver) and ok
         ok = print_report(box) and ok
+        ok = print_whatif(box, since) and ok
     finally:
         if keep:
             print(f"\nThe sandbox keeps running (state in {state}). Explore it with:\n"

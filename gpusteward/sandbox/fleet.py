@@ -16,6 +16,9 @@
         product: NVIDIA-A100-SXM4-80GB # = 2 x 7, the nvidia.com/mig-1g.10gb.* labels
         gpus: 2
         mig: {profile: 1g.10gb, perGpu: 7}
+      - name: h100-dra                 # Dynamic Resource Allocation: no GPU allocatable and no
+        product: NVIDIA-H100-80GB-HBM3 # GFD labels; the GPUs are published as a ResourceSlice
+        dra: true                      # of NVIDIA's DRA driver (gpusteward.sandbox.dra)
 
 Labels are GFD's (k8s-device-plugin `internal/lm/resource.go`, `mig-strategy.go`): the shared
 pool's product gets `-SHARED` and its replicas label; the MIG pool keeps the parent card's
@@ -74,6 +77,7 @@ class Pool(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=Tr
     taints: list[TaintSpec] = msgspec.field(default_factory=list)
     replicas: Annotated[int, msgspec.Meta(ge=1)] = 1  # time-slicing replicas per GPU
     mig: MigSpec | None = None  # every GPU partitioned alike (mixed strategy)
+    dra: bool = False  # GPUs served by NVIDIA's DRA driver instead of the device plugin
 
     def node_names(self) -> list[str]:
         return [f"{self.name}-{i}" for i in range(self.count)]
@@ -134,10 +138,28 @@ def _sharing(pool: Pool) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def node_object(pool: Pool, name: str) -> dict[str, Any]:
-    """A Node as the kubelet + GPU Feature Discovery would publish it."""
+    """A Node as the kubelet + GPU Feature Discovery would publish it (a DRA pool's: as the
+    kubelet alone does; its GPUs are in ResourceSlices)."""
     labels = {
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
         "type": "kwok", "gpusteward.io/pool": pool.name,
+    }
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    if not pool.dra:
+        labels, resources = _device_plugin(pool, labels, resources)
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels | pool.labels,
+                     "annotations": {KWOK_ANNOTATION: "fake"}},
+        "spec": {"taints": [msgspec.to_builtins(t) for t in pool.taints]},
+        "status": {"capacity": resources, "allocatable": resources, "phase": "Running"},
+    }
+
+
+def _device_plugin(pool: Pool, labels: dict[str, str],
+                   resources: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """GFD's labels and the device plugin's allocatable."""
+    labels = labels | {
         "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.product": pool.product,
         "nvidia.com/gpu.count": str(pool.gpus),
@@ -146,14 +168,7 @@ def node_object(pool: Pool, name: str) -> dict[str, Any]:
         "nvidia.com/gpu.sharing-strategy": "none",
     }
     sharing, gpus = _sharing(pool)
-    labels |= sharing | pool.labels
-    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", **gpus}
-    return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": labels, "annotations": {KWOK_ANNOTATION: "fake"}},
-        "spec": {"taints": [msgspec.to_builtins(t) for t in pool.taints]},
-        "status": {"capacity": resources, "allocatable": resources, "phase": "Running"},
-    }
+    return labels | sharing, resources | gpus
 
 
 def node_objects(fleet: Fleet) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ GPU node there is:
 
 * ``<dir>/<node>.json`` -- the node's GPUs for the library: the simulator's UUIDs, names, bus
   ids, utilization, memory, temperature and power;
-* ``<dir>/<node>.sock`` -- PodResources ``List``: each pod with the UUIDs of its GPUs.
+* ``<dir>/<node>.sock`` -- PodResources ``List``: each pod with the UUIDs of its GPUs, or, for a
+  pod whose GPUs a DRA claim holds, the claim's devices by driver, pool and device name (the
+  sandbox's DRA driver names GPU ``i`` ``gpu-<i>`` in the node's pool).
 
 Agents reading these export what the simulator would, so a test can compare them series by
 series. XIDs: NVML reports a GPU that fell off the bus (XID 79) as ``NVML_ERROR_GPU_IS_LOST``,
@@ -19,15 +21,14 @@ outlasts an update shows the XID as long as the simulator does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from gpusteward.core.dcgm import XID_GPU_LOST, PodRef
+from gpusteward.core.dcgm import MIB, XID_GPU_LOST, PodRef
+from gpusteward.core.dra import DEFAULT_DRIVER as DRIVER
 from gpusteward.sandbox.fakenvml import FakeGpu, config_text, replace_file
 from gpusteward.sandbox.podresources import Holder, PodResourcesServer
 from gpusteward.sandbox.simgpu import SimGpu
-
-MIB = 1 << 20
 
 __all__ = ["GpuHosts", "config_path", "holders", "nvml_gpu", "socket_path"]
 
@@ -55,14 +56,21 @@ def nvml_gpu(gpu: SimGpu, xid_seq: int = 0) -> FakeGpu:
     )
 
 
-def holders(gpus: list[SimGpu]) -> list[Holder]:
-    """One Holder per pod, listing its GPUs' UUIDs, as the kubelet would."""
-    by_pod: dict[PodRef, list[str]] = {}
+def holders(gpus: list[SimGpu], claims: Mapping[str, str] | None = None) -> list[Holder]:
+    """One Holder per pod, listing its GPUs' UUIDs, as the kubelet would; ``claims``: pod key
+    -> the DRA claim holding its GPUs, listed by device instead."""
+    by_pod: dict[PodRef, list[SimGpu]] = {}
     for gpu in gpus:
         if gpu.pod is not None:
-            by_pod.setdefault(gpu.pod, []).append(gpu.uuid)
-    return [Holder(namespace=ref.namespace, pod=ref.name, container=ref.container,
-                   device_ids=tuple(uuids)) for ref, uuids in by_pod.items()]
+            by_pod.setdefault(gpu.pod, []).append(gpu)
+    out = []
+    for ref, held in by_pod.items():
+        claim = (claims or {}).get(f"{ref.namespace}/{ref.name}")
+        devices = tuple((DRIVER, g.node, f"gpu-{g.index}") for g in held)
+        out.append(Holder(namespace=ref.namespace, pod=ref.name, container=ref.container,
+                          device_ids=() if claim else tuple(g.uuid for g in held),
+                          claim=(claim, devices) if claim else None))
+    return out
 
 
 class GpuHosts:
@@ -74,7 +82,7 @@ class GpuHosts:
         self._written: dict[str, str] = {}
         self._xid_events = 0  # one more per update that carries an XID event
 
-    async def update(self, gpus: list[SimGpu]) -> None:
+    async def update(self, gpus: list[SimGpu], claims: Mapping[str, str] | None = None) -> None:
         by_node: dict[str, list[SimGpu]] = {}
         for gpu in gpus:
             by_node.setdefault(gpu.node, []).append(gpu)
@@ -85,17 +93,19 @@ class GpuHosts:
             if server is None:
                 server = self.servers[node] = PodResourcesServer(socket_path(self.dir, node))
                 await server.start()
-            server.holders = holders(node_gpus)
+            server.holders = holders(node_gpus, claims)
             text = config_text([nvml_gpu(g, self._xid_events) for g in node_gpus])
             if self._written.get(node) != text:
                 replace_file(config_path(self.dir, node), text)
                 self._written[node] = text
 
-    async def run(self, model: Callable[[], list[SimGpu]], tick: float) -> None:
+    async def run(self, model: Callable[[], tuple[list[SimGpu], Mapping[str, str]]],
+                  tick: float) -> None:
+        """``model``: the GPUs, and pod key -> the DRA claim holding its GPUs."""
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             while True:
-                await self.update(model())
+                await self.update(*model())
                 await asyncio.sleep(tick)
         finally:
             await asyncio.gather(*(s.stop() for s in self.servers.values()))

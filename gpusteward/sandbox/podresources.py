@@ -2,7 +2,8 @@
 
 kwok nodes have no kubelet, so the sandbox serves what the kubelet would, from the upstream
 podresources v1 proto: each container's devices by resource name, GPU device ids being NVML
-UUIDs (``uuid::N`` for a time-sliced replica), as the NVIDIA device plugin reports them.
+UUIDs (``uuid::N`` for a time-sliced replica), as the NVIDIA device plugin reports them, and
+each container's DRA claims' devices by driver, pool and device name (``dynamic_resources``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Holder:
     container: str
     device_ids: tuple[str, ...]
     resource: str = "nvidia.com/gpu"
+    # A DRA claim's devices instead: (claim name, ((driver, pool, device), ...)).
+    claim: tuple[str, tuple[tuple[str, str, str], ...]] | None = None
 
 
 def list_response(holders: list[Holder]) -> api_pb2.ListPodResourcesResponse:
@@ -38,7 +41,14 @@ def list_response(holders: list[Holder]) -> api_pb2.ListPodResourcesResponse:
         pod = pods.setdefault((h.namespace, h.pod),
                               api_pb2.PodResources(name=h.pod, namespace=h.namespace))
         container = pod.containers.add(name=h.container)
-        container.devices.add(resource_name=h.resource, device_ids=list(h.device_ids))
+        if h.device_ids:
+            container.devices.add(resource_name=h.resource, device_ids=list(h.device_ids))
+        if h.claim is not None:
+            name, devices = h.claim
+            container.dynamic_resources.add(claim_name=name, claim_namespace=h.namespace,
+                                            claim_resources=[api_pb2.ClaimResource(
+                                                driver_name=d, pool_name=p, device_name=n)
+                                                for d, p, n in devices])
     return api_pb2.ListPodResourcesResponse(pod_resources=list(pods.values()))
 
 

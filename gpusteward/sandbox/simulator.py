@@ -26,6 +26,10 @@ a 0. Like dcgm-exporter,
 `/metrics` keeps showing a GPU's last XID after the label goes (NVIDIA/dcgm-exporter#500); with
 ``--xid-count-window`` it also exports ``DCGM_EXP_XID_ERRORS_COUNT``, which does drop back.
 
+A DRA pod's GPUs are the devices its claims were allocated, and carry its pod labels as
+dcgm-exporter's DRA mapping adds them; on a node labelled
+``sandbox.gpusteward.io/exporter-dra-mapping: "off"`` they carry only their UUID.
+
 With ``--hosts-dir`` it also keeps, for every GPU node, what the NVML agent reads on a real
 node (``gpusteward.sandbox.gpuhosts``), from the same GPUs and the same pod assignments.
 
@@ -39,14 +43,16 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from aiohttp import web
 
+from gpusteward.adapters.dra import start as start_dra_watches
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.dcgm import MigInstance, PodRef
+from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.sharing import MIG_RESOURCE_PREFIX, replicas
@@ -63,6 +69,9 @@ from gpusteward.sandbox.scrape import simulator_path
 from gpusteward.sandbox.simgpu import Share, SimGpu, model_name_for_product, render_exposition
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
+# `off`: the node's exporter runs without DRA pod mapping, so GPUs allocated through claims carry
+# no pod labels (only their UUID); on, they carry the pod's, as dcgm-exporter's DRA mapping does.
+EXPORTER_DRA_LABEL = "sandbox.gpusteward.io/exporter-dra-mapping"
 VIRTUAL_GPUS_LABEL = "sandbox.gpusteward.io/virtual-gpus"
 IDLE_TEMP_C, BUSY_TEMP_C = 34, 71
 
@@ -106,12 +115,15 @@ class GpuAssigner:
     def __init__(self) -> None:
         self._by_node: dict[str, dict[str, list[int]]] = {}
 
-    def assign(self, node: Node, pods: Iterable[Pod]) -> dict[str, list[int]]:
+    def assign(self, node: Node, pods: Iterable[Pod],
+               pinned: Mapping[str, list[int]] | None = None) -> dict[str, list[int]]:
+        """``pinned``: pods whose GPUs are known (DRA claims name their devices)."""
         held = self._by_node.setdefault(node.name, {})
         live = {p.uid: p for p in pods}
         for uid in list(held):
             if uid not in live:
                 del held[uid]
+        held.update({uid: list(idx) for uid, idx in (pinned or {}).items() if uid in live})
         taken = {i for indices in held.values() for i in indices}
         for uid, pod in sorted(live.items(), key=lambda kv: (kv[1].bound_at or 0, kv[0])):
             if uid not in held:
@@ -122,16 +134,21 @@ class GpuAssigner:
 
 
 def simulate(fleet: FleetStore, assigner: GpuAssigner, now: float,
-             only: str | None = None) -> list[SimGpu]:
-    """Every GPU of the fleet, or of node ``only``."""
+             only: str | None = None, dra: DraFleet | None = None) -> list[SimGpu]:
+    """Every GPU of the fleet, or of node ``only``. A DRA pod gets the GPUs its claims were
+    allocated (the sandbox's driver names whole GPU ``i`` ``gpu-<i>``)."""
     gpus: list[SimGpu] = []
     nodes = fleet.nodes.values() if only is None else [n for n in [fleet.nodes.get(only)] if n]
     for node in nodes:
         if not node.product or node.gpus <= 0:
             continue
         pods = {p.uid: p for p in fleet.pods_on(node.name) if not p.deleting}
-        owner = {i: pods[uid] for uid, idx in assigner.assign(node, pods.values()).items()
+        pinned = {uid: [int(d.name.removeprefix("gpu-")) for d in devices]
+                  for uid in pods if dra and (devices := dra.devices_of(uid))}
+        owner = {i: pods[uid] for uid, idx in assigner.assign(node, pods.values(), pinned).items()
                  for i in idx}
+        if node.labels.get(EXPORTER_DRA_LABEL) == "off":  # the exporter maps no DRA pod
+            owner = {i: p for i, p in owner.items() if p.uid not in pinned}
         gpus += _node_gpus(node, owner, now)
     return gpus
 
@@ -222,7 +239,7 @@ class ExporterXids:
 
 def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
                assigner: GpuAssigner | None = None,
-               xids: ExporterXids | None = None) -> web.Application:
+               xids: ExporterXids | None = None, dra: DraFleet | None = None) -> web.Application:
     assigner = assigner or GpuAssigner()
     xids = xids or ExporterXids()
     window_ms = int(xids.window * 1000) or None
@@ -230,7 +247,8 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
     async def metrics(request: web.Request) -> web.Response:
         """Every node's GPUs, or (``/nodes/{node}/metrics``) one node's, as its exporter."""
         now = clock()
-        gpus = xids.apply(simulate(fleet, assigner, now, request.match_info.get("node")), now)
+        gpus = xids.apply(simulate(fleet, assigner, now, request.match_info.get("node"), dra),
+                          now)
         text = render_exposition(gpus, xid_count_window_ms=window_ms)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -246,18 +264,22 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
 async def _main(args: argparse.Namespace) -> None:
     api = await connect(args.kubeconfig)
     fleet = FleetStore()
-    watchers = [Watcher(api, fleet, kind, list(GPU_RESOURCES)) for kind in ("nodes", "pods")]
+    dra = DraFleet(fleet)  # a DRA pool's GPUs and pods, as the apps see them
+    watchers = [Watcher(api, dra, kind, list(GPU_RESOURCES)) for kind in ("nodes", "pods")]
     tasks = [asyncio.create_task(w.run()) for w in watchers]
+    tasks.append(start_dra_watches(api, dra))
     assigner = GpuAssigner()  # one for /metrics and the GPU hosts: the same GPUs per pod
     if args.hosts_dir:
         hosts = GpuHosts(Path(args.hosts_dir))
 
-        def model() -> list[SimGpu]:  # the NVML agent reads whole GPUs, not MIG instances
-            return [g for g in simulate(fleet, assigner, time.time()) if g.mig is None]
+        def model() -> tuple[list[SimGpu], dict[str, str]]:
+            # The NVML agent reads whole GPUs, not MIG instances; a DRA pod's are its claim's.
+            gpus = [g for g in simulate(fleet, assigner, time.time(), dra=dra) if g.mig is None]
+            return gpus, dra.claim_names()
 
         tasks.append(asyncio.create_task(hosts.run(model, args.hosts_tick)))
     host, port = parse_hostport(args.listen)
-    app = create_app(fleet, assigner=assigner, xids=ExporterXids(args.xid_count_window))
+    app = create_app(fleet, assigner=assigner, xids=ExporterXids(args.xid_count_window), dra=dra)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

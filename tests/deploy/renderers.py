@@ -22,11 +22,9 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from gpusteward.sandbox.build import _build_parallelism, _locked, cache_root
+from gpusteward.sandbox.build import SandboxBuildError, _locked, cache_root, go_build_into
 
 BINARIES = ("kustomize", "helm")
 PACKAGES = ("sigs.k8s.io/kustomize/kustomize/v5", "helm.sh/helm/v4/cmd/helm")
@@ -84,28 +82,13 @@ def ensure_renderers() -> Path:
 
 
 def _build(go: str, go_version: str, ldflags: str, bin_dir: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{bin_dir.name}-", dir=bin_dir.parent))
-    log_path = bin_dir.parent / f"build-{bin_dir.name}.log"
-    command = [go, "build", "-mod=readonly", "-trimpath", f"-p={_build_parallelism()}",
-               "-ldflags", ldflags, "-o", f"{tmp}{os.sep}", *PACKAGES]
-    env = {**os.environ, "CGO_ENABLED": "0", "GOWORK": "off"}
-    print(f"building kustomize and helm ({go_version}) into {bin_dir}; about 3 min on 2 cores; "
-          f"log: {log_path}", file=sys.stderr, flush=True)
-    started = time.monotonic()
+    print(f"building kustomize and helm ({go_version}) into {bin_dir}; about 3 min on 2 cores",
+          file=sys.stderr, flush=True)
     try:
-        with open(log_path, "w", encoding="utf-8") as out:
-            out.write(f"# {go_version}\n# cwd: {SOURCE}\n# {' '.join(command)}\n")
-            out.flush()
-            result = subprocess.run(command, cwd=SOURCE, env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, check=False)
-            out.write(f"# exit {result.returncode} after {time.monotonic() - started:.0f}s\n")
-        if result.returncode != 0 or not _complete(tmp):
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-            raise RendererBuildError(f"go build of kustomize/helm failed; log: {log_path}\n{tail}")
-        tmp.chmod(0o755)
-        os.rename(tmp, bin_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        go_build_into(go, SOURCE, list(PACKAGES), ldflags, bin_dir, list(BINARIES),
+                      "kustomize/helm")
+    except SandboxBuildError as e:
+        raise RendererBuildError(str(e)) from e
 
 
 def main() -> int:

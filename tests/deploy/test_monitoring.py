@@ -50,7 +50,7 @@ def test_promtool_accepts_the_prometheusrule_groups(
     result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout
+    assert "SUCCESS: 12 rules found" in result.stdout
 
 
 def test_alerts_cover_what_operators_must_hear_about(
@@ -61,7 +61,8 @@ def test_alerts_cover_what_operators_must_hear_about(
         "GpustewardReclaimerNotLeading", "GpustewardReclaimerCyclesFailing",
         "GpustewardExtenderErrors", "GpustewardExtenderSlow",
         "GpustewardEvictionsRepeatedlyBlocked", "GpustewardReclaimLedgerNotSaved",
-        "GpustewardExtenderDown", "GpustewardAgentNvmlDown", "GpustewardReclaimerFenced"}
+        "GpustewardExtenderDown", "GpustewardAgentNvmlDown", "GpustewardReclaimerFenced",
+        "GpustewardNotificationsFailing"}
 
 
 def test_every_alert_has_a_runbook_section_in_operations_md(

@@ -17,26 +17,42 @@ from tests.deploy.manifests import Discovery, ServiceAccountClient
 RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
               "RoleBinding"}
 
+#: The DRA objects behind GPUs (adapters/dra.py).
+DRA = [("resource.k8s.io", r) for r in ("resourceslices", "deviceclasses", "resourceclaims")]
+#: Owners stopped through their own switch (core.reclaim.kinds): read and patched only.
+OWN_SWITCHES = [("jobset.x-k8s.io", "jobsets"), ("trainer.kubeflow.org", "trainjobs"),
+                ("kubeflow.org", "pytorchjobs"), ("kubeflow.org", "notebooks"),
+                ("ray.io", "rayclusters"), ("ray.io", "rayjobs"),
+                ("serving.kserve.io", "inferenceservices"),
+                ("serving.kserve.io", "llminferenceservices"),
+                ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+                ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"),
+                ("kueue.x-k8s.io", "workloads"), ("keda.sh", "scaledobjects")]
 #: role name -> {(apiGroup, resource, verb, resourceName or "*")}; what each component uses.
 ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
-    "gpusteward-extender": {("", r, v, "*") for r in ("nodes", "pods")
+    "gpusteward-extender": {(g, r, v, "*") for g, r in (("", "nodes"), ("", "pods"), *DRA)
                             for v in ("get", "list", "watch")},
     "gpusteward-reclaimer": {
         ("", "nodes", "list", "*"), ("", "namespaces", "list", "*"),
+        *{(g, r, "list", "*") for g, r in DRA},
         *{("", "pods", v, "*") for v in ("get", "list", "patch")},
         ("", "pods/eviction", "create", "*"), ("", "events", "create", "*"),
         ("apps", "replicasets", "list", "*"),
         *{("apps", r, v, "*") for r in ("deployments", "statefulsets")
           for v in ("get", "list", "patch")},
-        *{("batch", "jobs", v, "*") for v in ("get", "list", "patch")}},
+        *{("batch", "jobs", v, "*") for v in ("get", "list", "patch")},
+        *{(group, r, v, "*") for group, r in OWN_SWITCHES for v in ("get", "patch")},
+        ("kueue.x-k8s.io", "workloads", "list", "*"),
+        ("autoscaling", "horizontalpodautoscalers", "list", "*")},
     "gpusteward-reclaimer-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-reclaimer"),
         ("coordination.k8s.io", "leases", "update", "gpusteward-reclaimer"),
         ("", "configmaps", "create", "*"),
-        ("", "configmaps", "get", "gpusteward-reclaimer-reclaims"),
-        ("", "configmaps", "patch", "gpusteward-reclaimer-reclaims")},
-    "gpusteward-agent": {("", "pods", "list", "*")},
+        *{("", "configmaps", verb, f"gpusteward-reclaimer-{records}")
+          for verb in ("get", "patch") for records in ("reclaims", "snoozes", "notifications")}},
+    "gpusteward-agent": {("", "pods", "list", "*"),
+                         ("resource.k8s.io", "resourceslices", "list", "*")},
     "gpusteward-scheduler-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-scheduler"),
@@ -124,6 +140,11 @@ def _check(client: ServiceAccountClient,
     return wrong
 
 
+def _crd_path(group: str, plural: str, ns: str) -> str:
+    resource, _, sub = plural.partition("/")
+    return f"/apis/{group}/v1/namespaces/{ns}/{resource}/x" + (f"/{sub}" if sub else "")
+
+
 def test_the_extender_service_account_can_list_and_watch_and_nothing_more(
         admin: KubeHTTP, workloads: str) -> None:
     client = ServiceAccountClient(admin, "gpusteward-extender")
@@ -133,6 +154,9 @@ def test_the_extender_service_account_can_list_and_watch_and_nothing_more(
         ("GET", "/api/v1/pods?limit=1", None, 200),
         ("GET", "/api/v1/nodes?watch=1&timeoutSeconds=1", None, 200),
         ("GET", "/api/v1/pods?watch=1&timeoutSeconds=1", None, 200),
+        *[("GET", f"/apis/resource.k8s.io/v1/{r}?{q}", None, 200) for _, r in DRA
+          for q in ("limit=1", "watch=1&timeoutSeconds=1")],
+        ("POST", "/apis/resource.k8s.io/v1/deviceclasses", {"metadata": {"name": "x"}}, 403),
         ("GET", f"/api/v1/namespaces/{ns}/pods/p", None, 200),
         ("PATCH", f"/api/v1/namespaces/{ns}/pods/p", {"metadata": {"labels": {"x": "y"}}}, 403),
         ("GET", "/api/v1/secrets", None, 403),
@@ -160,7 +184,8 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
               "metadata": {"name": "gpusteward-reclaimer-reclaims"}, "data": {"reclaims": "[]"}}
     snapshot_lists = ["/api/v1/pods", "/api/v1/nodes", "/api/v1/namespaces",
                       "/apis/apps/v1/replicasets", "/apis/apps/v1/deployments",
-                      "/apis/apps/v1/statefulsets", "/apis/batch/v1/jobs"]
+                      "/apis/apps/v1/statefulsets", "/apis/batch/v1/jobs",
+                      *(f"/apis/resource.k8s.io/v1/{r}" for _, r in DRA)]
     assert _check(client, [
         *[("GET", f"{path}?limit=500", None, 200) for path in snapshot_lists],
         ("GET", f"/api/v1/namespaces/{ns}/pods/p", None, 200),
@@ -191,6 +216,16 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
         ("PATCH", "/api/v1/nodes/any", {"metadata": {"labels": {"x": "y"}}}, 403),
         ("POST", f"/api/v1/namespaces/{ns}/pods", {"metadata": {"name": "q"}}, 403),
         ("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/w/scale", annotate, 403),
+        # Owners' own switches, on groups this API server does not serve: allowed calls get
+        # past authorization to a 404, refused ones stop at 403.
+        *[(method, _crd_path(group, plural, ns), body, 404) for group, plural in OWN_SWITCHES
+          for method, body in (("GET", None), ("PATCH", annotate))],
+        ("GET", "/apis/kueue.x-k8s.io/v1beta2/workloads?limit=500", None, 404),
+        ("GET", "/apis/autoscaling/v2/horizontalpodautoscalers?limit=500", None, 200),
+        *[("DELETE", _crd_path(group, plural, ns), None, 403) for group, plural in OWN_SWITCHES],
+        ("GET", "/apis/ray.io/v1/rayservices?limit=500", None, 403),
+        ("PATCH", f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/h", annotate,
+         403),
         # last: the eviction deletes the pod
         ("POST", f"/api/v1/namespaces/{ns}/pods/p/eviction", eviction, 201),
     ]) == []
@@ -199,11 +234,14 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
     assert client.call("PUT", f"{LEASES}/gpusteward-reclaimer", current)[0] == 200
 
 
-def test_the_agent_service_account_can_list_pods_and_nothing_more(
+def test_the_agent_service_account_can_list_pods_and_slices_and_nothing_more(
         admin: KubeHTTP, workloads: str) -> None:
     client = ServiceAccountClient(admin, "gpusteward-agent")
     assert _check(client, [
         ("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-1&limit=500", None, 200),
+        ("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dgpu-1"
+                "&limit=500", None, 200),
+        ("GET", "/apis/resource.k8s.io/v1/resourceclaims?limit=1", None, 403),
         ("GET", f"/api/v1/namespaces/{workloads}/pods/p", None, 403),
         ("GET", "/api/v1/pods?watch=1&timeoutSeconds=1", None, 403),
         ("GET", "/api/v1/nodes?limit=1", None, 403),

@@ -86,9 +86,9 @@ def spread_class_prefers_the_cooler_node(box: Sandbox, ns: Namespace) -> None:
     assert ns.node_of("serve") == "l4-1"
 
 
-def filter_passes(box: Sandbox, node: str) -> bool:
-    """Whether the extender's filter keeps ``node`` for an 8-GPU pod."""
-    body = json.dumps({"Pod": gpu_pod("probe", 8), "NodeNames": [node]}).encode()
+def filter_passes(box: Sandbox, node: str, gpus: int = 8) -> bool:
+    """Whether the extender's filter keeps ``node`` for a pod of ``gpus`` GPUs."""
+    body = json.dumps({"Pod": gpu_pod("probe", gpus), "NodeNames": [node]}).encode()
     req = urllib.request.Request(f"{box.extender_url}/filter", data=body, method="POST")
     with urllib.request.urlopen(req, timeout=5) as resp:
         return bool(json.load(resp)["NodeNames"] == [node])

@@ -149,13 +149,18 @@ async def test_an_eviction_keeps_the_pods_own_longer_grace(ns, reclaimer):
         ns.api.delete(ns.path("pods", "trainer"), {"gracePeriodSeconds": 0})
 
 
-async def test_a_pdb_blocks_eviction_until_it_is_relaxed(ns, reclaimer):
-    ns.create_pod(due_pod("guarded", node="h100-0", labels={"app": "guarded"}))
+def guarded(ns, name: str, node: str) -> None:
+    """A due idle pod whose PodDisruptionBudget allows no eviction, running."""
+    ns.create_pod(due_pod(name, node=node, labels={"app": name}))
     ns.api.create(f"/apis/policy/v1/namespaces/{ns.name}/poddisruptionbudgets", {
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": {"name": "guarded"},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})
-    ns.running("guarded")
+        "metadata": {"name": name},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}}})
+    ns.running(name)
+
+
+async def test_a_pdb_blocks_eviction_until_it_is_relaxed(ns, reclaimer):
+    guarded(ns, "guarded", "h100-0")
     rec = await reclaimer("enforce")
     await cycle_until(rec, "a blocked eviction", lambda: "GPUReclaimBlocked" in
                       reasons(ns, "guarded"))
@@ -171,18 +176,23 @@ def job_pods(ns, job: str) -> list[dict]:
             and "deletionTimestamp" not in p["metadata"]]
 
 
-async def test_an_idle_job_is_suspended_and_its_pods_go_away(ns, reclaimer):
-    template = gpu_pod("x", 1, util="0", node="h100-1")
+def idle_job(ns, name: str, node: str) -> str:
+    """A one-pod Job on ``node`` whose GPU reads idle, once its pod runs; its path."""
+    template = gpu_pod("x", 1, util="0", node=node)
     template["spec"]["restartPolicy"] = "Never"
     ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
         "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0, "template": {
             "metadata": {"annotations": template["metadata"]["annotations"]},
             "spec": template["spec"]}}})
     wait_for("the Job's pod to run", lambda: any(
-        p["status"].get("phase") == "Running" for p in job_pods(ns, "train")))
+        p["status"].get("phase") == "Running" for p in job_pods(ns, name)))
+    return f"/apis/batch/v1/namespaces/{ns.name}/jobs/{name}"
+
+
+async def test_an_idle_job_is_suspended_and_its_pods_go_away(ns, reclaimer):
+    job_path = idle_job(ns, "train", "h100-1")
     rec = await reclaimer("enforce")
-    job_path = f"/apis/batch/v1/namespaces/{ns.name}/jobs/train"
     await cycle_until(rec, "Job suspended", lambda: ns.api.get(job_path)["spec"].get("suspend"))
     wait_for("the Job's pods to go away", lambda: not job_pods(ns, "train"), timeout=60)
 

@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import config as kconfig
 
-from gpusteward.adapters.prometheus import PrometheusSource
-from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.kube import connect
+from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.core.policy import Policy, ReclaimMode, load_policy
-from gpusteward.reclaimer.actor import Actor
-from gpusteward.reclaimer.ledger import ConfigMapLedger
+from gpusteward.reclaimer.cli import ReclaimerSettings
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.reclaimer.serve import build_reclaimer
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import KubeHTTP
 from tests.e2e.kube import Namespace
@@ -38,11 +37,16 @@ def started(tmp_path_factory: pytest.TempPathFactory, name: str,
         box.stop()
 
 
-def fresh_namespace(api: KubeHTTP, prefix: str = "e2e") -> Iterator[Namespace]:
-    """A fresh namespace; at teardown its pods are deleted and waited for, freeing their GPUs."""
+def fresh_namespace(api: KubeHTTP, prefix: str = "e2e",
+                    owners: tuple[str, ...] = ()) -> Iterator[Namespace]:
+    """A fresh namespace; at teardown its pods are deleted and waited for, freeing their GPUs.
+    ``owners``: collection paths under the namespace (``/apis/ray.io/v1/.../rayclusters`` with
+    ``{ns}`` for its name) deleted first, whose controllers would recreate the pods."""
     namespace = Namespace(api, f"{prefix}-{secrets.token_hex(3)}")
     namespace.create()
     yield namespace
+    for path in owners:
+        api.delete(path.format(ns=namespace.name), {"propagationPolicy": "Background"})
     namespace.delete()
 
 
@@ -79,22 +83,23 @@ MakeReclaimer = Callable[..., Awaitable[Reclaimer]]
 
 @pytest.fixture
 async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
-    """reclaimer(mode, box=sandbox, policy=None, ledger=None, prometheus_url=None) -> a Reclaimer
-    wired to a sandbox through the real adapters (``ledger``: a ConfigMap in kube-system;
-    ``prometheus_url``: another Prometheus than the sandbox's); each test steps its cycles
-    itself."""
+    """reclaimer(mode, box=sandbox, policy=None, ledger=None, prometheus_url=None, snoozes=None)
+    -> a Reclaimer wired to a sandbox by the command's own ``build_reclaimer`` (``ledger``,
+    ``snoozes``: ConfigMaps in kube-system, else the records live in memory; ``prometheus_url``:
+    another Prometheus than the sandbox's); each test steps its cycles itself."""
     clients = []
 
     async def make(mode: str = "enforce", box: Sandbox = sandbox, policy: Policy | None = None,
-                   ledger: str | None = None, prometheus_url: str | None = None) -> Reclaimer:
-        policy = policy or load_policy(box.cfg.policy)
-        api = await kconfig.new_client_from_config(config_file=str(box.kubeconfig))
+                   ledger: str | None = None, prometheus_url: str | None = None,
+                   snoozes: str | None = None) -> Reclaimer:
+        settings = ReclaimerSettings(
+            policy=policy or load_policy(box.cfg.policy), mode=ReclaimMode(mode),
+            prometheus=PrometheusConnection(prometheus_url or box.prometheus_url),
+            lease_namespace="kube-system", ledger=ledger, snoozes=snoozes,
+            kubeconfig=str(box.kubeconfig))
+        api = await connect(settings.kubeconfig)
         clients.append(api)
-        source = PrometheusSource(prometheus_url or box.prometheus_url, policy.telemetry,
-                                  policy.health, attempts=1)
-        return Reclaimer(policy, ReclaimMode(mode), SnapshotReader(api, source, policy),
-                         Actor(api, policy),
-                         ledger=ConfigMapLedger(api, "kube-system", ledger) if ledger else None)
+        return build_reclaimer(settings, api, prometheus_attempts=1)
 
     yield make
     for api in clients:

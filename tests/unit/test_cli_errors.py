@@ -128,6 +128,9 @@ def test_the_agent_on_a_busy_port_is_one_line_exit_1(busy_port: int) -> None:
     pytest.param(["sandbox", "up", "--extender-replicas", "0"], {},
                  "gpusteward sandbox up: argument --extender-replicas: expected a whole number "
                  ">= 1, got '0' (see gpusteward sandbox up --help)", id="extender-replicas-zero"),
+    pytest.param(["sandbox", "up", "--with", "kueue,volcano"], {},
+                 "gpusteward sandbox up: argument --with: unknown controller volcano (known: "
+                 "kueue, kuberay) (see gpusteward sandbox up --help)", id="sandbox-with-unknown"),
     pytest.param(["report", "--window", "0s"], {},
                  "gpusteward report: argument --window: expected at least 1s, got '0s' "
                  "(see gpusteward report --help)", id="window-zero"),
@@ -135,8 +138,8 @@ def test_the_agent_on_a_busy_port_is_one_line_exit_1(busy_port: int) -> None:
                  "gpusteward extender: argument --listen: expected HOST:PORT, got '8888' "
                  "(see gpusteward extender --help)", id="listen-no-colon"),
     pytest.param(["extender", "--policy", POLICY, "--max-body-mb", "0"], {},
-                 "gpusteward extender: argument --max-body-mb: expected a positive number of "
-                 "MiB, got '0' (see gpusteward extender --help)", id="max-body-zero"),
+                 "gpusteward extender: argument --max-body-mb: expected a whole number of "
+                 "MiB >= 1, got '0' (see gpusteward extender --help)", id="max-body-zero"),
     pytest.param(["reclaimer", "--log-format", "xml"], {},
                  "gpusteward reclaimer: argument --log-format: invalid choice: 'xml' (choose "
                  "from 'text', 'json') (see gpusteward reclaimer --help)", id="log-format"),
@@ -166,8 +169,10 @@ def test_the_agent_on_a_busy_port_is_one_line_exit_1(busy_port: int) -> None:
                  "gpusteward reclaimer: argument --lease-duration: expected a whole number of "
                  "seconds >= 2, got '-5' (see gpusteward reclaimer --help)", id="lease-negative"),
     pytest.param(["reclaimer", "restore", "train"], {},
-                 "gpusteward reclaimer: expected NAMESPACE/KIND/NAME (KIND: Deployment, "
-                 "StatefulSet or Job), got 'train'", id="restore-target"),
+                 "gpusteward reclaimer: expected NAMESPACE/KIND/NAME (KIND: Job, Deployment, "
+                 "StatefulSet, ScaledObject, JobSet, TrainJob, PyTorchJob, RayCluster, RayJob, "
+                 "Notebook, InferenceService, LLMInferenceService, LeaderWorkerSet, Workload) "
+                 "or --list, got 'train'", id="restore-target"),
     pytest.param(["agent"], {},
                  "gpusteward agent: --node-name or $NODE_NAME is required (the Hostname label "
                  "must be the Kubernetes node name)", id="agent-no-node"),
@@ -207,3 +212,22 @@ def test_the_error_boundary_maps_each_failure_to_a_code_and_a_line(
     if error == "api-403":  # kubernetes-asyncio's exception for a non-2xx answer
         error = ApiException(status=403, reason="Forbidden")
     assert failure(error) == expected  # type: ignore[arg-type]
+
+
+def test_whatif_with_an_invalid_policy_exits_2_naming_the_field(tmp_path, capsys):
+    from gpusteward.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("reclaim:\n  interval: soon\n")
+    assert main(["whatif", "--policy", str(bad), "--prometheus-url", "http://127.0.0.1:9"]) == 2
+    assert "reclaim.interval" in capsys.readouterr().err
+
+
+def test_whatif_without_a_prometheus_url_exits_2(tmp_path, capsys, monkeypatch):
+    from gpusteward.cli import main
+
+    monkeypatch.delenv("PROMETHEUS_URL", raising=False)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("{}\n")
+    assert main(["whatif", "--policy", str(ok)]) == 2
+    assert "no Prometheus URL" in capsys.readouterr().err

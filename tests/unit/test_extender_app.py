@@ -17,7 +17,7 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Telemetry
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender import wire
-from gpusteward.extender.app import _BUDGET, Extender, create_app
+from gpusteward.extender.app import _BUDGET, Extender, create_app, respond
 from gpusteward.extender.replies import filter_reply, prioritize_reply
 from gpusteward.extender.view import PARKED_MAX, PlacementView
 from tests.factories import A100, H100, L4, NOW, node, pod, readings
@@ -241,7 +241,20 @@ def scores(view: PlacementView, uid: str) -> dict[str, int]:
     pod_json = gpu_pod(4)
     pod_json["metadata"]["uid"] = uid
     args = wire.decode_args(json.dumps({"Pod": pod_json, "NodeNames": ["x", "y"]}).encode())
-    return {e["Host"]: e["Score"] for e in json.loads(prioritize_reply(view, args).body)}
+    reply = respond(view, prioritize_reply, args)
+    return {e["Host"]: e["Score"] for e in json.loads(reply.body)}
+
+
+def test_building_a_reply_changes_nothing_the_handler_records_the_expected_placement():
+    view, _ = coolness_only_view()
+    pod_json = gpu_pod(4)
+    pod_json["metadata"]["uid"] = "first"
+    args = wire.decode_args(json.dumps({"Pod": pod_json, "NodeNames": ["x", "y"]}).encode())
+    reply = prioritize_reply(view, args)
+    assert reply.best_node == "x"
+    assert view.inflight == {}
+    assert respond(view, prioritize_reply, args).body == reply.body
+    assert view.inflight == {"first": ("x", 4, NOW)}
 
 
 def test_a_burst_does_not_pile_onto_the_node_that_looked_idlest():
@@ -309,7 +322,7 @@ def test_the_watch_gpu_count_wins_over_the_request():
     view, _ = coolness_only_view()
     pod_json = gpu_pod(1)
     pod_json["metadata"]["uid"] = "first"
-    prioritize_reply(view, wire.decode_args(json.dumps(
+    respond(view, prioritize_reply, wire.decode_args(json.dumps(
         {"Pod": pod_json, "NodeNames": ["x", "y"]}).encode()))
     assert [gpus for _, gpus, _ in view.inflight.values()] == [4]
 

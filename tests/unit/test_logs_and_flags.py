@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpusteward.adapters.connectflags import env_name
+from gpusteward.adapters.connectflags import env_name, whole_number
 from gpusteward.adapters.logs import configure
 from gpusteward.cli import _leaves, build_parser
 from gpusteward.core.model import Pod
@@ -203,6 +203,25 @@ def test_every_flag_can_be_set_by_its_environment_variable(
     monkeypatch.setenv("GPUSTEWARD_INTERVAL", "5")
     args = build_parser().parse_args(["agent"])
     assert (args.node_name, args.interval) == ("gpu-7", 5.0)
+
+
+@pytest.mark.parametrize(("text", "least", "ok"), [
+    pytest.param("0", 0, True, id="zero-at-least-zero"),
+    pytest.param("2", 2, True, id="at-the-least"),
+    pytest.param("1", 2, False, id="below-the-least"),
+    pytest.param("+3", 0, False, id="signed"),
+    pytest.param(" 3", 0, False, id="spaced"),
+    pytest.param("1_000", 0, False, id="underscored"),
+    pytest.param("\u0663", 0, False, id="non-ascii-digit"),
+])
+def test_a_whole_number_flag_takes_plain_digits_only(text: str, least: int, ok: bool) -> None:
+    parse = whole_number(least, "seconds")
+    if ok:
+        assert parse(text) == int(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError,
+                           match=f"whole number of seconds >= {least}, got"):
+            parse(text)
 
 
 def test_a_bad_variable_of_another_command_does_not_stop_this_one(

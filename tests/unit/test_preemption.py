@@ -37,7 +37,7 @@ def cand(name: str, victims: int = 1, idle: int = 0, *, shielded: bool = False,
 
 def columns(rows: list[tuple[str, int, int, int, bool]]) -> Candidates:
     nodes, victims, idle, pdb, shielded = (list(col) for col in zip(*rows, strict=True))
-    return Candidates(nodes, victims, idle, pdb, shielded)
+    return Candidates.counted(nodes, victims, idle, pdb, shielded)
 
 
 @pytest.mark.parametrize(

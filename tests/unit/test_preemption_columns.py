@@ -1,4 +1,4 @@
-"""The preempt verb's column passes (core/preemption.choose, VictimBook.idle_counts, the reply
+"""The preempt verb's column passes (core/preemption.choose, VictimBook.idle_flags, the reply
 built from the request's own map) against a row-by-row reading of the rules, on randomized
 requests with a fixed seed: the same choice and the same reply bytes.
 
@@ -53,7 +53,7 @@ def random_rows(rng: random.Random) -> list[tuple[str, int, int, int, bool]]:
     pdb = rng.choice([0, 0, 1, None])  # None: a count per node
     rows = []
     for i in range(rng.randint(1, 40)):
-        victims = 2 if same_size else rng.randint(1, 4)
+        victims = 2 if same_size else rng.randint(0, 4)  # 0: vacuously all idle, core allows it
         idle = rng.choice([0, victims, rng.randint(0, victims)])
         rows.append((f"n{i}", victims, idle, rng.randint(0, 2) if pdb is None else pdb,
                      rng.random() < 0.1))
@@ -66,7 +66,7 @@ def test_choose_matches_the_rules_row_by_row(prefer_idle):
     for _ in range(2000):
         rows = random_rows(rng)
         nodes, victims, idle, pdb, shielded = (list(c) for c in zip(*rows, strict=True))
-        choice = choose(Candidates(nodes, victims, idle, pdb, shielded),
+        choice = choose(Candidates.counted(nodes, victims, idle, pdb, shielded),
                         Preemption(prefer_idle=prefer_idle))
         kept, tier, vetoed, dropped = reference_choice(rows, prefer_idle)
         assert (choice.kept, choice.tier) == (kept, tier), rows
@@ -84,14 +84,14 @@ POLICIES = {
 
 def random_request(rng: random.Random) -> tuple[bytes, set[str], dict[str, str]]:
     """A request body, the idle UIDs and every judged pod's class."""
-    same_size = rng.random() < 0.5
+    same_size = rng.choice([None, 1, 2, 3, 4])  # as many victims on every node: packed slices
     pdb = rng.choice([0, 0, 1, None])
     uids = [f"uid-{i}" for i in range(rng.randint(1, 120))]
     idle = {u for u in uids if rng.random() < rng.choice([0.0, 0.3, 0.6, 1.0])}
     classes = {u: rng.choice(CLASSES) for u in uids}
     victims = {}
     for i in range(rng.randint(0, 40)):
-        pods = rng.sample(uids, min(len(uids), 2 if same_size else rng.randint(1, 4)))
+        pods = rng.sample(uids, min(len(uids), same_size or rng.randint(1, 4)))
         if rng.random() < 0.05:  # a victim listed twice, and one gpusteward does not know
             pods = [pods[0], *pods]
         if rng.random() < 0.1:

@@ -192,13 +192,14 @@ def test_stamps_round_trip():
         pytest.param(Owner("Job", "ml", "j", ("p",)), "suspend", id="job-is-suspended"),
         pytest.param(Owner("Deployment", "ml", "d", ("p",)), "scale", id="deployment-scaled"),
         pytest.param(Owner("StatefulSet", "ml", "s", ("p",)), "scale", id="statefulset-scaled"),
-        pytest.param(Owner("MPIJob", "ml", "m", ("p",)), "evict", id="unknown-owner-evicted"),
+        pytest.param(Owner("MPIJob", "ml", "m", ("p",), group="kubeflow.org"), "block",
+                     id="unknown-owner-blocked-never-evicted"),
     ],
 )
 def test_the_action_depends_on_the_owner(owner, how):
     pod = warned("p")
     p = plan(snapshot([pod], owners={"p": owner} if owner else {}), POLICY)
-    assert [(a.kind, a.how) for a in p.actions] == [("reclaim", how)]
+    assert [(a.kind, a.how) for a in p.actions] == [("block" if how == "block" else "reclaim", how)]
 
 
 def test_a_partly_idle_deployment_is_only_marked():

@@ -9,7 +9,7 @@ import pytest
 
 from gpusteward.adapters.errors import LeaseLost
 from gpusteward.core.policy import ReclaimMode, parse_policy
-from gpusteward.core.reclaim.model import Action, PastAction, Snapshot
+from gpusteward.core.reclaim.model import Action, PastAction, PastState, Snapshot
 from gpusteward.core.times import HOUR
 from gpusteward.reclaimer.ledger import LedgerConflict, LedgerError
 from gpusteward.reclaimer.loop import Reclaimer
@@ -141,14 +141,14 @@ async def test_the_intent_is_in_the_ledger_before_the_reclaim_and_settled_after(
     rec = reclaimer([warned("due")], ledger=ledger, writer=writer)
     await rec.cycle()
     assert writer.applied == [("reclaim", "due")]
-    assert writer.ledger_at_apply == [[PastAction(NOW, "ml", "ml/due", "intent")]]
+    assert writer.ledger_at_apply == [[PastAction(NOW, "ml", "ml/due", PastState.INTENT)]]
     assert ledger.entries == [PastAction(NOW, "ml", "ml/due", "done")]
 
 
 @pytest.mark.parametrize(("result", "kept"), [
     pytest.param("blocked", [], id="pdb-refused-nothing-happened-intent-dropped"),
     pytest.param("stale", [], id="pod-changed-nothing-happened-intent-dropped"),
-    pytest.param("error", [PastAction(NOW, "ml", "ml/due", "intent")],
+    pytest.param("error", [PastAction(NOW, "ml", "ml/due", PastState.INTENT)],
                  id="error-may-have-half-happened-intent-kept"),
 ])
 async def test_the_intent_is_reconciled_by_what_the_action_did(result, kept):
@@ -184,13 +184,29 @@ async def test_an_unwritable_ledger_means_no_reclaim():
 
 async def test_intents_of_a_leader_that_died_count_against_the_hourly_limit():
     # maxPerHour 3: a leader recorded three intents and died before settling any.
-    died = [PastAction(NOW - 60, "ml", f"ml/p{i}", "intent") for i in range(3)]
+    died = [PastAction(NOW - 60, "ml", f"ml/p{i}", PastState.INTENT) for i in range(3)]
     ledger = Ledger(died)
     writer = Writer(ledger)
     rec = reclaimer([warned("due")], ledger=ledger, writer=writer)
     decided = await rec.cycle()
     assert writer.applied == []
     assert [why for _, why in decided.held_back] == ["limit: 3 per hour"]
+
+
+async def test_a_ledger_state_this_version_does_not_know_counts_and_is_written_back_as_is():
+    # A newer reclaimer (or a hand edit) may store a state word this version lacks: it must not
+    # make the ledger unreadable, must count against the limit, and must survive our rewrite.
+    stored = b'[{"at":%d,"team":"ml","pod":"ml/p0","state":"someday"},' % (NOW - 60) + (
+        b'{"at":%d,"team":"ml","pod":"ml/p1","state":"someday"}]' % (NOW - 60))
+    ledger = Ledger(msgspec.json.decode(stored, type=list[PastAction]))  # the ledger's decoding
+    writer = Writer(ledger)
+    rec = reclaimer([warned("due"), warned("late")], ledger=ledger, writer=writer)
+    decided = await rec.cycle()
+    assert writer.applied == [("reclaim", "due")]  # maxPerHour 3: the two unknown ones count
+    assert [why for _, why in decided.held_back] == ["limit: 3 per hour"]
+    written = msgspec.json.decode(msgspec.json.encode(ledger.entries))
+    assert [(e["pod"], e["state"]) for e in written] == [
+        ("ml/p0", "someday"), ("ml/p1", "someday"), ("ml/due", "done")]
 
 
 async def test_future_dated_entries_count_from_now_and_are_stored_so():

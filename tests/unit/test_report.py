@@ -7,10 +7,11 @@ import pytest
 
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import parse_policy
-from gpusteward.core.reclaim.model import Evidence, Snapshot
+from gpusteward.core.reclaim.model import Evidence, Snapshot, VerdictState
 from gpusteward.core.report.aggregate import build_report
 from gpusteward.core.report.facts import pod_usages
-from gpusteward.core.report.model import ReportInput, Series, Window
+from gpusteward.core.report.model import DecisionState, ReportInput, Series, Window
+from gpusteward.core.report.sections import decisions
 from tests.factories import H100, L4
 
 NOW = 1_800_000_000.0
@@ -200,3 +201,15 @@ def test_a_broken_reading_makes_the_pod_unknown_never_idle(broken):
         (u,) = pod_usages(ReportInput(Snapshot(NOW, (pod("a"),), {n.name: n for n in NODES},
                                                {}, {}, {}, True), WINDOW, tuple(series)), POLICY)
         assert u.state == "unknown" and "not a value in 0-100%" in u.why
+
+
+def test_the_decision_column_has_a_word_for_every_verdict_and_for_a_halted_cycle():
+    # The report shows the reclaimer's verdicts through its own vocabulary; a verdict state it
+    # had no word for would fail the report, not just print oddly.
+    assert {str(s) for s in VerdictState} <= {str(s) for s in DecisionState}
+    snap = Snapshot(now=NOW, pods=(pod("a"),), nodes={n.name: n for n in NODES}, owners={},
+                    namespace_labels={}, evidence={}, telemetry_ok=False,
+                    telemetry_problem="prometheus down")
+    (decision,) = decisions(snap, POLICY).values()
+    assert (decision.state, decision.action) == ("halted", "none")
+    assert "prometheus down" in decision.why

@@ -13,8 +13,14 @@ from gpusteward.core.model import Node, Pod
 IDLE_SINCE = "gpusteward.io/idle-since"
 RECLAIM_AT = "gpusteward.io/reclaim-at"
 RECLAIM_REASON = "gpusteward.io/reclaim-reason"
+RECLAIMED_AT = "gpusteward.io/reclaimed-at"  # on an owner stopped through its own switch
+RECLAIM_BLOCKED = "gpusteward.io/reclaim-blocked"  # on a due pod: why nothing was stopped
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
+# Set by a workload's owner (core/reclaim/snooze.py): an RFC 3339 time or a duration.
+SNOOZE_UNTIL = "gpusteward.io/reclaim-snooze-until"
+# Set to "true" by a workload's owner on a workload gpusteward stopped: restore it next cycle.
+RESTORE = "gpusteward.io/restore"
 
 
 class ActionKind(StrEnum):
@@ -24,6 +30,7 @@ class ActionKind(StrEnum):
     WARN = "warn"  # still idle: write reclaim-at
     CLEAR = "clear"  # busy again, or protected: remove the marks
     RECLAIM = "reclaim"  # due, or claimed by the queue: act on the owner
+    BLOCK = "block"  # due, but no safe way to stop the owner: an Event says why
 
 
 class Reason(StrEnum):
@@ -34,15 +41,21 @@ class Reason(StrEnum):
     QUEUE = "queue"  # idle GPUs a waiting higher-priority pod needs
     ACTIVE = "active"  # busy again: marks cleared
     PROTECTED = "protected"  # protected since it was marked: marks cleared
+    SNOOZED = "snoozed"  # its owner snoozed reclaim: marks cleared until the snooze ends
 
 
 class How(StrEnum):
-    """How a reclaim acts on the owner (policy reclaim.ownerActions)."""
+    """How a reclaim acts on the owner (policy reclaim.ownerActions; core.reclaim.kinds for the
+    owners stopped through a switch of their own)."""
 
     EVICT = "evict"
-    SUSPEND = "suspend"
-    SCALE = "scale"
+    SUSPEND = "suspend"  # a boolean spec field set to true (Job, JobSet, RayCluster, ...)
+    SCALE = "scale"  # to zero replicas, the count kept in REPLICAS_BEFORE
     ANNOTATE = "annotate"  # marks and warnings only, never a reclaim
+    DEACTIVATE = "deactivate"  # Kueue Workload spec.active=false
+    STOP = "stop"  # the owner's stop annotation (Notebook, KServe)
+    PAUSE = "pause"  # the autoscaler paused at zero replicas (KEDA)
+    BLOCK = "block"  # no safe mechanism: an Event says why, nothing is stopped
 
 
 class VerdictState(StrEnum):
@@ -89,6 +102,16 @@ class Rule(msgspec.Struct, frozen=True):
     grace: float
 
 
+class Switch(msgspec.Struct, frozen=True):
+    """The object whose switch stops an owner when it is not the owner itself: a Kueue
+    Workload, a KEDA ScaledObject."""
+
+    kind: str
+    group: str
+    version: str
+    name: str
+
+
 class Owner(msgspec.Struct, frozen=True):
     """The workload a pod belongs to, resolved to the object the reclaimer acts on."""
 
@@ -99,20 +122,84 @@ class Owner(msgspec.Struct, frozen=True):
     pods: tuple[str, ...] = ()
     # Work already under way on the owner (suspended Job, scaled-down Deployment).
     in_progress: bool = False
+    group: str = ""  # API group ("" core, apps, batch, or a CRD's) and version
+    version: str = ""
+    # Its own stop mechanism (core.reclaim.kinds); "": the policy's ownerActions decide.
+    how: str = ""
+    blocked: str = ""  # why it must not be stopped at all (an HPA, an unsupported kind)
+    via: Switch | None = None
+    snooze: str | None = None  # the owner's SNOOZE_UNTIL annotation
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.kind}/{self.name}"
 
 
+class PastState(StrEnum):
+    """Where a recorded reclaim stands (the ledger ConfigMap's ``state`` words). Both count
+    against the limits alike; a word this version does not know (a newer reclaimer wrote it,
+    or a hand edit) is no error either: it reads as itself, counts like the others, and is
+    written back unchanged."""
+
+    INTENT = "intent"  # recorded before acting, not yet known to be done
+    DONE = "done"
+
+    @classmethod
+    def _missing_(cls, value: object) -> PastState | None:
+        if not isinstance(value, str):
+            return None
+        unknown = str.__new__(cls, value)  # a stand-in that is no member
+        unknown._name_ = None  # type: ignore[assignment]  # no member name
+        unknown._value_ = value
+        return unknown
+
+
 class PastAction(msgspec.Struct, frozen=True):
-    """A reclaim of the last hour. ``intent``: recorded before acting and not yet known to be
-    done; it counts against the limits like a done one (the actor may have died mid-way)."""
+    """A reclaim of the last hour. An intent counts against the limits like a done one (the
+    actor may have died mid-way)."""
 
     at: float
     team: str
     pod: str = ""  # namespace/name
-    state: str = "done"  # intent | done
+    state: PastState = PastState.DONE
+
+
+class SnoozeRecord(msgspec.Struct, frozen=True):
+    """One snooze as the reclaimer first saw it, kept (``reclaimer/snoozes.py``) so that a
+    duration counts from a fixed moment and the weekly cap outlives restarts and failovers.
+
+    outcome: snoozed | capped (cut to the cap) | refused (caps) | expired (already past) |
+    malformed | protected (nothing to snooze). ``closed``: "" while it applies; ``ended`` (its
+    time passed) or ``withdrawn`` (the annotation changed or went away). A closed record only
+    counts against the weekly cap."""
+
+    workload: str  # where the annotation sits: namespace/Kind/name
+    value: str
+    team: str
+    seen: float
+    until: float
+    outcome: str
+    message: str
+    closed: str = ""
+
+    @property
+    def holding(self) -> bool:
+        return not self.closed and self.outcome in ("snoozed", "capped")
+
+
+class RestoreAsk(msgspec.Struct, frozen=True):
+    """A stopped workload whose owner asked for it back (``RESTORE: "true"``)."""
+
+    kind: str  # Deployment | StatefulSet | Job
+    namespace: str
+    name: str
+    team: str
+    gpus: int  # what it holds once back: replicas (or parallelism) x GPUs per pod
+    version: str = ""  # resourceVersion read: with the key, names this request
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -129,6 +216,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     telemetry_problem: str = ""
     recent_actions: tuple[PastAction, ...] = ()
     tiers: Mapping[str, str | None] = msgspec.field(default_factory=dict)  # node -> tier
+    snoozes: tuple[SnoozeRecord, ...] = ()  # as recorded so far
+    restore_asks: tuple[RestoreAsk, ...] = ()
 
 
 class Action(msgspec.Struct, frozen=True):
@@ -157,6 +246,7 @@ class Verdict(msgspec.Struct, frozen=True):
     evidence: Evidence | None = None
     rule: Rule | None = None
     borrowed: bool = False
+    snoozed_until: float | None = None
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -164,3 +254,6 @@ class Plan(msgspec.Struct, frozen=True):
     actions: tuple[Action, ...]
     held_back: tuple[tuple[Action, str], ...] = ()  # reclaim actions a limit stopped, and why
     halted: str = ""  # non-empty: nothing at all was done this cycle, and why
+    snoozes: tuple[SnoozeRecord, ...] = ()  # records new or changed this cycle
+    # Self-service restores: (request, "" to restore it, else why it is refused).
+    restores: tuple[tuple[RestoreAsk, str], ...] = ()

@@ -40,7 +40,7 @@ def waiting(pods: Iterable[Pod], now: float, min_wait: float) -> list[Pod]:
     return sorted(out, key=lambda p: (-p.priority, p.unschedulable_since or 0, p.uid))
 
 
-class Victims:
+class VictimPool:
     """Reclaimable idle pods by node, each node's in the order ``claim`` takes them: largest
     first (fewest victims), then lowest priority. Built once per cycle, so each pending pod
     scans only the head of each node's list instead of every candidate."""
@@ -82,7 +82,7 @@ def may_displace(pending: Pod, pending_team: TeamUsage, victim: Candidate,
             and pending_team.under_after(pending.gpus))
 
 
-def claim(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int], victims: Victims,
+def claim(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int], victims: VictimPool,
           teams: Mapping[str, TeamUsage], pending_team: str) -> Claim | None:
     """The smallest set of victims on one node that lets `pending` fit there, if any.
 
@@ -119,7 +119,7 @@ def claim(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int], vict
 
 def _fewest(ordered: list[Candidate], need: int,
             allowed: Callable[[Candidate], bool]) -> list[Candidate] | None:
-    """Greedy over a node's victims in Victims order, skipping those `pending` may not take."""
+    """Greedy over a node's victims in VictimPool order, skipping those `pending` may not take."""
     chosen, freed = [], 0
     for c in ordered:
         if freed >= need:

@@ -23,6 +23,7 @@ from gpusteward.core.report.model import (
     Report,
     ReportInput,
     TimePoint,
+    UsageState,
     Window,
 )
 from gpusteward.core.report.sections import queue, queue_groups, quotas, top_idle
@@ -82,15 +83,15 @@ def groups(usages: list[PodUsage], by: str, capacity: Mapping[str, float]) -> tu
 
 def row(name: str, usages: Iterable[PodUsage], allocatable: float | None) -> GroupRow:
     usages = list(usages)
-    now = [u for u in usages if u.state != "gone"]
+    now = [u for u in usages if u.state != UsageState.GONE]
     allocated = _sum(u.gpus for u in now)
-    used = _sum(u.gpus for u in now if u.state == "busy")
+    used = _sum(u.gpus for u in now if u.state == UsageState.BUSY)
     measured = sum(u.measured_seconds for u in usages)
     costs = [u.idle_cost for u in usages if u.idle_cost is not None]
     return GroupRow(
         name=name, allocatable=allocatable, allocated=allocated, used=used,
-        idle=_sum(u.gpus for u in now if u.state == "idle"),
-        unknown=_sum(u.gpus for u in now if u.state == "unknown"),
+        idle=_sum(u.gpus for u in now if u.state == UsageState.IDLE),
+        unknown=_sum(u.gpus for u in now if u.state == UsageState.UNKNOWN),
         free=None if allocatable is None else max(0.0, allocatable - allocated),
         allocation_ratio=_ratio(allocated, allocatable), active_ratio=_ratio(used, allocated),
         mean_util_percent=(100 * sum(u.util_seconds for u in usages) / measured

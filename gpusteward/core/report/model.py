@@ -9,12 +9,43 @@ or busy.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 
 import msgspec
 
-from gpusteward.core.reclaim.model import Snapshot
+from gpusteward.core.reclaim.model import Snapshot, VerdictState
 
 DIMENSIONS = ("team", "card", "node", "namespace", "class")
+
+
+class UsageState(StrEnum):
+    """A pod's state over the report window: the reclaimer's idle rule (rules.judge) judged on
+    the whole window, or gone."""
+
+    BUSY = "busy"
+    IDLE = "idle"
+    UNKNOWN = "unknown"
+    GONE = "gone"  # left the cluster inside the window: counts for GPU-hours only
+
+
+class DecisionState(StrEnum):
+    """The state column of the reclaimer's decision: its verdict on the pod (a VerdictState),
+    or halted when the cycle stopped before judging any pod."""
+
+    PROTECTED = VerdictState.PROTECTED.value
+    UNKNOWN = VerdictState.UNKNOWN.value
+    BUSY = VerdictState.BUSY.value
+    IDLE = VerdictState.IDLE.value
+    HALTED = "halted"
+
+
+class Step(StrEnum):
+    """The decision's action column where the reclaimer takes no action on the pod; otherwise
+    the column holds the action's kind, a reclaim as ``reclaim/<how>``."""
+
+    NONE = "none"
+    HELD = "held"  # an action was due, but a limit held it back this cycle
+    SNOOZED = "snoozed"  # its owner snoozed reclaim (gpusteward.io/reclaim-snooze-until)
 
 
 class Window(msgspec.Struct, frozen=True):
@@ -63,7 +94,7 @@ class PodUsage(msgspec.Struct, frozen=True):
     cls: str
     owner: str  # Kind/name
     gpus: float  # physical GPUs
-    state: str  # busy | idle | unknown | gone (left the cluster inside the window)
+    state: UsageState
     why: str
     peak_percent: float | None
     coverage: float
@@ -102,8 +133,8 @@ class GroupRow(msgspec.Struct, frozen=True):
 class Decision(msgspec.Struct, frozen=True):
     """What the reclaimer would do with a pod this cycle (observe mode), and why."""
 
-    state: str  # the reclaimer's own verdict: idle | busy | unknown | protected | halted
-    action: str  # mark | warn | clear | reclaim/<how> | held | none
+    state: DecisionState
+    action: str  # a Step, an ActionKind, or reclaim/<How>
     why: str
 
 
@@ -114,7 +145,7 @@ class IdlePod(msgspec.Struct, frozen=True):
     team: str
     card: str
     gpus: float
-    state: str
+    state: UsageState
     idle_since: float | None
     idle_gpu_hours: float
     idle_cost: float | None

@@ -12,11 +12,14 @@ from gpusteward.core.reclaim.model import ActionKind, Plan, Snapshot
 from gpusteward.core.reclaim.quota import borrowed, team
 from gpusteward.core.report.model import (
     Decision,
+    DecisionState,
     IdlePod,
     PodUsage,
     QueuedPod,
     QueueGroup,
+    Step,
     TeamQuota,
+    UsageState,
 )
 
 
@@ -25,29 +28,35 @@ def decisions(snap: Snapshot, policy: Policy) -> dict[str, Decision]:
     (nothing is written; the report only reads the plan)."""
     decided = plan(snap, policy)
     if decided.halted:
-        return {p.key: Decision("halted", "none", decided.halted) for p in snap.pods}
-    out = {v.pod: Decision(v.state, "none", "; ".join(v.reasons)) for v in decided.verdicts}
+        return {p.key: Decision(DecisionState.HALTED, Step.NONE, decided.halted)
+                for p in snap.pods}
+    out = {v.pod: Decision(DecisionState(v.state), Step.NONE, "; ".join(v.reasons))
+           for v in decided.verdicts}
     for action, why in decided.held_back:
-        out[action.pod.key] = Decision(out[action.pod.key].state, "held", why)
+        out[action.pod.key] = Decision(out[action.pod.key].state, Step.HELD, why)
     for a in decided.actions:
         kind = f"reclaim/{a.how}" if a.kind == ActionKind.RECLAIM else a.kind
         out[a.pod.key] = Decision(_state(decided, a.pod.key), kind, a.message)
+    for v in decided.verdicts:
+        if v.snoozed_until is not None:  # the owner's snooze, not the cleared marks, is news
+            out[v.pod] = Decision(DecisionState(v.state), Step.SNOOZED, "; ".join(v.reasons))
     return out
 
 
-def _state(decided: Plan, key: str) -> str:
-    return next((v.state for v in decided.verdicts if v.pod == key), "unknown")
+def _state(decided: Plan, key: str) -> DecisionState:
+    return next((DecisionState(v.state) for v in decided.verdicts if v.pod == key),
+                DecisionState.UNKNOWN)
 
 
 def top_idle(usages: list[PodUsage], snap: Snapshot, policy: Policy,
              top: int) -> tuple[IdlePod, ...]:
     """Pods present now with idle GPU-hours in the window, most idle GPU-hours first."""
-    ranked = sorted((u for u in usages if u.state != "gone" and u.idle_hours > 0),
+    ranked = sorted((u for u in usages if u.state != UsageState.GONE and u.idle_hours > 0),
                     key=lambda u: (-u.idle_hours, u.key))[:top]
     if not ranked:
         return ()
     decided = decisions(snap, policy)
-    missing = Decision("unknown", "none", "not in the reclaimer's snapshot")
+    missing = Decision(DecisionState.UNKNOWN, Step.NONE, "not in the reclaimer's snapshot")
     return tuple(IdlePod(
         namespace=u.namespace, pod=u.name, owner=u.owner, team=u.team, card=u.card, gpus=u.gpus,
         state=u.state, idle_since=u.idle_since, idle_gpu_hours=u.idle_hours,
@@ -77,7 +86,7 @@ def quotas(usages: list[PodUsage], snap: Snapshot, policy: Policy) -> tuple[Team
     """Every team with a quota or with GPUs: used, borrowed beyond quota, idle within quota."""
     over_uids = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers)
     over = {p.key for p in snap.pods if p.uid in over_uids}
-    present = [u for u in usages if u.state != "gone"]
+    present = [u for u in usages if u.state != UsageState.GONE]
     names = sorted(set(policy.teams) | {u.team for u in present})
     out = []
     for name in names:
@@ -88,6 +97,7 @@ def quotas(usages: list[PodUsage], snap: Snapshot, policy: Policy) -> tuple[Team
             used=float(sum(u.gpus for u in mine)),
             borrowed=float(sum(u.gpus for u in mine if u.key in over)),
             idle_within_quota=float(sum(u.gpus for u in mine
-                                        if u.state == "idle" and u.key not in over)),
-            idle_borrowed=float(sum(u.gpus for u in mine if u.state == "idle" and u.key in over))))
+                                        if u.state == UsageState.IDLE and u.key not in over)),
+            idle_borrowed=float(sum(u.gpus for u in mine
+                                    if u.state == UsageState.IDLE and u.key in over))))
     return tuple(out)

@@ -19,7 +19,7 @@ import msgspec
 
 from gpusteward.core.reclaim.model import Evidence, Rule
 from gpusteward.core.reclaim.rules import is_reading, judge, peak_of
-from gpusteward.core.report.model import PodUsage, Series, Window
+from gpusteward.core.report.model import PodUsage, Series, UsageState, Window
 from gpusteward.core.times import HOUR
 
 
@@ -127,12 +127,14 @@ def _count(tally: _Tally, facts: PodFacts, slot: _Slot | None, lo: float, dt: fl
     return busy
 
 
-def _state(facts: PodFacts, tally: _Tally, gpus_seen: int, span: float) -> tuple[str, str]:
+def _state(facts: PodFacts, tally: _Tally, gpus_seen: int,
+           span: float) -> tuple[UsageState, str]:
     """The reclaimer's own rule, judged on the whole window."""
     if facts.start is None:
-        return "gone", "left the cluster inside the window"
+        return UsageState.GONE, "left the cluster inside the window"
     coverage = tally.covered / tally.slots if tally.slots else 0.0
     evidence = Evidence(window=span, peak_percent=tally.peak, coverage=coverage,
                         gpus_seen=gpus_seen)
-    return judge(evidence, Rule(facts.threshold, span, facts.min_coverage, grace=0.0),
-                 facts.expected_series)
+    state, why = judge(evidence, Rule(facts.threshold, span, facts.min_coverage, grace=0.0),
+                       facts.expected_series)
+    return UsageState(state), why  # judge never answers protected

@@ -1,0 +1,194 @@
+"""Fleet view cost: 1,000 nodes x 8 GPUs on NVIDIA's DRA driver vs the same fleet on the device
+plugin.
+
+    python benchmarks/bench_fleetview.py [--nodes 1000] [--quick]
+
+The extender's fleet view is what its list+watch caches hold after decoding: Nodes and GPU Pods,
+plus on DRA ResourceSlices, DeviceClasses and ResourceClaims joined into them (core/dra.py).
+Both fleets have the same GPUs and the same 4 one-GPU pods per node: on the device plugin as
+`nvidia.com/gpu` allocatable and requests, on DRA as one ResourceSlice per node (the driver's
+device shape, gpusteward.sandbox.dra) and one allocated template claim per pod. We time a full
+re-list (decode every LIST body and rebuild the view: what a start or a 410 Gone costs; median
+of 5), one watch event each way (a pod bound; on DRA also its claim allocated), and measure the
+view's retained memory (tracemalloc, after the LIST bodies are freed) and the LIST bytes.
+In-process, no API server: its serving cost is not gpusteward's. Results:
+benchmarks/results/fleetview.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.fleetgen import node_json  # noqa: E402
+from gpusteward.core.dra import (  # noqa: E402
+    DraFleet,
+    WireClaim,
+    WireClass,
+    WireSlice,
+    slice_devices,
+    to_claim,
+    to_class,
+)
+from gpusteward.core.fleet import FleetStore  # noqa: E402
+from gpusteward.core.kubewire import WireNode, WirePod, to_node, to_pod  # noqa: E402
+from gpusteward.sandbox import dra  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RESOURCES = ("nvidia.com/gpu",)
+PRODUCT = "NVIDIA-H100-80GB-HBM3"
+PODS_PER_NODE = 4
+
+
+def pod_json(node: str, k: int, claims: bool) -> dict[str, Any]:
+    name = f"train-{node}-{k}"
+    container: dict[str, Any] = {"name": "main", "image": "registry.example/ml/train:1"}
+    spec: dict[str, Any] = {"nodeName": node, "containers": [container],
+                            "priorityClassName": "batch", "priority": 1000}
+    if claims:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+    else:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1"},
+                                  "requests": {"nvidia.com/gpu": "1"}}
+    return {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
+                         "labels": {"app": "train", "gpusteward.io/team": "ml"},
+                         "creationTimestamp": "2026-11-29T10:00:00Z"},
+            "spec": spec,
+            "status": {"phase": "Running", "conditions": [
+                {"type": "PodScheduled", "status": "True",
+                 "lastTransitionTime": "2026-11-29T10:00:01Z"}]}}
+
+
+def claim_json(node: str, k: int) -> dict[str, Any]:
+    pod = f"train-{node}-{k}"
+    return {"metadata": {"name": f"{pod}-gpu-abcde", "namespace": "ml",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod,
+                                              "uid": f"uid-{pod}", "controller": True}]},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": dra.GPU_CLASS, "allocationMode": "ExactCount",
+                "count": 1}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": dra.DRIVER, "pool": node, "device": f"gpu-{k}"}]}},
+                "reservedFor": [{"resource": "pods", "name": pod, "uid": f"uid-{pod}"}]}}
+
+
+def bodies(nodes: int, on_dra: bool) -> dict[str, bytes]:
+    """The LIST bodies' items, one JSON document per kind."""
+    names = [f"gpu-node-{i:05d}" for i in range(nodes)]
+    node_objs = [node_json(n, PRODUCT) for n in names]
+    if on_dra:  # the kubelet alone: no GPU allocatable, no GFD labels
+        for obj in node_objs:
+            obj["status"]["allocatable"].pop("nvidia.com/gpu")
+            obj["status"]["capacity"].pop("nvidia.com/gpu")
+            obj["metadata"]["labels"] = {k: v for k, v in obj["metadata"]["labels"].items()
+                                         if not k.startswith("nvidia.com/")}
+    out = {"nodes": msgspec.json.encode(node_objs),
+           "pods": msgspec.json.encode([pod_json(n, k, on_dra) for n in names
+                                        for k in range(PODS_PER_NODE)])}
+    if on_dra:
+        out["resourceslices"] = msgspec.json.encode([
+            dra.resource_slice(n, [dra.gpu_device(n, i, PRODUCT, 81559) for i in range(8)])
+            for n in names])
+        out["deviceclasses"] = msgspec.json.encode(dra.device_classes())
+        out["resourceclaims"] = msgspec.json.encode([claim_json(n, k) for n in names
+                                                     for k in range(PODS_PER_NODE)])
+    return out
+
+
+def build(raw: dict[str, bytes]) -> tuple[FleetStore, DraFleet]:
+    """Decode every body and rebuild the view, as a (re-)list of each watch does."""
+    store = FleetStore()
+    view = DraFleet(store)
+    if "resourceslices" in raw:
+        view.replace_slices({w.metadata.name: slice_devices(w, view.driver) for w in
+                             msgspec.json.decode(raw["resourceslices"], type=list[WireSlice])})
+        view.replace_classes(to_class(w, view.driver) for w in
+                             msgspec.json.decode(raw["deviceclasses"], type=list[WireClass]))
+        view.replace_claims(to_claim(w, view.driver) for w in
+                            msgspec.json.decode(raw["resourceclaims"], type=list[WireClaim]))
+    view.replace_all(
+        [to_node(w, RESOURCES) for w in msgspec.json.decode(raw["nodes"], type=list[WireNode])],
+        [to_pod(w, RESOURCES) for w in msgspec.json.decode(raw["pods"], type=list[WirePod])])
+    return store, view
+
+
+def timed(fn: Callable[[], Any], runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def retained_mb(raw: dict[str, bytes]) -> float:
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    view = build(raw)
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del view
+    return (after - before) / 1e6
+
+
+def event_us(raw: dict[str, bytes], on_dra: bool, runs: int) -> float:
+    """One pod bound (and on DRA its claim allocated), applied as the watches apply it."""
+    store, view = build(raw)
+    pod = msgspec.json.encode(pod_json("gpu-node-00000", 7, on_dra))
+    claim = msgspec.json.encode(claim_json("gpu-node-00000", 7))
+
+    def apply() -> None:
+        view.upsert_pod(to_pod(msgspec.json.decode(pod, type=WirePod), RESOURCES))
+        if on_dra:
+            w = msgspec.json.decode(claim, type=WireClaim)
+            view.set_claim(f"{w.metadata.namespace}/{w.metadata.name}", to_claim(w, view.driver))
+    return 1e6 * timed(apply, runs)
+
+
+def measure(nodes: int, on_dra: bool, runs: int) -> dict[str, Any]:
+    raw = bodies(nodes, on_dra)
+    store, _ = build(raw)
+    assert sum(n.gpus for n in store.nodes.values()) == 8 * nodes
+    assert sum(p.gpus for p in store.pods.values()) == PODS_PER_NODE * nodes
+    return {"mode": "dra" if on_dra else "device-plugin", "nodes": nodes, "gpus": 8 * nodes,
+            "pods": PODS_PER_NODE * nodes,
+            "list_mb": {k: len(v) / 1e6 for k, v in raw.items()},
+            "relist_ms": 1000 * timed(lambda: build(raw), runs),
+            "retained_mb": retained_mb(raw), "event_us": event_us(raw, on_dra, 200)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--quick", action="store_true", help="tiny size, no results written")
+    args = parser.parse_args()
+    nodes, runs = (20, 1) if args.quick else (args.nodes, 5)
+    results = [measure(nodes, on_dra, runs) for on_dra in (False, True)]
+    for r in results:
+        print(f"{r['mode']:>13}: re-list {r['relist_ms']:.0f} ms, retained "
+              f"{r['retained_mb']:.1f} MB, one watch event {r['event_us']:.0f} us, LIST "
+              f"{sum(r['list_mb'].values()):.1f} MB")
+    if not args.quick:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "fleetview.json").write_text(json.dumps({
+            "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+            "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The history a what-if replay steps through, read from Prometheus: kube-state-metrics' pod
+series joined with the DCGM series by the one attribution rule (core/attribution.py).
+
+Every query is a range query over a whole series set, one per kind of fact and time chunk, so
+the number of queries is ``len(QUERIES) * chunks`` whatever the number of pods, GPUs or steps:
+
+* per step (``[step]`` ranges, so a step covers ``(t - step, t]``): which pods existed and on
+  which node (``kube_pod_info``), their phase (``kube_pod_status_phase``), and each GPU's peak
+  and sample count, by the live reclaimer's own evidence PromQL at a window of one step
+  (``adapters.snapshot.evidence_queries``);
+* once per chunk (``last_over_time`` over the chunk): GPU requests
+  (``kube_pod_container_resource_requests``), owners (``kube_pod_owner``), allow-listed labels
+  (``kube_pod_labels``), creation times (``kube_pod_created``) and each GPU's model name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.adapters.historyfold import Facts, Series, ksm_resource
+from gpusteward.adapters.prometheus import WHOLE_GPU_UTIL, PrometheusSource, keeping
+from gpusteward.adapters.snapshot import evidence_queries
+from gpusteward.core.dcgm import ENGINE_ACTIVE
+from gpusteward.core.policy import Policy
+from gpusteward.core.times import HOUR
+from gpusteward.core.whatif.history import Grid, History
+
+CHUNK = 6 * HOUR  # a range query's span: 360 points per series at a 60 s step
+
+
+def queries(policy: Policy, step: float, chunk: float) -> dict[str, str]:
+    s, c = f"{int(step)}s", f"{int(chunk + step)}s"
+    resources = "|".join(re.escape(ksm_resource(r)) for r in policy.resources)
+    peak, count = evidence_queries(step, policy.telemetry.node_labels)
+    return {
+        "info": "max by (namespace, pod, uid, node, priority_class) "
+                f"(max_over_time(kube_pod_info[{s}]))",
+        "phase": 'max by (uid, phase) (max_over_time(kube_pod_status_phase'
+                 f'{{phase=~"Pending|Running"}}[{s}])) == 1',
+        "peak": peak,
+        "count": count,
+        # summed over containers; the series of one pod before and after binding differ in
+        # their node label, so the largest of those sums
+        "gpus": f'max by (uid, resource) (sum by (uid, resource, node) (last_over_time('
+                f'kube_pod_container_resource_requests{{resource=~"{resources}"}}[{c}])))',
+        "owner": 'max by (uid, owner_kind, owner_name) (last_over_time(kube_pod_owner'
+                 f'{{owner_is_controller="true"}}[{c}]))',
+        "labels": f"last_over_time(kube_pod_labels[{c}])",
+        "created": f"max by (uid) (last_over_time(kube_pod_created[{c}]))",
+        "model": keeping(["UUID", "gpu", "GPU_I_ID", "modelName", *policy.telemetry.node_labels])
+                 + f"(last_over_time({WHOLE_GPU_UTIL}[{c}])"
+                 + f" or last_over_time({ENGINE_ACTIVE}[{c}]))",
+    }
+
+
+PER_STEP = ("info", "phase", "peak", "count")
+
+
+class HistoryReader:
+    def __init__(self, prometheus: PrometheusSource, policy: Policy, chunk: float = CHUNK):
+        self.prometheus = prometheus
+        self.policy = policy
+        self.step = float(policy.reclaim.interval)
+        self.chunk = max(chunk, self.step)
+        self.queries = queries(policy, self.step, self.chunk)
+
+    async def read(self, start: float, end: float) -> History:
+        grid = Grid(start, self.step, int((end - start) // self.step) + 1)
+        facts = Facts(grid, self.policy.telemetry.node_labels)
+        for a in range(0, grid.steps, max(1, int(self.chunk // self.step))):
+            b = min(grid.steps - 1, a + int(self.chunk // self.step) - 1)
+            for name, promql in self.queries.items():
+                first = a if name in PER_STEP else b
+                rows = await self.prometheus.query_range(
+                    promql, grid.time(first), grid.time(b), self.step)
+                facts.add(name, _decode(rows))
+        return facts.history(self.policy)
+
+
+def _decode(rows: list[dict[str, Any]]) -> list[Series]:
+    try:
+        return [Series(r["metric"], r["values"]) for r in rows]
+    except (KeyError, TypeError) as e:
+        raise TelemetryUnavailable(f"prometheus answered a range query with {e!r} missing") from e

@@ -1,0 +1,226 @@
+"""Resolve every GPU pod to the top-most owner gpusteward knows, and how that owner is stopped.
+
+The chain is walked through controller references (Pod -> ReplicaSet -> Deployment, Pod -> Job
+-> JobSet -> TrainJob, Pod -> StatefulSet -> Notebook, worker Pod -> StatefulSet -> leader Pod ->
+StatefulSet -> LeaderWorkerSet ...). Built-in kinds come from the snapshot's LISTs; an owner of a
+known custom kind (core.reclaim.kinds) is read with one GET, cached for the cycle. The walk stops
+at a kind gpusteward does not know: that kind is the owner, and it is blocked, not evicted.
+
+Optional kinds cost nothing where they are absent: Kueue Workloads are listed only for pods
+labelled with a Kueue queue and only where the API server serves kueue.x-k8s.io; HPAs are listed
+only when a scalable owner is found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpusteward.adapters.errors import KubeError
+from gpusteward.adapters.kube import list_raw
+from gpusteward.adapters.stopper import Switches
+from gpusteward.core.kubewire import Meta, WirePod
+from gpusteward.core.model import OwnerRef, Pod
+from gpusteward.core.reclaim import kinds
+from gpusteward.core.reclaim.model import REPLICAS_BEFORE, SNOOZE_UNTIL, Owner, Switch
+
+MAX_HOPS = 8  # controller chains are short; a longer one is a loop or a mistake
+HPA_PATH = "/apis/autoscaling/v2/horizontalpodautoscalers"
+KEDA = ("keda.sh", "ScaledObject")  # KEDA makes itself the HPA's controller (keda hpa.go)
+
+
+class Link(msgspec.Struct, frozen=True):
+    """One object in a controller chain."""
+
+    kind: str
+    group: str
+    version: str
+    namespace: str
+    name: str
+    uid: str = ""
+    labels: Mapping[str, str] = msgspec.field(default_factory=dict)
+    annotations: Mapping[str, str] = msgspec.field(default_factory=dict)
+    controller: OwnerRef | None = None
+    obj: Mapping[str, Any] | None = None  # the raw object of a custom kind
+    spec: Any = None  # a listed built-in's spec (replicas, suspend)
+
+
+def link_of(kind: str, group: str, version: str, meta: Meta, spec: Any = None,
+            obj: Mapping[str, Any] | None = None) -> Link:
+    return Link(kind, group, version, meta.namespace, meta.name, meta.uid, meta.labels or {},
+                meta.annotations or {},
+                next((o for o in meta.owner_references or () if o.controller), None), obj, spec)
+
+
+class OwnerChains:
+    """One resolution per snapshot; counts its API calls like the SnapshotReader."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.switches = Switches(api)
+        self.api_calls = 0
+
+    async def resolve(self, pods: Iterable[Pod], wires: Sequence[WirePod],
+                      listed: Iterable[Link]) -> dict[str, Owner]:
+        """pod uid -> the owner to act on."""
+        self._known = {link.uid: link for link in listed}
+        self._known |= {w.metadata.uid: link_of("Pod", "", "v1", w.metadata) for w in wires}
+        self._fetched: dict[str, Link | None] = {}
+        self._workloads: list[Mapping[str, Any]] | None = None
+        self._hpas: list[Mapping[str, Any]] | None = None
+        tops: dict[str, Owner] = {}
+        for pod in pods:
+            chain = await self._chain(pod)
+            if len(chain) > 1 or kinds.KUEUE_QUEUE in pod.labels:  # Kueue admits bare pods too
+                tops[pod.uid] = await self._owner(chain)
+        members: dict[tuple[str, str | None], list[str]] = {}
+        for uid, o in tops.items():
+            members.setdefault(_key(o), []).append(uid)
+        return {uid: msgspec.structs.replace(o, pods=tuple(members[_key(o)]))
+                for uid, o in tops.items()}
+
+    async def _chain(self, pod: Pod) -> list[Link]:
+        chain = [self._known.get(pod.uid) or Link("Pod", "", "v1", pod.namespace, pod.name,
+                                                  pod.uid, pod.labels, pod.annotations,
+                                                  pod.controller)]
+        for _ in range(MAX_HOPS):
+            ref = chain[-1].controller
+            if ref is None:
+                break
+            group = kinds.group_of(ref.api_version) or kinds.BUILT_IN.get(ref.kind, "")
+            version = ref.api_version.rpartition("/")[2]
+            here = Link(ref.kind, group, version, pod.namespace, ref.name, ref.uid)
+            found = (await self._read(here) if kinds.walkable(group, ref.kind) else None)
+            chain.append(found or here)
+            if found is None:
+                break
+        return chain
+
+    async def _read(self, ref: Link) -> Link | None:
+        """A built-in from the LISTs (or the pods); a known custom kind by GET, once a cycle."""
+        if ref.uid in self._known:
+            return self._known[ref.uid]
+        k = kinds.known(ref.group, ref.kind)
+        if k is None:
+            return None
+        if ref.uid not in self._fetched:
+            obj = await self._get_json(f"/apis/{ref.group}/{ref.version}/namespaces/"
+                                       f"{ref.namespace}/{k.plural}/{ref.name}")
+            meta = msgspec.convert((obj or {}).get("metadata", {}), Meta)
+            self._fetched[ref.uid] = (link_of(ref.kind, ref.group, ref.version, meta, obj=obj)
+                                      if obj is not None and meta.uid == ref.uid else None)
+        return self._fetched[ref.uid]
+
+    async def _owner(self, chain: list[Link]) -> Owner:
+        top = chain[-1]
+        base = Owner(top.kind, top.namespace, top.name, group=top.group, version=top.version,
+                     snooze=top.annotations.get(SNOOZE_UNTIL))
+        queue = next((c.labels[kinds.KUEUE_QUEUE] for c in chain if kinds.KUEUE_QUEUE in
+                      c.labels), None)
+        if queue is not None and (kueue := await self._kueue(chain, base, queue)) is not None:
+            return kueue
+        if (top.group, top.kind) in kinds.NO_SWITCH:
+            return msgspec.structs.replace(base, blocked=kinds.unsupported(top.group, top.kind))
+        if not kinds.walkable(top.group, top.kind):
+            return base  # the policy's ownerActions.unknown decides: block by default
+        k = kinds.known(top.group, top.kind)
+        scalable = k is not None and k.how == kinds.SCALE or (
+            top.group == "apps" and top.kind in ("Deployment", "StatefulSet"))
+        if scalable and (auto := await self._autoscaled(top, base)) is not None:
+            return auto
+        if k is None:
+            return msgspec.structs.replace(base, in_progress=_built_in_in_progress(top))
+        stopped = (REPLICAS_BEFORE in top.annotations if k.how == kinds.SCALE
+                   else top.obj is not None and kinds.switched_off(k, top.obj))
+        return msgspec.structs.replace(base, how=k.how, in_progress=stopped)
+
+    async def _kueue(self, chain: list[Link], base: Owner, queue: str) -> Owner | None:
+        """The Workload Kueue made for the top-most object of the chain it manages; None where
+        Kueue is not installed. Never the Job's suspend: Kueue owns that field."""
+        workloads = await self._kueue_workloads()
+        if workloads is None:
+            return None
+        for link in reversed(chain):
+            for wl in workloads:
+                meta = wl.get("metadata", {})
+                if (meta.get("namespace") == link.namespace and
+                        (meta.get("labels") or {}).get(kinds.KUEUE_JOB_UID) == link.uid):
+                    k = kinds.known("kueue.x-k8s.io", "Workload")
+                    assert k is not None
+                    version = wl.get("apiVersion", "").rpartition("/")[2]
+                    return msgspec.structs.replace(
+                        base, how=kinds.DEACTIVATE, in_progress=kinds.switched_off(k, wl),
+                        via=Switch("Workload", k.group, version, meta.get("name", "")))
+        return msgspec.structs.replace(
+            base, blocked=f"Kueue-managed (queue {queue}) but Kueue has no Workload for it "
+                          f"yet; its suspend is Kueue's to set")
+
+    async def _kueue_workloads(self) -> list[Mapping[str, Any]] | None:
+        if self._workloads is None:
+            version = await self._served("kueue.x-k8s.io")
+            self._workloads = [] if version is None else await self._list(
+                f"/apis/kueue.x-k8s.io/{version}/workloads")
+            if version is None:
+                return None
+        return self._workloads
+
+    async def _autoscaled(self, top: Link, base: Owner) -> Owner | None:
+        """An HPA on the owner would undo a scale-down: pause KEDA's ScaledObject at zero
+        replicas where KEDA drives the HPA, else block."""
+        if self._hpas is None:
+            self._hpas = await self._list(HPA_PATH)
+        for hpa in self._hpas:
+            meta, ref = hpa.get("metadata", {}), hpa.get("spec", {}).get("scaleTargetRef", {})
+            if (meta.get("namespace") != top.namespace or ref.get("kind") != top.kind or
+                    ref.get("name") != top.name or
+                    kinds.group_of(ref.get("apiVersion", "")) != top.group):
+                continue
+            by: Mapping[str, Any] = next(
+                (o for o in meta.get("ownerReferences") or () if o.get("controller")), {})
+            if (kinds.group_of(by.get("apiVersion", "")), by.get("kind")) == KEDA:
+                version = by["apiVersion"].rpartition("/")[2]
+                return msgspec.structs.replace(
+                    base, how=kinds.PAUSE, via=Switch(KEDA[1], KEDA[0], version, by["name"]))
+            return msgspec.structs.replace(
+                base, blocked=f"driven by HorizontalPodAutoscaler {meta.get('name')}, which "
+                              f"would undo a scale-down")
+        return None
+
+    async def _served(self, group: str) -> str | None:
+        self.api_calls += 1
+        return await self.switches.served(group)
+
+    async def _list(self, path: str) -> list[Mapping[str, Any]]:
+        self.api_calls += 1
+        try:
+            items, _ = await list_raw(self.api, path)
+        except KubeError as e:
+            if e.status == 404:
+                return []
+            raise
+        return [msgspec.json.decode(i) for i in items]
+
+    async def _get_json(self, path: str) -> dict[str, Any] | None:
+        self.api_calls += 1
+        try:
+            return await self.switches.get(path)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise KubeError(f"GET {path}: HTTP {e.status}: {e.reason}", e.status) from e
+
+
+def _key(o: Owner) -> tuple[str, str | None]:
+    return (f"{o.group}/{o.kind}/{o.namespace}/{o.name}", o.via.name if o.via else None)
+
+
+def _built_in_in_progress(top: Link) -> bool:
+    if top.spec is None:
+        return False
+    if top.kind == "Job":
+        return bool(top.spec.suspend)
+    return top.kind in ("Deployment", "StatefulSet") and REPLICAS_BEFORE in top.annotations

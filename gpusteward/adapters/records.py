@@ -1,0 +1,138 @@
+"""Records the reclaimer keeps beside its Lease, one ConfigMap key each: snooze sightings
+(``<lease>-snoozes``) and notifications (``<lease>-notifications``). Like the per-hour ledger,
+only the Lease holder writes, and every write carries the resourceVersion of the last read or
+write, so a write after someone else's fails with ``RecordsConflict`` instead of undoing it.
+
+Also: Events about the objects the records concern (a Deployment's snooze, a Job's restore).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpusteward.adapters.errors import KubeError
+from gpusteward.adapters.kube import raw_get
+from gpusteward.core.kubewire import Meta
+
+log = logging.getLogger("gpusteward.reclaimer.records")
+
+CALL_TIMEOUT = 30.0
+T = TypeVar("T")
+
+
+class RecordsError(KubeError):
+    """The ConfigMap could not be read or written, or holds something unreadable."""
+
+
+class RecordsConflict(RecordsError):
+    """Written by someone else since this replica's last read: read again."""
+
+
+class ConfigMapRecords(Generic[T]):
+    def __init__(self, api: client.ApiClient, namespace: str, name: str, item: type[T]) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace, self.name = namespace, name
+        self.version: str | None = None  # resourceVersion of the last read or write
+        self._decode = msgspec.json.Decoder(list[item]).decode  # type: ignore[valid-type]
+
+    @property
+    def where(self) -> str:
+        return f"ConfigMap {self.namespace}/{self.name}"
+
+    async def load(self) -> list[T]:
+        try:
+            cm = await self.core.read_namespaced_config_map(self.name, self.namespace,
+                                                            _request_timeout=CALL_TIMEOUT)
+        except ApiException as e:
+            if e.status == 404:
+                self.version = None
+                return []
+            raise RecordsError(f"reading {self.where}: HTTP {e.status} {e.reason}",
+                               e.status) from e
+        self.version = cm.metadata.resource_version
+        try:
+            return list(self._decode((cm.data or {}).get("records") or "[]"))
+        except msgspec.DecodeError as e:
+            raise RecordsError(f"{self.where} key 'records' is unreadable: {e}") from e
+
+    async def save(self, items: list[T]) -> None:
+        data = {"records": msgspec.json.encode(items).decode()}
+        try:
+            if self.version is None:
+                body: Any = {"metadata": {"name": self.name, "labels": {
+                    "app.kubernetes.io/name": "gpusteward",
+                    "app.kubernetes.io/component": "reclaimer"}}, "data": data}
+                cm = await self.core.create_namespaced_config_map(self.namespace, body,
+                                                                  _request_timeout=CALL_TIMEOUT)
+            else:
+                cm = await self.core.patch_namespaced_config_map(
+                    self.name, self.namespace,
+                    {"metadata": {"resourceVersion": self.version}, "data": data},
+                    _request_timeout=CALL_TIMEOUT)
+        except ApiException as e:
+            if e.status in (404, 409):
+                raise RecordsConflict(f"{self.where} changed by someone else (HTTP {e.status})",
+                                      e.status) from e
+            raise RecordsError(f"writing {self.where}: HTTP {e.status} {e.reason}",
+                               e.status) from e
+        self.version = cm.metadata.resource_version
+
+
+class _Object(msgspec.Struct):
+    metadata: Meta = msgspec.field(default_factory=Meta)
+
+
+_uid_of = msgspec.json.Decoder(_Object).decode
+
+API_VERSION = {"Pod": "v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1",
+               "ReplicaSet": "apps/v1", "Job": "batch/v1"}
+
+
+class ObjectEvents:
+    """Events on any namespaced object, named ``namespace/Kind/name`` (an Owner key)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.instance = socket.gethostname()
+
+    async def emit(self, workload: str, reason: str, message: str, warning: bool = False) -> None:
+        """Best effort: a refused Event is logged, never raised."""
+        namespace, kind, name = workload.split("/", 2)
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body: Any = {
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {"kind": kind, "namespace": namespace, "name": name,
+                               "apiVersion": API_VERSION.get(kind, "v1"),
+                               "uid": await self._uid(namespace, kind, name)},
+            "reason": reason, "message": message[:1000],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "gpusteward-reclaimer"},
+            "reportingComponent": "gpusteward-reclaimer", "reportingInstance": self.instance,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        try:
+            await self.core.create_namespaced_event(namespace, body, _request_timeout=CALL_TIMEOUT)
+        except ApiException as e:
+            log.error("Event %s on %s not created: HTTP %s %s (grant 'create events')", reason,
+                      workload, e.status, e.reason)
+
+    async def _uid(self, namespace: str, kind: str, name: str) -> str:
+        """The object's uid, so `kubectl describe` lists the Event; "" when it cannot be read."""
+        group = API_VERSION.get(kind, "v1")
+        prefix = "/api/v1" if group == "v1" else f"/apis/{group}"
+        path = f"{prefix}/namespaces/{namespace}/{kind.lower()}s/{name}"
+        try:
+            resp = await raw_get(self.api, path, [], timeout=CALL_TIMEOUT)
+            async with resp:
+                body = await resp.read() if resp.status == 200 else b"{}"
+        except (aiohttp.ClientError, TimeoutError):
+            return ""
+        return _uid_of(body).metadata.uid or ""

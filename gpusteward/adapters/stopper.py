@@ -1,0 +1,105 @@
+"""Stop an owner through its own switch (core.reclaim.kinds) and bring it back: merge patches on
+the owner (or on the object that holds its switch: a Kueue Workload, a KEDA ScaledObject), and the
+scale subresource for owners that serve one. Failures surface as ApiException, like the typed
+clients', so the actor reports them the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpusteward.adapters.kube import raw_get
+from gpusteward.core.reclaim import kinds
+from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Owner
+
+CALL_TIMEOUT = 30
+MERGE = "application/merge-patch+json"
+
+
+def object_path(group: str, version: str, namespace: str, plural: str, name: str) -> str:
+    return f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
+
+
+def switch_path(owner: Owner) -> str:
+    """Where the owner's switch lives: its Workload or ScaledObject, else the owner."""
+    if owner.via is not None:
+        plural = "scaledobjects" if owner.via.kind == "ScaledObject" else "workloads"
+        return object_path(owner.via.group, owner.via.version, owner.namespace, plural,
+                           owner.via.name)
+    k = kinds.known(owner.group, owner.kind)
+    if k is None:
+        raise ValueError(f"no switch known for {owner.kind}.{owner.group}")
+    return object_path(owner.group, owner.version, owner.namespace, k.plural, owner.name)
+
+
+class Switches:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    async def stop(self, owner: Owner, reason: str, at: str) -> None:
+        path = switch_path(owner)
+        record = kinds.reclaim_record(reason, at)
+        if owner.how == kinds.PAUSE:
+            await self.patch(path, {"metadata": {"annotations": {
+                kinds.KEDA_PAUSED_REPLICAS: "0", **record}}})
+        elif owner.how == kinds.SCALE:
+            await self.scale_to_zero(path, reason, at)
+        else:
+            k = kinds.known(owner.via.group, owner.via.kind) if owner.via else kinds.known(
+                owner.group, owner.kind)
+            assert k is not None
+            await self.patch(path, kinds.stop_patch(k, reason, at))
+
+    async def scale_to_zero(self, path: str, reason: str, at: str) -> None:
+        """The count is recorded on the owner first, then the scale subresource set to zero: a
+        failure in between leaves a record restore refuses (replicas not 0), never a lost count."""
+        scale = await self.get(f"{path}/scale")
+        before = int(scale.get("spec", {}).get("replicas") or 0)
+        await self.patch(path, {"metadata": {
+            "resourceVersion": scale["metadata"]["resourceVersion"],
+            "annotations": {REPLICAS_BEFORE: str(before),
+                            **kinds.reclaim_record(f"{reason}: scaled from {before} to 0", at)}}})
+        await self.patch(f"{path}/scale", {"spec": {"replicas": 0}})
+
+    async def served(self, group: str) -> str | None:
+        """The group's preferred version; None where the API server does not serve it."""
+        resp = await raw_get(self.api, f"/apis/{group}", [], timeout=CALL_TIMEOUT)
+        async with resp:
+            body = await resp.read()
+            if resp.status == 404:
+                return None
+            _raise_for(resp.status, body)
+        version: str | None = msgspec.json.decode(body).get("preferredVersion", {}).get(
+            "version")
+        return version
+
+    async def get(self, path: str) -> dict[str, Any]:
+        resp = await raw_get(self.api, path, [], timeout=CALL_TIMEOUT)
+        async with resp:
+            body = await resp.read()
+            _raise_for(resp.status, body)
+        found: dict[str, Any] = msgspec.json.decode(body)
+        return found
+
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = await self.api.call_api(
+            path, "PATCH", body=body, auth_settings=["BearerToken"], _preload_content=False,
+            _request_timeout=CALL_TIMEOUT,
+            header_params={"Content-Type": MERGE, "Accept": "application/json"})
+        async with resp:
+            data = await resp.read()
+            _raise_for(resp.status, data)
+        found: dict[str, Any] = msgspec.json.decode(data)
+        return found
+
+
+def _raise_for(status: int, body: bytes) -> None:
+    if status >= 300:
+        try:
+            message = msgspec.json.decode(body).get("message", "")
+        except (msgspec.DecodeError, AttributeError):
+            message = body[:200].decode(errors="replace")
+        raise ApiException(status=status, reason=message)

@@ -1,0 +1,179 @@
+"""How each kind of owner is stopped and brought back through its own, reversible mechanism.
+
+Acting below the top-level owner fights its controller (an evicted RayCluster pod is recreated at
+once; a StatefulSet scaled down under a Notebook is scaled back; a Kueue-managed Job's `suspend`
+is Kueue's to write), so the reclaimer acts on the top-most owner it knows, through the owner's
+own switch. Every field and annotation below was checked against the upstream API named beside
+it. Pure: the snapshot reader walks the chain and reads the objects; this module says what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT, How
+
+# The mechanisms (Action.how) beyond the built-in Pod/Job/Deployment/StatefulSet ones.
+SUSPEND, SCALE, DEACTIVATE = How.SUSPEND, How.SCALE, How.DEACTIVATE
+STOP, PAUSE, BLOCK = How.STOP, How.PAUSE, How.BLOCK
+# Act on a whole workload: only when all its pods are idle.
+WHOLE_OWNER = frozenset({SUSPEND, SCALE, DEACTIVATE, STOP, PAUSE})
+
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # kueue apis/kueue/v1beta2/constants.go
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # kueue pkg/controller/constants: on the Workload
+KEDA_PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"  # keda.sh docs: "Pause autoscaling"
+NOTEBOOK_STOPPED = "kubeflow-resource-stopped"  # kubeflow notebook-controller culling_controller
+NOTEBOOK_LAST_ACTIVITY = "notebooks.kubeflow.org/last-activity"  # same file
+KSERVE_STOP = "serving.kserve.io/stop"  # kserve pkg/constants StopAnnotationKey, "true"/"false"
+
+
+class Kind(msgspec.Struct, frozen=True):
+    """One owner kind gpusteward knows: its resource, and the switch that stops it.
+
+    ``field``: the spec path set to true to stop it (false to restore); ``annotation``: the
+    annotation set to stop it; ``scale``: stopped through the scale subresource. ``stopped``: the
+    status that says the owner has let its pods go (None: the switch itself says so)."""
+
+    group: str
+    kind: str
+    plural: str
+    how: How
+    field: tuple[str, ...] = ()
+    annotation: str = ""
+    stopped: tuple[str, str] | None = None  # (status path "a.b" or condition type, value)
+    source: str = ""
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("jobset.x-k8s.io", "JobSet", "jobsets", SUSPEND, ("spec", "suspend"),
+         source="kubernetes-sigs/jobset api/jobset/v1alpha2 JobSetSpec.Suspend"),
+    Kind("trainer.kubeflow.org", "TrainJob", "trainjobs", SUSPEND, ("spec", "suspend"),
+         source="kubeflow/trainer pkg/apis/trainer/v1alpha1 TrainJobSpec.Suspend"),
+    Kind("kubeflow.org", "PyTorchJob", "pytorchjobs", SUSPEND, ("spec", "runPolicy", "suspend"),
+         source="kubeflow/training-operator pkg/apis/kubeflow.org/v1 RunPolicy.Suspend"),
+    Kind("ray.io", "RayCluster", "rayclusters", SUSPEND, ("spec", "suspend"),
+         stopped=("condition", "RayClusterSuspended"),
+         source="kuberay ray-operator v1.5.0 apis/ray/v1/raycluster_types.go"),
+    Kind("ray.io", "RayJob", "rayjobs", SUSPEND, ("spec", "suspend"),
+         stopped=("status.jobDeploymentStatus", "Suspended"),
+         source="kuberay ray-operator v1.5.0 apis/ray/v1/rayjob_types.go"),
+    Kind("kubeflow.org", "Notebook", "notebooks", STOP, annotation=NOTEBOOK_STOPPED,
+         source="kubeflow/kubeflow components/notebook-controller culling_controller.go"),
+    Kind("serving.kserve.io", "InferenceService", "inferenceservices", STOP,
+         annotation=KSERVE_STOP, source="kserve pkg/constants StopAnnotationKey"),
+    Kind("serving.kserve.io", "LLMInferenceService", "llminferenceservices", STOP,
+         annotation=KSERVE_STOP, source="kserve pkg/constants StopAnnotationKey"),
+    Kind("leaderworkerset.x-k8s.io", "LeaderWorkerSet", "leaderworkersets", SCALE,
+         source="kubernetes-sigs/lws: the CRD serves the scale subresource (HPA docs)"),
+    Kind("kueue.x-k8s.io", "Workload", "workloads", DEACTIVATE, ("spec", "active"),
+         source="kueue v0.17.0 apis/kueue/v1beta2/workload_types.go WorkloadSpec.Active"),
+)
+# Kinds the reclaimer already acts on through typed clients (core group, apps, batch).
+BUILT_IN = {"Pod": "", "ReplicaSet": "apps", "Deployment": "apps", "StatefulSet": "apps",
+            "DaemonSet": "apps", "Job": "batch"}
+# Kinds with a reason instead of a mechanism.
+NO_SWITCH = {("ray.io", "RayService"): "RayService has no spec.suspend (kuberay v1.5.0)"}
+
+
+def group_of(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+def known(group: str, kind: str) -> Kind | None:
+    return next((k for k in KINDS if k.group == group and k.kind == kind), None)
+
+
+def by_kind(name: str) -> list[Kind]:
+    """Kinds a user may name as KIND or KIND.GROUP (the restore command)."""
+    kind, _, group = name.partition(".")
+    return [k for k in KINDS if k.kind == kind and (not group or k.group == group)]
+
+
+def walkable(group: str, kind: str) -> bool:
+    """Whether the chain may be followed through an object of this kind (gpusteward can read it
+    and knows what its controller does)."""
+    return BUILT_IN.get(kind) == group or known(group, kind) is not None
+
+
+def unsupported(group: str, kind: str) -> str:
+    """Why an owner of this kind cannot be stopped; empty when it can (or is built in)."""
+    if (group, kind) in NO_SWITCH:
+        return NO_SWITCH[(group, kind)]
+    if walkable(group, kind):
+        return ""
+    return f"unsupported owner {kind}" + (f".{group}" if group else "")
+
+
+def stop_patch(k: Kind, reason: str, stamp: str) -> dict[str, Any]:
+    """The merge patch that stops an owner of kind k, recording why and when."""
+    body: dict[str, Any] = {"metadata": {"annotations": reclaim_record(reason, stamp)}}
+    if k.field:
+        _set(body, k.field, k.how != DEACTIVATE)  # Workload.active=false; suspend=true
+    if k.annotation:
+        body["metadata"]["annotations"][k.annotation] = (
+            stamp if k.annotation == NOTEBOOK_STOPPED else "true")
+    return body
+
+
+def restore_patch(k: Kind, stamp: str) -> dict[str, Any]:
+    """The merge patch that undoes stop_patch: the switch back, gpusteward's record removed; a
+    Notebook's last activity refreshed so its culler does not stop it again at once."""
+    body: dict[str, Any] = {"metadata": {"annotations": dict.fromkeys(RECORD)}}
+    if k.field:
+        _set(body, k.field, k.how == DEACTIVATE)
+    if k.annotation == NOTEBOOK_STOPPED:
+        body["metadata"]["annotations"] |= {NOTEBOOK_STOPPED: None, NOTEBOOK_LAST_ACTIVITY: stamp}
+    elif k.annotation:
+        body["metadata"]["annotations"][k.annotation] = "false"
+    return body
+
+
+RECORD = (RECLAIM_REASON, RECLAIMED_AT)
+
+
+def reclaim_record(reason: str, stamp: str) -> dict[str, str | None]:
+    return {RECLAIM_REASON: reason, RECLAIMED_AT: stamp}
+
+
+def switched_off(k: Kind, obj: Mapping[str, Any]) -> bool:
+    """Whether the owner's switch is in the stopped position (the stop was asked for)."""
+    if k.field:
+        value = _get(obj, k.field)
+        return value is False if k.how == DEACTIVATE else value is True
+    if k.annotation:
+        value = (obj.get("metadata", {}).get("annotations") or {}).get(k.annotation)
+        return value is not None and (k.annotation == NOTEBOOK_STOPPED or value == "true")
+    return False
+
+
+def let_go(k: Kind, obj: Mapping[str, Any]) -> bool:
+    """Whether the owner reports its pods gone (RayCluster: the RayClusterSuspended condition;
+    RayJob: jobDeploymentStatus Suspended). Kinds without such a status: the switch suffices."""
+    if not switched_off(k, obj):
+        return False
+    if k.stopped is None:
+        return True
+    where, want = k.stopped
+    if where == "condition":
+        conditions = obj.get("status", {}).get("conditions") or []
+        return any(c.get("type") == want and c.get("status") == "True" for c in conditions)
+    return _get(obj, ("status", *where.split(".")[1:])) == want
+
+
+def _set(body: dict[str, Any], path: tuple[str, ...], value: object) -> None:
+    node = body
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+
+
+def _get(obj: Mapping[str, Any], path: tuple[str, ...]) -> object:
+    node: Any = obj
+    for part in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node

@@ -1,0 +1,1 @@
+"""What-if replay: the reclaimer's own decision, stepped through recorded history."""

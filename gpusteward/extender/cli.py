@@ -1,0 +1,88 @@
+"""``gpusteward extender``: its flags, the typed settings they make, and the run.
+
+Wired into the main command by ``gpusteward.cli`` through ``add_extender_parser`` and
+``run_extender``; ``serve.build_extender`` and ``serve.serve`` take the settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpusteward.adapters.connectflags import (
+    add_connection_flags,
+    hostport,
+    prometheus_connection,
+    whole_number,
+)
+from gpusteward.core.policy import Policy, load_policy
+
+if TYPE_CHECKING:
+    from gpusteward.adapters.promconnection import PrometheusConnection
+
+__all__ = ["ExtenderSettings", "TlsFiles", "add_extender_parser", "run_extender"]
+
+
+def add_extender_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("extender", help="serve the kube-scheduler HTTP extender")
+    p.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file")
+    p.add_argument("--listen", type=hostport, default="0.0.0.0:8888", metavar="HOST:PORT",
+                   help="address the scheduler calls")
+    p.add_argument("--max-body-mb", type=whole_number(1, "MiB"), default=32,
+                   help="largest request body accepted (full-node mode sends whole Nodes; "
+                   "docs/operations.md sizes it from the fleet)")
+    p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key-file", help="the certificate's private key (PEM)")
+    p.add_argument("--tls-client-ca-file",
+                   help="accept only clients with a certificate signed by this CA (the "
+                   "scheduler's extender tlsConfig certFile/keyFile)")
+    p.add_argument("--metrics-listen", type=hostport, metavar="HOST:PORT",
+                   help="serve /metrics, /healthz and /readyz on a port of their own (plain "
+                   "HTTP), so the scheduler port can admit only the scheduler")
+    add_connection_flags(p)
+    return p
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The scheduler port's TLS files (all None: plain HTTP); ``serve.server_tls`` loads them."""
+
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+
+
+@dataclass(frozen=True)
+class ExtenderSettings:
+    policy: Policy
+    prometheus: PrometheusConnection | None  # None: load and health terms stay neutral
+    listen: tuple[str, int] = ("0.0.0.0", 8888)
+    metrics_listen: tuple[str, int] | None = None  # None: /metrics on the scheduler port
+    max_body_bytes: int = 32 << 20
+    tls: TlsFiles = TlsFiles()
+    kubeconfig: str | None = None
+    context: str | None = None
+    dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> ExtenderSettings:
+        """The checked settings; raises PolicyError or SettingsError naming what is wrong."""
+        policy = load_policy(args.policy)
+        return cls(
+            policy=policy,
+            prometheus=prometheus_connection(args, policy.telemetry.prometheus_url, env),
+            listen=args.listen, metrics_listen=args.metrics_listen,
+            max_body_bytes=args.max_body_mb << 20,
+            tls=TlsFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file),
+            kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver)
+
+
+def run_extender(args: argparse.Namespace) -> int:
+    settings = ExtenderSettings.from_args(args, os.environ)
+    from gpusteward.extender.serve import serve
+
+    return asyncio.run(serve(settings))

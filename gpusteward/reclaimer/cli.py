@@ -1,0 +1,163 @@
+"""``gpusteward reclaimer [restore]``: its flags, the typed settings they make, and the run.
+
+Wired into the main command by ``gpusteward.cli`` through ``add_reclaimer_parser`` and
+``run_reclaimer``; ``serve.build_reclaimer``, ``serve.serve`` and ``serve.restore`` take the
+settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpusteward.adapters.connectflags import (
+    add_connection_flags,
+    add_kube_flags,
+    hostport,
+    prometheus_connection,
+    whole_number,
+)
+from gpusteward.adapters.errors import SettingsError
+from gpusteward.core.policy import Policy, ReclaimMode, load_policy
+
+if TYPE_CHECKING:
+    from gpusteward.adapters.promconnection import PrometheusConnection
+
+__all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser", "run_reclaimer"]
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("reclaimer", help="reclaim GPUs that pods hold idle")
+    p.add_argument("--policy", metavar="FILE",
+                   help="policy YAML file (required unless restoring)")
+    p.add_argument("--mode", choices=[m.value for m in ReclaimMode],
+                   help="override the policy's reclaim.mode")
+    p.add_argument("--once", action="store_true", help="run one cycle and exit (no Lease)")
+    p.add_argument("--metrics-listen", type=hostport, default="0.0.0.0:8080",
+                   metavar="HOST:PORT", help="/healthz and /metrics")
+    p.add_argument("--lease-namespace", help="namespace of the leader-election Lease "
+                   "(default: the pod's namespace, else $POD_NAMESPACE, else default)")
+    p.add_argument("--lease-name", default="gpusteward-reclaimer",
+                   help="the leader-election Lease (its ConfigMap <name>-reclaims keeps the "
+                        "last hour's reclaims)")
+    # client-go's rule: the renew deadline (2/3 of it) must exceed 1.2 retry periods (>= 1 s)
+    p.add_argument("--lease-duration", type=whole_number(2, "seconds"), default=15,
+                   metavar="SECONDS",
+                   help="a standby takes over this long after the leader stops renewing")
+    add_connection_flags(p)
+    sub = p.add_subparsers(dest="reclaimer_command")
+    restore = sub.add_parser("restore", help="bring back a workload gpusteward stopped")
+    restore.add_argument("target", metavar="NAMESPACE/KIND/NAME", nargs="?")
+    restore.add_argument("--list", action="store_true",
+                         help="list every workload gpusteward stopped, when, why and how to "
+                              "bring it back")
+    add_kube_flags(restore)
+    return p
+
+
+@dataclass(frozen=True)
+class ReclaimerSettings:
+    policy: Policy
+    mode: ReclaimMode
+    prometheus: PrometheusConnection
+    # The ConfigMap beside the Lease that keeps the last hour's reclaims (``ledger_name``);
+    # None keeps them in this process only (tests that do not need them to outlive it).
+    ledger: str | None
+    # ConfigMaps beside the Lease for snooze sightings and sent notifications (``records_name``);
+    # None keeps them in this process only.
+    snoozes: str | None = None
+    notifications: str | None = None
+    once: bool = False
+    metrics_listen: tuple[str, int] = ("0.0.0.0", 8080)
+    lease_namespace: str = "default"  # the Lease's, and the ledger's
+    lease_name: str = "gpusteward-reclaimer"
+    lease_duration: int = 15
+    kubeconfig: str | None = None
+    context: str | None = None
+    dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> ReclaimerSettings:
+        """The checked settings; raises PolicyError or SettingsError naming what is wrong."""
+        if not args.policy:
+            raise SettingsError("--policy is required")
+        policy = load_policy(args.policy)
+        prometheus = prometheus_connection(args, policy.telemetry.prometheus_url, env)
+        if prometheus is None:
+            raise SettingsError("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the "
+                                "policy's telemetry.prometheusUrl): the reclaimer never acts "
+                                "without telemetry")
+        return cls(
+            policy=policy, mode=ReclaimMode(args.mode or policy.reclaim.mode),
+            prometheus=prometheus,
+            once=args.once, metrics_listen=args.metrics_listen,
+            lease_namespace=args.lease_namespace or default_namespace(env),
+            lease_name=args.lease_name, lease_duration=args.lease_duration,
+            ledger=ledger_name(args.lease_name),
+            snoozes=records_name(args.lease_name, "snoozes"),
+            notifications=records_name(args.lease_name, "notifications"),
+            kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver)
+
+
+@dataclass(frozen=True)
+class RestoreSettings:
+    namespace: str = ""
+    kind: str = ""
+    name: str = ""
+    list_stopped: bool = False  # --list: what gpusteward stopped, instead of restoring one
+    kubeconfig: str | None = None
+    context: str | None = None
+
+    @property
+    def target(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RestoreSettings:
+        if args.list:
+            return cls(list_stopped=True, kubeconfig=args.kubeconfig, context=args.context)
+        try:
+            namespace, kind, name = (args.target or "").split("/")
+        except ValueError:
+            from gpusteward.reclaimer.restore import known_kinds
+
+            raise SettingsError(f"expected NAMESPACE/KIND/NAME (KIND: {', '.join(known_kinds())})"
+                                f" or --list, got {args.target!r}") from None
+        return cls(namespace, kind, name, kubeconfig=args.kubeconfig, context=args.context)
+
+
+def ledger_name(lease_name: str) -> str:
+    """The ConfigMap beside the Lease that keeps the last hour's reclaims."""
+    return records_name(lease_name, "reclaims")
+
+
+def records_name(lease_name: str, records: str) -> str:
+    """A ConfigMap of the reclaimer's records beside its Lease (reclaims, snoozes, notifications):
+    RBAC names each one (deploy/)."""
+    return f"{lease_name}-{records}"
+
+
+def default_namespace(env: Mapping[str, str]) -> str:
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE) as f:
+            return f.read().strip()
+    except OSError:
+        return env.get("POD_NAMESPACE", "default")
+
+
+def run_reclaimer(args: argparse.Namespace) -> int:
+    if args.reclaimer_command == "restore":
+        restoring = RestoreSettings.from_args(args)
+        from gpusteward.reclaimer.serve import restore
+
+        return asyncio.run(restore(restoring))
+    settings = ReclaimerSettings.from_args(args, os.environ)
+    from gpusteward.reclaimer.serve import serve
+
+    return asyncio.run(serve(settings))

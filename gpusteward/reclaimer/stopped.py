@@ -1,0 +1,81 @@
+"""`gpusteward reclaimer restore --list`: every workload gpusteward stopped, when, why, and the
+command that brings it back. Found by gpusteward's reclaim-reason annotation on the kinds it
+stops; kinds the API server does not serve are skipped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+from kubernetes_asyncio import client
+
+from gpusteward.adapters.errors import KubeError
+from gpusteward.adapters.kube import list_raw
+from gpusteward.adapters.stopper import Switches
+from gpusteward.core.reclaim import kinds
+from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT
+
+# (group, plural, kind) of everything restore can bring back.
+RESTORABLE = (("batch", "jobs", "Job"), ("apps", "deployments", "Deployment"),
+              ("apps", "statefulsets", "StatefulSet"),
+              ("keda.sh", "scaledobjects", "ScaledObject"),
+              *((k.group, k.plural, k.kind) for k in kinds.KINDS))
+
+
+class Stopped(msgspec.Struct, frozen=True):
+    kind: str
+    namespace: str
+    name: str
+    since: str  # when gpusteward stopped it ("" where it predates the record)
+    why: str
+    state: str = "stopped"  # stopping: the owner has not yet reported its pods gone (Ray)
+
+    @property
+    def command(self) -> str:
+        return f"gpusteward reclaimer restore {self.namespace}/{self.kind}/{self.name}"
+
+
+async def stopped(api: client.ApiClient) -> list[Stopped]:
+    switches = Switches(api)
+    found: list[Stopped] = []
+    versions: dict[str, str | None] = {}
+    for group, plural, kind in RESTORABLE:
+        if group not in versions:
+            versions[group] = "v1" if group in ("batch", "apps") else await switches.served(group)
+        if versions[group] is None:
+            continue
+        try:
+            items, _ = await list_raw(api, f"/apis/{group}/{versions[group]}/{plural}")
+        except KubeError as e:
+            if e.status != 404:  # the group is served, this kind of it is not installed
+                raise
+            continue
+        found += _marked(kinds.known(group, kind), kind,
+                         (msgspec.json.decode(i) for i in items))
+    return sorted(found, key=lambda s: (s.since, s.namespace, s.name))
+
+
+def _marked(k: kinds.Kind | None, kind: str,
+            objects: Iterable[Mapping[str, Any]]) -> list[Stopped]:
+    out = []
+    for obj in objects:
+        meta = obj.get("metadata", {})
+        ann = meta.get("annotations") or {}
+        if RECLAIM_REASON in ann:
+            gone = k is None or k.how == kinds.SCALE or kinds.let_go(k, obj)
+            out.append(Stopped(kind, meta.get("namespace", ""), meta.get("name", ""),
+                               ann.get(RECLAIMED_AT, ""), ann[RECLAIM_REASON],
+                               "stopped" if gone else "stopping"))
+    return out
+
+
+def table(rows: list[Stopped]) -> str:
+    if not rows:
+        return "nothing stopped by gpusteward"
+    lines = [("SINCE", "KIND", "NAMESPACE/NAME", "STATE", "WHY", "RESTORE WITH")]
+    lines += [(r.since or "-", r.kind, f"{r.namespace}/{r.name}", r.state, r.why, r.command)
+              for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(5)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)),
+                                line[5]]) for line in lines)

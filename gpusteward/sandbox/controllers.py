@@ -1,0 +1,218 @@
+"""Optional workload controllers for the sandbox (``gpusteward sandbox up --with kueue``), off by
+default so a plain sandbox stays fast.
+
+Each is built from its Go module with the machine's Go, pinned in ``sandbox/controllers/<name>``
+(its own go.mod/go.sum, separate from ``sandbox/go`` and from each other), and cached like the
+control plane::
+
+    ${GPUSTEWARD_CACHE}/controllers/<key>/<binary>
+
+keyed by go.mod, go.sum, ``go version`` and the package; a build goes to a temporary directory
+and is renamed into place only when it succeeded; builds are serialised with a file lock. The
+CRDs are installed from the same module version (the module cache's copy of its
+``config/components/crd/bases``).
+
+Kueue runs out of cluster, as the sandbox's other components do: no leader election, its
+internal certificate management on (it keeps its CA in a Secret it expects to find, writes its
+serving certificate into the state directory and injects the CA into the conversion webhooks of
+its CRDs, which point at it on 127.0.0.1). No admission webhook configuration is registered, so
+the API server never calls Kueue to admit a Job: Jobs are created suspended, as Kueue's docs
+allow without its webhook (its cert rotator skips webhook configurations that do not exist).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from gpusteward.sandbox.build import SandboxBuildError, _locked, cache_root, go_build_into
+from gpusteward.sandbox.checkout import REPO
+from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
+from gpusteward.sandbox.procs import free_port
+
+SOURCES = REPO / "sandbox" / "controllers"
+
+
+class Controller(NamedTuple):
+    module: str
+    package: str  # its main package
+    binary: str
+    source: Path  # the Go module that pins it
+
+
+CONTROLLERS = {
+    "kueue": Controller("sigs.k8s.io/kueue", "sigs.k8s.io/kueue/cmd/kueue", "kueue",
+                        SOURCES / "kueue"),
+    "kuberay": Controller("github.com/ray-project/kuberay/ray-operator",
+                          "github.com/ray-project/kuberay/ray-operator", "ray-operator",
+                          SOURCES / "kuberay"),
+}
+_RECIPE = "1"
+KUEUE_NAMESPACE = "kueue-system"
+# Kueue's default (apis/config/v1beta2: InternalCertManagement.WebhookSecretName).
+KUEUE_WEBHOOK_SECRET = "kueue-webhook-server-cert"
+# CRDs Kueue's cert rotator injects its CA into (pkg/util/cert/cert.go).
+KUEUE_CONVERTED = {"localqueues", "clusterqueues", "workloads", "cohorts", "multikueueclusters"}
+
+
+def _go() -> str:
+    go = os.environ.get("GPUSTEWARD_GO") or shutil.which("go")
+    if go is None:
+        raise SandboxBuildError("`go` was not found on PATH; it builds the sandbox's "
+                                   "optional controllers")
+    return go
+
+
+def _key(go_version: str, c: Controller) -> str:
+    digest = hashlib.sha256()
+    for part in (_RECIPE, go_version, c.package, (c.source / "go.mod").read_text(),
+                 (c.source / "go.sum").read_text()):
+        digest.update(f"{len(part)}\0{part}".encode())
+    return digest.hexdigest()[:16]
+
+
+def ensure_controller(name: str, log: Any = print) -> Path:
+    """The controller's binary, built on first use."""
+    go = _go()
+    c = CONTROLLERS[name]
+    go_version = subprocess.run([go, "version"], check=True, capture_output=True, text=True,
+                                timeout=120).stdout.strip()
+    root = cache_root() / "controllers"
+    bin_dir = root / _key(go_version, c)
+    if os.access(bin_dir / c.binary, os.X_OK):
+        return bin_dir / c.binary
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".lock"):
+        if not os.access(bin_dir / c.binary, os.X_OK):
+            shutil.rmtree(bin_dir, ignore_errors=True)
+            log(f"building {name} from Go modules into {bin_dir} (first use only)")
+            took = go_build_into(go, c.source, [c.package], "-s -w", bin_dir, [c.binary], name)
+            log(f"built {name} in {took:.0f}s")
+    return bin_dir / c.binary
+
+
+def module_dir(name: str) -> Path:
+    """The module cache's copy of the controller's pinned module (downloaded if needed)."""
+    c = CONTROLLERS[name]
+    out = subprocess.run([_go(), "mod", "download", "-json", c.module], cwd=c.source, check=True,
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "GOWORK": "off", "GOFLAGS": "-mod=readonly"})
+    return Path(json.loads(out.stdout)["Dir"])
+
+
+def kueue_crds(webhook_port: int) -> list[dict[str, Any]]:
+    """Kueue's CRDs from the pinned module; those its cert rotator injects its CA into convert
+    through its webhook, as its own kustomize patches make them."""
+    bases = module_dir("kueue") / "config" / "components" / "crd" / "bases"
+    crds = [yaml.safe_load(p.read_text()) for p in sorted(bases.glob("*.yaml"))]
+    for crd in crds:
+        if crd["spec"]["names"]["plural"] in KUEUE_CONVERTED:
+            crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
+                "conversionReviewVersions": ["v1"],
+                "clientConfig": {"url": f"https://127.0.0.1:{webhook_port}/convert"}}}
+    return crds
+
+
+def kueue_config(state: Path, health_port: int, webhook_port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "namespace": KUEUE_NAMESPACE,
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"host": "127.0.0.1", "port": webhook_port,
+                    "certDir": str(state / "kueue-certs")},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": True},
+        "manageJobsWithoutQueueName": False,
+        "integrations": {"frameworks": ["batch/job"]},
+        "featureGates": {"VisibilityOnDemand": False},
+    }
+
+
+def install_kueue_objects(api: KubeHTTP, webhook_port: int) -> None:
+    """Its namespace, CRDs, and the Secret its cert rotator writes into."""
+    api.apply(f"/api/v1/namespaces/{KUEUE_NAMESPACE}", {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}})
+    for crd in kueue_crds(webhook_port):
+        api.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                  f"{crd['metadata']['name']}", crd)
+    api.apply(f"/api/v1/namespaces/{KUEUE_NAMESPACE}/secrets/{KUEUE_WEBHOOK_SECRET}", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": KUEUE_WEBHOOK_SECRET, "namespace": KUEUE_NAMESPACE}})
+    wait_for("Kueue's API to be served",
+             lambda: api.exists("/apis/kueue.x-k8s.io/v1beta2/workloads"), timeout=60)
+
+
+def start_kueue(box: Any) -> None:
+    """Build (first use), install and start Kueue against the sandbox ``box``."""
+    binary = ensure_controller("kueue", box.cfg.log)
+    health, webhook, visibility = free_port(), free_port(), free_port()
+    box.ports.update({"kueue-health": health, "kueue-webhook": webhook})
+    install_kueue_objects(box.api(), webhook)
+    config = box.dir / "kueue.yaml"
+    config.write_text(yaml.safe_dump(kueue_config(box.dir, health, webhook)))
+    certs = box.dir / "kueue-certs"
+    api = box.api()
+
+    def ready() -> bool:
+        return _mount_secret(api, certs) and _ready(f"http://127.0.0.1:{health}/readyz")
+
+    box.run_process("kueue", [str(binary), f"--config={config}",
+                              f"--kubeconfig={box.kubeconfig}",
+                              f"--visibility-server-port={visibility}"], ready, timeout=180)
+
+
+def _mount_secret(api: KubeHTTP, certs: Path) -> bool:
+    """Do what the kubelet does for Kueue's pod: put its Secret's serving certificate, once its
+    cert rotator has written it there, into the directory it serves from (its rotator waits
+    for the files, as for a mounted Secret volume)."""
+    if (certs / "tls.crt").exists():
+        return True
+    data = api.get(f"/api/v1/namespaces/{KUEUE_NAMESPACE}/secrets/{KUEUE_WEBHOOK_SECRET}").get(
+        "data") or {}
+    if not {"tls.crt", "tls.key"} <= data.keys():
+        return False
+    certs.mkdir(parents=True, exist_ok=True)
+    (certs / "tls.key").write_bytes(base64.b64decode(data["tls.key"]))
+    (certs / "tls.crt").write_bytes(base64.b64decode(data["tls.crt"]))
+    return True
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def start_kuberay(box: Any) -> None:
+    """Build (first use), install and start KubeRay's operator against the sandbox ``box``:
+    its CRDs from the pinned module (config/crd/bases), no leader election, no webhooks (its
+    default: ENABLE_WEBHOOKS unset)."""
+    binary = ensure_controller("kuberay", box.cfg.log)
+    probe, metrics = free_port(), free_port()
+    api = box.api()
+    for path in sorted((module_dir("kuberay") / "config" / "crd" / "bases").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        api.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                  f"{crd['metadata']['name']}", crd)
+    wait_for("KubeRay's API to be served",
+             lambda: api.exists("/apis/ray.io/v1/rayclusters"), timeout=60)
+    box.run_process("kuberay", [str(binary), f"--kubeconfig={box.kubeconfig}",
+                                f"--health-probe-bind-address=127.0.0.1:{probe}",
+                                f"--metrics-addr=127.0.0.1:{metrics}",
+                                "--enable-leader-election=false"],
+                    lambda: _ready(f"http://127.0.0.1:{probe}/readyz"), timeout=180)
+
+
+STARTERS = {"kueue": start_kueue, "kuberay": start_kuberay}

@@ -1,0 +1,109 @@
+"""gpusteward beside the real Kueue (sigs.k8s.io/kueue, built from its Go module by
+``gpusteward sandbox up --with kueue``, its CRDs from the same module version): an idle admitted
+Workload is deactivated, Kueue evicts it and releases its quota, and a waiting higher-priority
+Workload is admitted and runs on the freed GPU. gpusteward never writes the Job's suspend: Kueue
+owns that field (kueue site docs, "Run a Kubernetes Job": Kueue suspends and resumes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpusteward.core.reclaim.kinds import KUEUE_JOB_UID, KUEUE_QUEUE
+from gpusteward.core.reclaim.model import RECLAIM_REASON
+from gpusteward.sandbox.cluster import Sandbox
+from gpusteward.sandbox.kubehttp import wait_for
+from tests.e2e.kube import Namespace, apply_priority_classes, cycle_until, gpu_pod
+from tests.support.sandbox import fresh_namespace, started
+
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+GPUS_IN_QUEUE = 1  # one GPU of quota: the second Job waits for the first one's
+
+
+@pytest.fixture(scope="module")
+def kueue_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    yield from started(tmp_path_factory, "kueue", with_controllers=("kueue",))
+
+
+@pytest.fixture
+def queue_ns(kueue_box: Sandbox) -> Iterator[Namespace]:
+    api = kueue_box.api()
+    apply_priority_classes(api, {"gpu-low": 100, "gpu-high": 10000})
+    api.apply(f"{KUEUE}/resourceflavors/default", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "metadata": {"name": "default"}, "spec": {}})
+    api.apply(f"{KUEUE}/clusterqueues/gpus", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": "gpus"},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["nvidia.com/gpu"],
+            "flavors": [{"name": "default", "resources": [
+                {"name": "nvidia.com/gpu", "nominalQuota": GPUS_IN_QUEUE}]}]}]}})
+    for ns in fresh_namespace(api, "kueue"):
+        api.apply(f"{KUEUE}/namespaces/{ns.name}/localqueues/team", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "team", "namespace": ns.name},
+            "spec": {"clusterQueue": "gpus"}})
+        yield ns
+
+
+def queued_job(ns: Namespace, name: str, priority_class: str, util: str) -> dict[str, Any]:
+    """A Job for Kueue, created suspended as Kueue's docs ask without its webhook."""
+    pod = gpu_pod("x", 1, util=util, node="h100-0", priority_class=priority_class)
+    pod["spec"]["restartPolicy"] = "Never"
+    return ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": {KUEUE_QUEUE: "team"}},
+        "spec": {"suspend": True, "template": {
+            "metadata": {"annotations": pod["metadata"]["annotations"]}, "spec": pod["spec"]}}})
+
+
+def workload_of(ns: Namespace, job: dict[str, Any]) -> dict[str, Any] | None:
+    items = ns.api.get(f"{KUEUE}/namespaces/{ns.name}/workloads?labelSelector="
+                       f"{KUEUE_JOB_UID}%3D{job['metadata']['uid']}")["items"]
+    return items[0] if items else None
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> bool:
+    return obj is not None and any(c["type"] == kind and c["status"] == "True"
+                                   for c in obj.get("status", {}).get("conditions") or ())
+
+
+def running(ns: Namespace, job: str) -> list[dict[str, Any]]:
+    return [p for p in ns.pods() if (p["metadata"].get("labels") or {}).get("job-name") == job
+            and p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]]
+
+
+def managers(obj: dict[str, Any], field: str) -> set[str]:
+    """The field managers that own ``field`` (a managedFields key such as ``f:suspend``)."""
+    return {m["manager"] for m in obj["metadata"].get("managedFields") or ()
+            if field in str(m.get("fieldsV1", {}))}
+
+
+async def test_an_idle_admitted_workload_is_deactivated_and_a_waiting_one_runs(
+        kueue_box, queue_ns, reclaimer):
+    ns = queue_ns
+    low = queued_job(ns, "low", "gpu-low", util="0")
+    wait_for("Kueue to admit and start the idle Job", lambda: running(ns, "low"), timeout=120)
+    high = queued_job(ns, "high", "gpu-high", util="80")
+    wait_for("the second Workload to wait for quota", lambda: (
+        (wl := workload_of(ns, high)) is not None and not condition(wl, "QuotaReserved")),
+        timeout=60)
+    rec = await reclaimer("enforce", box=kueue_box)
+    low_wl = f"{KUEUE}/namespaces/{ns.name}/workloads/{workload_of(ns, low)['metadata']['name']}"
+    await cycle_until(rec, "the idle Workload deactivated",
+                      lambda: ns.api.get(low_wl)["spec"].get("active") is False, timeout=150)
+    assert ns.api.get(low_wl)["metadata"]["annotations"][RECLAIM_REASON] == "idle"
+    # Kueue, not gpusteward, evicts it: the Job is suspended and its pod goes
+    wait_for("Kueue to suspend the idle Job and remove its pod", lambda: (
+        ns.api.get(f"/apis/batch/v1/namespaces/{ns.name}/jobs/low")["spec"]["suspend"]
+        and not running(ns, "low")), timeout=120)
+    wait_for("the waiting Workload admitted and running", lambda: running(ns, "high"),
+             timeout=120)
+    job = ns.api.get(f"/apis/batch/v1/namespaces/{ns.name}/jobs/low")
+    ours = managers(ns.api.get(low_wl), "f:active")
+    assert ours and not ours & managers(job, "f:suspend"), (ours, managers(job, "f:suspend"))
+    assert RECLAIM_REASON not in (job["metadata"].get("annotations") or {})

@@ -1,0 +1,241 @@
+"""Owners stopped through their own switch, against the sandbox's real API server, for kinds
+whose controllers are not built here: our own CRDs for the upstream group/version/kind
+(tests/e2e/owner_crds.py). What is proven: the chain walk (pod -> StatefulSet -> Notebook, pod ->
+Job -> JobSet), the API calls and the resulting object state, restore, and that gpusteward never
+writes a Kueue-managed Job's suspend. Not proven here: what each upstream controller then does
+(no Notebook, JobSet, LWS or KServe controller runs) — docs/operations.md says which is which.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from gpusteward.core.reclaim.kinds import (
+    KEDA_PAUSED_REPLICAS,
+    KSERVE_STOP,
+    KUEUE_JOB_UID,
+    KUEUE_QUEUE,
+    NOTEBOOK_LAST_ACTIVITY,
+    NOTEBOOK_STOPPED,
+)
+from gpusteward.core.reclaim.model import (
+    RECLAIM_BLOCKED,
+    RECLAIM_REASON,
+    RECLAIMED_AT,
+    REPLICAS_BEFORE,
+)
+from gpusteward.sandbox.kubehttp import wait_for
+from tests.e2e import owner_crds
+from tests.e2e.kube import annotations, cycle_for, cycle_until, gone, gpu_pod, reasons
+from tests.e2e.owner_crds import owned_by
+
+TIMEOUT = 150.0  # mark, warn (4 s grace) and act over a 15 s window, on a loaded machine
+
+
+@pytest.fixture(scope="module", autouse=True)
+def crds(sandbox):
+    api = sandbox.api()
+    owner_crds.install(api)
+    yield
+    owner_crds.remove(api)
+
+
+def create(ns, group_version: str, plural: str, kind: str, name: str,
+           spec: dict[str, Any] | None = None, labels: dict[str, str] | None = None
+           ) -> dict[str, Any]:
+    return ns.api.create(f"/apis/{group_version}/namespaces/{ns.name}/{plural}", {
+        "apiVersion": group_version, "kind": kind,
+        "metadata": {"name": name, "labels": labels or {}}, "spec": spec or {}})
+
+
+def owned_pod(ns, name: str, owner: dict[str, Any], node: str, **kw) -> None:
+    pod = gpu_pod(name, 1, util="0", node=node, **kw)
+    pod["metadata"]["ownerReferences"] = owned_by(owner)
+    ns.create_pod(pod)
+    ns.running(name)
+
+
+def job_pod_running(ns, job: str) -> None:
+    wait_for(f"Job {job}'s pod to run", lambda: [
+        p for p in ns.pods() if (p["metadata"].get("labels") or {}).get("job-name") == job
+        and p["status"].get("phase") == "Running"], timeout=60)
+
+
+def restore(sandbox, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpusteward", "reclaimer", "restore", *args,
+                           f"--kubeconfig={sandbox.kubeconfig}"],
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_an_idle_notebook_is_stopped_by_its_annotation_and_restored(sandbox, ns,
+                                                                          reclaimer):
+    notebook = create(ns, "kubeflow.org/v1", "notebooks", "Notebook", "nb")
+    pod = gpu_pod("x", 1, util="0", node="h100-1", labels={"nb": "x"})
+    ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/statefulsets", {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "nb", "ownerReferences": owned_by(notebook)},
+        "spec": {"replicas": 1, "serviceName": "nb", "selector": {"matchLabels": {"nb": "x"}},
+                 "template": {"metadata": pod["metadata"], "spec": pod["spec"]}}})
+    ns.running("nb-0")  # the real StatefulSet controller's pod: pod -> StatefulSet -> Notebook
+    path = f"/apis/kubeflow.org/v1/namespaces/{ns.name}/notebooks/nb"
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "Notebook stopped", lambda: NOTEBOOK_STOPPED in (
+        ns.api.get(path)["metadata"].get("annotations") or {}), timeout=TIMEOUT)
+    ann = ns.api.get(path)["metadata"]["annotations"]
+    assert ann[RECLAIM_REASON] == "idle" and RECLAIMED_AT in ann
+    # acted at the top: the StatefulSet the notebook controller owns is left to it
+    assert ns.api.get(f"/apis/apps/v1/namespaces/{ns.name}/statefulsets/nb")["spec"][
+        "replicas"] == 1 and "GPUReclaimed" in reasons(ns, "nb-0")
+    listed = restore(sandbox, "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert f"gpusteward reclaimer restore {ns.name}/Notebook/nb" in listed.stdout
+    out = restore(sandbox, f"{ns.name}/Notebook/nb")
+    assert out.returncode == 0, out.stderr
+    ann = ns.api.get(path)["metadata"]["annotations"]
+    assert NOTEBOOK_STOPPED not in ann and RECLAIM_REASON not in ann
+    assert NOTEBOOK_LAST_ACTIVITY in ann
+    again = restore(sandbox, f"{ns.name}/Notebook/nb")
+    assert again.returncode == 1 and "not stopped by gpusteward" in again.stderr
+
+
+async def test_an_idle_jobset_is_suspended_not_its_job(sandbox, ns, reclaimer):
+    jobset = create(ns, "jobset.x-k8s.io/v1alpha2", "jobsets", "JobSet", "train",
+                    {"suspend": False})
+    template = gpu_pod("x", 1, util="0", node="h100-1")
+    template["spec"]["restartPolicy"] = "Never"
+    ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train-0", "ownerReferences": owned_by(jobset)},
+        "spec": {"template": {"metadata": {"annotations": template["metadata"]["annotations"]},
+                              "spec": template["spec"]}}})
+    job_pod_running(ns, "train-0")  # the real Job controller's pod: pod -> Job -> JobSet
+    path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns.name}/jobsets/train"
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "JobSet suspended",
+                      lambda: ns.api.get(path)["spec"]["suspend"] is True, timeout=TIMEOUT)
+    job_now = ns.api.get(f"/apis/batch/v1/namespaces/{ns.name}/jobs/train-0")
+    assert not job_now["spec"].get("suspend")  # the JobSet controller's to suspend
+    assert RECLAIM_REASON not in (job_now["metadata"].get("annotations") or {})
+    out = restore(sandbox, f"{ns.name}/JobSet/train")
+    assert out.returncode == 0, out.stderr
+    assert ns.api.get(path)["spec"]["suspend"] is False
+
+
+async def test_an_idle_leaderworkerset_scales_to_zero_through_its_scale_subresource(
+        sandbox, ns, reclaimer):
+    lws = create(ns, "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "LeaderWorkerSet",
+                 "serve", {"replicas": 2})
+    owned_pod(ns, "serve-0", lws, "a100-0")
+    owned_pod(ns, "serve-1", lws, "a100-0")
+    path = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns.name}/leaderworkersets/serve"
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "LeaderWorkerSet at zero",
+                      lambda: ns.api.get(path)["spec"]["replicas"] == 0, timeout=TIMEOUT)
+    assert ns.api.get(path)["metadata"]["annotations"][REPLICAS_BEFORE] == "2"
+    out = restore(sandbox, f"{ns.name}/LeaderWorkerSet/serve")
+    assert out.returncode == 0, out.stderr
+    assert "scaled back to 2" in out.stdout
+    assert ns.api.get(f"{path}/scale")["spec"]["replicas"] == 2
+
+
+async def test_a_kueue_managed_job_is_deactivated_through_its_workload_never_suspended(
+        sandbox, ns, reclaimer):
+    template = gpu_pod("x", 1, util="0", node="h100-1")
+    template["spec"]["restartPolicy"] = "Never"
+    job = ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "queued", "labels": {KUEUE_QUEUE: "team-a"}},
+        "spec": {"template": {"metadata": {"annotations": template["metadata"]["annotations"]},
+                              "spec": template["spec"]}}})
+    # Kueue names a Job's Workload job-<name>-<hash> and labels it with the Job's uid
+    create(ns, "kueue.x-k8s.io/v1beta2", "workloads", "Workload", "job-queued-1a2b3",
+           labels={KUEUE_JOB_UID: job["metadata"]["uid"]})
+    wl = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns.name}/workloads/job-queued-1a2b3"
+    assert ns.api.get(wl)["spec"]["active"] is True  # the CRD's default, as upstream's
+    job_pod_running(ns, "queued")
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "Workload deactivated",
+                      lambda: ns.api.get(wl)["spec"]["active"] is False, timeout=TIMEOUT)
+    assert not ns.api.get(f"/apis/batch/v1/namespaces/{ns.name}/jobs/queued")["spec"].get(
+        "suspend")  # Kueue's field: gpusteward never writes it
+    out = restore(sandbox, f"{ns.name}/Workload/job-queued-1a2b3")
+    assert out.returncode == 0, out.stderr
+    assert ns.api.get(wl)["spec"]["active"] is True
+
+
+async def test_an_unsupported_owner_is_blocked_with_an_event_and_its_pod_keeps_running(
+        ns, reclaimer):
+    trainer = create(ns, "example.com/v1", "trainers", "Trainer", "t")
+    owned_pod(ns, "t-0", trainer, "h100-1")
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "blocked", lambda: RECLAIM_BLOCKED in annotations(ns, "t-0"),
+                      timeout=TIMEOUT)
+    assert annotations(ns, "t-0")[RECLAIM_BLOCKED] == "unsupported owner Trainer.example.com"
+    await cycle_for(rec, 5)
+    assert not gone(ns, "t-0")
+    assert reasons(ns, "t-0").count("GPUReclaimBlocked") == 1
+
+
+async def test_an_inference_service_gets_the_kserve_stop_annotation(sandbox, ns, reclaimer):
+    isvc = create(ns, "serving.kserve.io/v1beta1", "inferenceservices", "InferenceService",
+                  "llm")
+    owned_pod(ns, "llm-predictor-0", isvc, "a100-0")
+    path = f"/apis/serving.kserve.io/v1beta1/namespaces/{ns.name}/inferenceservices/llm"
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "stop annotation", lambda: (ns.api.get(path)["metadata"].get(
+        "annotations") or {}).get(KSERVE_STOP) == "true", timeout=TIMEOUT)
+    out = restore(sandbox, f"{ns.name}/InferenceService/llm")
+    assert out.returncode == 0, out.stderr
+    assert ns.api.get(path)["metadata"]["annotations"][KSERVE_STOP] == "false"
+
+
+def autoscaled_deployment(ns, name: str, scaled_object: dict[str, Any] | None) -> str:
+    pod = gpu_pod("x", 1, util="0", node="h100-1", labels={"app": name})
+    ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                 "template": {"metadata": {"labels": {"app": name},
+                                           "annotations": pod["metadata"]["annotations"]},
+                              "spec": pod["spec"]}}})
+    hpa: dict[str, Any] = {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": f"keda-hpa-{name}" if scaled_object else name},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                 "minReplicas": 1, "maxReplicas": 2, "metrics": [{"type": "Resource", "resource": {
+                     "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}}
+    if scaled_object:
+        hpa["metadata"]["ownerReferences"] = owned_by(scaled_object)
+    ns.api.create(f"/apis/autoscaling/v2/namespaces/{ns.name}/horizontalpodautoscalers", hpa)
+    wait_for("its pod to run", lambda: [p for p in ns.pods() if p["metadata"]["labels"].get(
+        "app") == name and p["status"].get("phase") == "Running"], timeout=60)
+    return f"/apis/apps/v1/namespaces/{ns.name}/deployments/{name}"
+
+
+async def test_a_deployment_under_a_plain_hpa_is_blocked_not_scaled(ns, reclaimer):
+    path = autoscaled_deployment(ns, "web", None)
+    pod = next(p["metadata"]["name"] for p in ns.pods()
+               if p["metadata"]["labels"].get("app") == "web")
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "blocked", lambda: RECLAIM_BLOCKED in annotations(ns, pod),
+                      timeout=TIMEOUT)
+    assert annotations(ns, pod)[RECLAIM_BLOCKED] == (
+        "driven by HorizontalPodAutoscaler web, which would undo a scale-down")
+    assert ns.api.get(path)["spec"]["replicas"] == 1
+
+
+async def test_a_deployment_under_keda_is_paused_at_zero_through_its_scaled_object(
+        sandbox, ns, reclaimer):
+    so = create(ns, "keda.sh/v1alpha1", "scaledobjects", "ScaledObject", "api")
+    path = autoscaled_deployment(ns, "api", so)
+    so_path = f"/apis/keda.sh/v1alpha1/namespaces/{ns.name}/scaledobjects/api"
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "ScaledObject paused", lambda: (ns.api.get(so_path)["metadata"].get(
+        "annotations") or {}).get(KEDA_PAUSED_REPLICAS) == "0", timeout=TIMEOUT)
+    assert ns.api.get(path)["spec"]["replicas"] == 1  # KEDA's to scale, not ours
+    out = restore(sandbox, f"{ns.name}/ScaledObject/api")
+    assert out.returncode == 0, out.stderr
+    assert KEDA_PAUSED_REPLICAS not in (ns.api.get(so_path)["metadata"].get("annotations") or {})
