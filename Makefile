@@ -53,7 +53,7 @@ sandbox-build: venv
 	$(PY) -m gpusteward.sandbox.build
 
 demo: setup
-	$(PY) -m gpusteward.sandbox.demo
+	$(PY) -m gpusteward.sandbox.demo $(if $(WITH),--with $(WITH))
 
 bench-extender: venv
 	$(PY) benchmarks/bench_extender.py

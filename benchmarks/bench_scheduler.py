@@ -1,26 +1,42 @@
-"""Scheduler throughput with and without the extender, side by side in one sandbox run.
+"""Scheduler throughput: gpusteward against the scheduler alone and against the protocol floor.
 
-    python benchmarks/bench_scheduler.py [--nodes 1000] [--pods 2000] [--quick]
+    python benchmarks/bench_scheduler.py [--nodes 1000,5000] [--pods 2000] [--reps 3] [--quick]
 
-For each setup — (a) kube-scheduler alone, (b) with gpusteward nodeCacheCapable: true,
-(c) with gpusteward and full Node objects — the scheduler is stopped, the pods are created,
-the scheduler is started, and we time it binding them all (kwok nodes, real apiserver).
-Latency percentiles come from the scheduler's own `scheduler_scheduling_attempt_duration_seconds`
-histogram (per pod: filter + score + extender calls). Results: benchmarks/results/scheduler.json.
+Setups, all in one sandbox per fleet size, repeated --reps times in alternating order:
+
+  (a)  kube-scheduler alone;
+  (a') alone with OpportunisticBatching=false — kube-scheduler 1.36 turns its batching off for
+       any profile with an extender, so (a') is what every extender starts from;
+  (n)  the protocol floor: a no-op extender in Go on the upstream extender/v1 types
+       (sandbox/go/cmd/noopextender), node names (nodeCacheCapable: true);
+  (b)  gpusteward, node names;
+  (c)  gpusteward, full Node objects;
+  (n') the no-op extender with full Node objects;
+  (b*) and (n*): (b) and (n) with the extender pinned to a core of its own and everything else
+       (apiserver, etcd, scheduler, kwok, Prometheus) to the other ones.
+
+For each run the scheduler is stopped, the pods are created, the scheduler is started, and we time
+it binding them all (kwok nodes, real apiserver). Latency percentiles come from the scheduler's
+own `scheduler_scheduling_attempt_duration_seconds` histogram. Results:
+benchmarks/results/scheduler.json, rendered by benchmarks/report.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import re
 import secrets
+import statistics
 import sys
 import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,8 +47,30 @@ from gpusteward.sandbox.kubehttp import wait_for  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SETUPS = [("a: scheduler alone", False, True), ("b: gpusteward, node names", True, True),
-          ("c: gpusteward, full nodes", True, False)]
+
+
+@dataclass(frozen=True)
+class Setup:
+    key: str
+    label: str
+    extender: str | None = None  # None, "gpusteward" or "noop"
+    names_only: bool = True
+    batching: bool = True
+    pinned: bool = False
+
+
+SETUPS = (
+    Setup("a", "scheduler alone"),
+    Setup("a'", "scheduler alone, batching off", batching=False),
+    Setup("n", "Go no-op extender, node names", "noop"),
+    Setup("b", "gpusteward, node names", "gpusteward"),
+    Setup("c", "gpusteward, full nodes", "gpusteward", names_only=False),
+    Setup("n'", "Go no-op extender, full nodes", "noop", names_only=False),
+    Setup("b*", "gpusteward, node names, extender on its own core", "gpusteward", pinned=True),
+    Setup("n*", "Go no-op, node names, extender on its own core", "noop", pinned=True),
+)
+#: Each extender setup's protocol floor: the no-op extender in the same mode.
+FLOOR = {"b": "n", "c": "n'", "b*": "n*"}
 
 
 def fleet(nodes: int) -> Fleet:
@@ -85,7 +123,32 @@ def quantile(metrics: dict[str, float], q: float) -> float:
     return float("inf")
 
 
-def run_setup(box: Sandbox, name: str, extender: bool, names_only: bool, pods: int) -> dict:
+def pin(box: Sandbox, extender: str | None) -> bool:
+    """Pin the extender's threads to the last CPU and every other sandbox process to the rest;
+    extender None: every process back on every CPU. False where there is one CPU only."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if extender is not None and len(cpus) < 2:
+        return False
+    for name, proc in box.procs.items():
+        own = extender is not None and name.split("/")[0] == extender
+        target = set(cpus) if extender is None else {cpus[-1]} if own else set(cpus[:-1])
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), target)
+    return True
+
+
+def configure(box: Sandbox, setup: Setup, floor_url: str) -> None:
+    box.cfg.scheduler_feature_gates = {} if setup.batching else {"OpportunisticBatching": False}
+    box.cfg.scheduler_extender_url = floor_url if setup.extender == "noop" else None
+    box.cfg.preempt_verb = setup.extender == "gpusteward"  # the floor serves filter/prioritize
+    box.restart_scheduler(with_extender=setup.extender is not None,
+                          node_cache_capable=setup.names_only)
+    if setup.pinned:
+        pin(box, "extender" if setup.extender == "gpusteward" else "noopextender")
+
+
+def run_setup(box: Sandbox, setup: Setup, floor_url: str, pods: int) -> dict:
     api = box.api()
     ns = f"bench-{secrets.token_hex(4)}"  # quick setups can start within the same second
     api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
@@ -95,54 +158,99 @@ def run_setup(box: Sandbox, name: str, extender: bool, names_only: bool, pods: i
         list(pool.map(lambda i: api.create(f"/api/v1/namespaces/{ns}/pods", pod(i)),
                       range(pods)))
     launched = time.monotonic()
-    box.restart_scheduler(with_extender=extender, node_cache_capable=names_only)
-    # Rate from the first poll after the scheduler is ready to the last pod: start-up excluded.
-    started, first = time.monotonic(), scheduled(box)
-    wait_for(f"{pods} pods bound", lambda: scheduled(box) >= pods, timeout=1800, interval=0.1)
-    elapsed = time.monotonic() - started
+    configure(box, setup, floor_url)
+    try:
+        # Rate from the first poll after the scheduler is ready to the last pod: start-up
+        # excluded.
+        started, first = time.monotonic(), scheduled(box)
+        wait_for(f"{pods} pods bound", lambda: scheduled(box) >= pods, timeout=1800,
+                 interval=0.1)
+        elapsed = time.monotonic() - started
+    finally:
+        if setup.pinned:
+            pin(box, None)
     if pods - first < pods / 2:  # too few pods left to time after start-up (quick mode)
         first, elapsed = 0, time.monotonic() - launched
     metrics = scheduler_metrics(box)
     bound = sum(1 for p in api.get(f"/api/v1/namespaces/{ns}/pods")["items"]
                 if p["spec"].get("nodeName"))
     api.delete(f"/api/v1/namespaces/{ns}")
-    return {"setup": name, "pods": pods, "bound": bound, "seconds": elapsed,
+    return {"setup": setup.key, "pods": pods, "bound": bound, "seconds": elapsed,
             "measured_pods": pods - first, "pods_per_second": (pods - first) / elapsed,
             "attempt_p50_ms": 1000 * quantile(metrics, 0.5),
             "attempt_p99_ms": 1000 * quantile(metrics, 0.99)}
 
 
-def run(nodes: int, pods: int) -> dict:
+def summarise(runs: list[dict]) -> list[dict]:
+    """Per setup: median pods/s with its spread over repetitions, and the ratios the targets
+    use — to (a), to (a') and, for gpusteward, to the no-op extender in the same mode."""
+    rates = {s.key: [r["pods_per_second"] for r in runs if r["setup"] == s.key] for s in SETUPS}
+    median = {k: statistics.median(v) for k, v in rates.items() if v}
+    rows = []
+    for s in SETUPS:
+        if s.key not in median:
+            continue
+        own = [r for r in runs if r["setup"] == s.key]
+        row = {"setup": s.key, "label": s.label, "reps": len(own),
+               "pods_per_second": median[s.key], "min": min(rates[s.key]),
+               "max": max(rates[s.key]), "ratio_to_a": median[s.key] / median["a"],
+               "ratio_to_a_prime": median[s.key] / median["a'"],
+               "attempt_p50_ms": statistics.median(r["attempt_p50_ms"] for r in own),
+               "attempt_p99_ms": statistics.median(r["attempt_p99_ms"] for r in own),
+               "bound": min(r["bound"] for r in own), "pods": own[0]["pods"]}
+        if s.key in FLOOR and FLOOR[s.key] in median:
+            row["floor"] = FLOOR[s.key]
+            row["ratio_to_floor"] = median[s.key] / median[FLOOR[s.key]]
+        rows.append(row)
+    return rows
+
+
+def run(nodes: int, pods: int, reps: int, setups: tuple[Setup, ...]) -> dict:
     state = Path(tempfile.mkdtemp(prefix="gpusteward-bench-"))
     # A 5 s scrape: rendering 8,000 simulated GPUs every second would eat a core by itself.
     box = Sandbox(SandboxConfig(state_dir=state, fleet=fleet(nodes), with_extender=True,
                                 policy=HERE / "policy.yaml", scrape_interval="5s",
                                 log=lambda m: print(f"  {m}", flush=True))).start()
+    runs = []
     try:
-        rows = [run_setup(box, name, ext, names, pods) for name, ext, names in SETUPS]
+        floor_url = box.start_protocol_floor()
+        for rep in range(reps):
+            # Alternate the order, so a drift in the machine does not favour one setup.
+            for setup in setups if rep % 2 == 0 else setups[::-1]:
+                row = run_setup(box, setup, floor_url, pods)
+                print(f"  rep {rep + 1} {setup.key:<3} {row['pods_per_second']:7.1f} pods/s",
+                      flush=True)
+                runs.append({**row, "rep": rep + 1})
     finally:
         box.stop()
-    base = rows[0]["pods_per_second"]
-    for r in rows:
-        r["ratio_to_a"] = r["pods_per_second"] / base
-    return {"machine": f"{platform.node()} {platform.machine()}, 2 cores shared by apiserver, "
-                       f"etcd, scheduler, kwok, extender", "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join(sys.argv), "nodes": nodes, "rows": rows}
+    return {"nodes": nodes, "gpus": nodes * 8, "pods": pods, "runs": runs,
+            "summary": summarise(runs)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--nodes", default="1000,5000", help="comma-separated fleet sizes")
     parser.add_argument("--pods", type=int, default=2000)
+    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="CI: tiny run, checks it works")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.nodes.split(",")]
     if args.quick:
-        args.nodes, args.pods = 20, 40
-    report = run(args.nodes, args.pods)
-    for r in report["rows"]:
-        print(f"{r['setup']:<28} {r['pods_per_second']:7.1f} pods/s  ratio {r['ratio_to_a']:.2f}"
-              f"  attempt p50 {r['attempt_p50_ms']:.1f} ms  p99 {r['attempt_p99_ms']:.1f} ms"
-              f"  ({r['bound']}/{r['pods']} bound in {r['seconds']:.1f} s)")
+        sizes, args.pods, args.reps = [20], 40, 1
+    report = {"machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores shared "
+                         "by apiserver, etcd, scheduler, kwok, Prometheus, extender",
+              "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "reps": args.reps,
+              "sizes": [run(n, args.pods, args.reps, SETUPS) for n in sizes]}
+    for size in report["sizes"]:
+        print(f"{size['nodes']} nodes:")
+        for r in size["summary"]:
+            floor = (f"  /({r['floor']}) {r['ratio_to_floor']:.2f}" if "floor" in r else "")
+            print(f"  ({r['setup']:<2}) {r['label']:<50} {r['pods_per_second']:7.1f} pods/s "
+                  f"[{r['min']:.1f}–{r['max']:.1f}]  /(a) {r['ratio_to_a']:.2f}"
+                  f"  /(a') {r['ratio_to_a_prime']:.2f}{floor}"
+                  f"  ({r['bound']}/{r['pods']} bound)")
+            if r["bound"] < r["pods"]:
+                sys.exit(f"setup ({r['setup']}) bound only {r['bound']} of {r['pods']} pods")
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "scheduler.json").write_text(json.dumps(report, indent=2) + "\n")

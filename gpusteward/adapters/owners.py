@@ -13,6 +13,7 @@ only when a scalable owner is found.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -25,9 +26,10 @@ from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.stopper import Switches
 from gpusteward.core.kubewire import Meta, WirePod
 from gpusteward.core.model import OwnerRef, Pod
-from gpusteward.core.reclaim import kinds
+from gpusteward.core.reclaim import kinds, kueue
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, SNOOZE_UNTIL, Owner, Switch
 
+log = logging.getLogger("gpusteward.reclaimer")
 MAX_HOPS = 8  # controller chains are short; a longer one is a loop or a mistake
 HPA_PATH = "/apis/autoscaling/v2/horizontalpodautoscalers"
 KEDA = ("keda.sh", "ScaledObject")  # KEDA makes itself the HPA's controller (keda hpa.go)
@@ -71,6 +73,7 @@ class OwnerChains:
         self._known |= {w.metadata.uid: link_of("Pod", "", "v1", w.metadata) for w in wires}
         self._fetched: dict[str, Link | None] = {}
         self._workloads: list[Mapping[str, Any]] | None = None
+        self._kueue_version: str | None = None
         self._hpas: list[Mapping[str, Any]] | None = None
         tops: dict[str, Owner] = {}
         for pod in pods:
@@ -166,7 +169,33 @@ class OwnerChains:
                 f"/apis/kueue.x-k8s.io/{version}/workloads")
             if version is None:
                 return None
+            self._kueue_version = version
         return self._workloads
+
+    async def kueue_demand(self, names: Sequence[str]) -> kueue.Demand | None:
+        """Workloads waiting for quota and what holds it (core.reclaim.kueue), read only where
+        a resolved pod is Kueue's (so its Workloads were listed) and some Workload waits: the
+        LocalQueues and ClusterQueues are listed then, else nothing more is read."""
+        version = self._kueue_version
+        if version is None or not self._workloads:
+            return None
+        try:
+            workloads = [msgspec.convert(w, kueue.WireWorkload) for w in self._workloads]
+        except msgspec.ValidationError as e:
+            log.warning("Kueue Workloads unreadable, no queue demand from Kueue: %s", e)
+            return None
+        if not any(w.status.admission is None and w.spec.active is not False
+                   for w in workloads):
+            return kueue.Demand()
+        base = f"/apis/kueue.x-k8s.io/{version}"
+        local = await self._list(f"{base}/localqueues")
+        cluster = await self._list(f"{base}/clusterqueues")
+        try:
+            return kueue.demand(workloads, msgspec.convert(local, list[kueue.WireLocalQueue]),
+                                msgspec.convert(cluster, list[kueue.WireClusterQueue]), names)
+        except msgspec.ValidationError as e:
+            log.warning("Kueue queues unreadable, no queue demand from Kueue: %s", e)
+            return None
 
     async def _autoscaled(self, top: Link, base: Owner) -> Owner | None:
         """An HPA on the owner would undo a scale-down: pause KEDA's ScaledObject at zero

@@ -98,6 +98,7 @@ class SnapshotReader:
         owned = dict(zip(WORKLOAD_PATHS, (_decode(w, Workload) for w in workloads), strict=True))
         chains = OwnerChains(self.api)
         owners = await chains.resolve(pods, wires, listed_links(owned))
+        queued = await chains.kueue_demand(names)
         self.api_calls += chains.api_calls
         # Every pod's node, the exporters' too: an older exporter's series name its pod, not
         # its node (core.attribution.node_of).
@@ -113,6 +114,7 @@ class SnapshotReader:
             recent_actions=tuple(recent),
             tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
             restore_asks=restore_asks(owned, ns_labels, names),
+            kueue=queued,
         )
 
     async def _join_dra(self, nodes: list[Node], pods: list[Pod],

@@ -2,8 +2,10 @@
 
 ``k8s`` is one multi-call binary holding kube-apiserver, kube-scheduler,
 kube-controller-manager and etcd (``k8s apiserver ...`` and so on); ``kwok``
-fakes nodes and pod lifecycles. Both come from the Go module in
-``sandbox/go`` and are built with the machine's ``go``.
+fakes nodes and pod lifecycles; ``noopextender`` is the scheduler benchmark's
+protocol floor (an extender that only speaks the upstream wire types). All
+come from the Go module in ``sandbox/go`` and are built with the machine's
+``go``.
 
 Built binaries live in a cache directory keyed by a hash of everything that
 decides their content (go.mod, go.sum, every ``.go`` file, ``go version`` and
@@ -41,10 +43,10 @@ from gpusteward.sandbox.checkout import REPO
 __all__ = ["BINARIES", "SandboxBuildError", "cache_root", "ensure_binaries", "go_source_dir"]
 
 #: Files every complete bin directory holds.
-BINARIES = ("k8s", "kwok")
+BINARIES = ("k8s", "kwok", "noopextender")
 
 #: Main packages, built in one ``go build`` so they share one compile.
-_PACKAGES = ("./cmd/k8s", "./cmd/kwok")
+_PACKAGES = ("./cmd/k8s", "./cmd/kwok", "./cmd/noopextender")
 
 #: Bump when the build recipe below changes in a way the key cannot see.
 _RECIPE = "2"

@@ -46,8 +46,9 @@ from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simul
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
-STOP_ORDER = ("reclaimer", "kueue", "kuberay", "scheduler", "extender", "prometheus", "agent",
-              "simulator", "ksm", "kwok", "controller-manager", "apiserver", "etcd")
+STOP_ORDER = ("reclaimer", "kueue", "kuberay", "scheduler", "extender", "noopextender",
+              "prometheus", "agent", "simulator", "ksm", "kwok", "controller-manager",
+              "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
 # 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).
@@ -90,6 +91,11 @@ class SandboxConfig:
     # Off, it sends every pod, so pods whose GPUs come from DRA claims alone reach it too.
     managed_resources: bool = True
     scrape_interval: str = "1s"
+    # The URL the scheduler calls as its extender: gpusteward's (None) or another one, such as
+    # the benchmark's protocol floor (start_protocol_floor).
+    scheduler_extender_url: str | None = None
+    # kube-scheduler --feature-gates, e.g. {"OpportunisticBatching": False}.
+    scheduler_feature_gates: dict[str, bool] = field(default_factory=dict)
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
     telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
     # The ServiceMonitor's honorLabels: false (dcgm-exporter's chart default) stores the
@@ -459,7 +465,7 @@ class Sandbox:
                 "postFilter": {"disabled": [{"name": "DefaultPreemption"}]}}}]
         if self.cfg.with_extender:
             for ext in config["extenders"]:
-                ext["urlPrefix"] = self.extender_url
+                ext["urlPrefix"] = self.cfg.scheduler_extender_url or self.extender_url
                 ext["nodeCacheCapable"] = self.cfg.node_cache_capable
                 if not self.cfg.preempt_verb:
                     ext.pop("preemptVerb", None)
@@ -473,10 +479,21 @@ class Sandbox:
         path = self.dir / "scheduler.yaml"
         path.write_text(yaml.safe_dump(self.scheduler_config()))
         port = self.ports["scheduler"]
+        gates = ",".join(f"{gate}={str(on).lower()}"
+                         for gate, on in self.cfg.scheduler_feature_gates.items())
         self._run("scheduler", self._k8s(
             "scheduler", f"--config={path}", "--bind-address=127.0.0.1",
-            f"--secure-port={port}", f"--authorization-always-allow-paths={OPEN_PATHS}", "-v=1"),
+            f"--secure-port={port}", f"--authorization-always-allow-paths={OPEN_PATHS}", "-v=1",
+            *([f"--feature-gates={gates}"] if gates else [])),
             lambda: _http_ok(f"https://127.0.0.1:{port}/readyz"))
+
+    def start_protocol_floor(self) -> str:
+        """Start the no-op Go extender (sandbox/go/cmd/noopextender); return its URL."""
+        port = self.ports.setdefault("noopextender", free_port())
+        url = f"http://127.0.0.1:{port}"
+        self._run("noopextender", [str(self.bin / "noopextender"), f"--listen=127.0.0.1:{port}"],
+                  lambda: _http_ok(f"{url}/readyz"))
+        return url
 
     @property
     def scheduler_metrics_url(self) -> str:

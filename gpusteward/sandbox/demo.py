@@ -5,11 +5,13 @@ kube-scheduler, submits training, inference and experiment pods with card prefer
 different utilizations -- on whole GPUs, on MIG slices of the MIG-mixed A100 node, on replicas
 of the time-sliced T4 node and on H200s that NVIDIA's DRA driver serves (a ResourceSlice, no
 device plugin) -- and shows where each pod landed and why. Set KEEP=1 to leave the
-sandbox running afterwards.
+sandbox running afterwards; ``--with kueue`` (``make demo WITH=kueue``) adds a Kueue Job and a
+notebook reclaimed the native way (gpusteward/sandbox/native.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -32,6 +34,7 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, to_node
 from gpusteward.core.model import Node
 from gpusteward.core.sharing import physical
+from gpusteward.sandbox import native
 from gpusteward.sandbox.build import SandboxBuildError
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.commands import default_state_dir
@@ -283,7 +286,12 @@ def print_whatif(box: Sandbox, since: float) -> bool:
     return out.returncode == 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpusteward.sandbox.demo")
+    parser.add_argument("--with", dest="extra", choices=["kueue"], action="append", default=[],
+                        help="also reclaim a Kueue Job and a notebook the native way (starts "
+                             "the real Kueue, built from its Go module on first use)")
+    native_too = "kueue" in parser.parse_args(argv).extra
     keep = os.environ.get("KEEP") == "1"
     state = default_state_dir() if keep else Path(tempfile.mkdtemp(prefix="gpusteward-demo-"))
     if keep and (state / "state.json").exists():
@@ -293,7 +301,8 @@ def main() -> int:
     print("Starting the sandbox (the first run builds Kubernetes from Go modules: ~6 min)...")
     try:
         box = Sandbox(SandboxConfig(state_dir=state, fleet=DEMO_FLEET, with_extender=True,
-                                    detach=keep,
+                                    detach=keep, with_controllers=("kueue",) if native_too
+                                    else (),
                                     log=lambda m: print(f"  {m}", flush=True))).start()
     except (SandboxBuildError, SandboxError, TimeoutError) as e:
         print(f"demo failed to start the sandbox: {e}", file=sys.stderr)
@@ -305,6 +314,10 @@ def main() -> int:
         print_rows(rows)
         print()
         print("\n".join(summary(rows)))
+        if native_too:
+            print(f"\nIn namespace {native.NS}: an idle Kueue Job holding its queue's one GPU, "
+                  "a busy\nhigher-priority one waiting for it, and an idle Kubeflow notebook.")
+            native.setup(box.api())
         print("\nStarting the reclaimer. The sandbox policy runs it in enforce mode with a 15 s"
               "\nidle window and a 4 s grace (shipped default: observe, 30 min, 15 min).\n")
         receiver = Receiver()
@@ -315,7 +328,11 @@ def main() -> int:
         idle = {j.name for j in WORKLOAD if j.util == "0"}
         print(f"\nReclaimer: {returned:.3g} of {allocated:.3g} allocated GPUs were held by idle "
               f"pods and given back ({', '.join(sorted(reclaimed))}); busy pods were left alone.")
-        ok = all(r["node"] for r in rows) and reclaimed == idle
+        native_ok = True
+        if native_too:
+            print(f"\nReclaimed the native way ({native.NS}):\n")
+            native_ok = native.watch(box.api())
+        ok = all(r["node"] for r in rows) and reclaimed == idle and native_ok
         ok = print_notifications(receiver) and ok
         ok = print_report(box) and ok
         ok = print_whatif(box, since) and ok

@@ -43,6 +43,9 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         *{("batch", "jobs", v, "*") for v in ("get", "list", "patch")},
         *{(group, r, v, "*") for group, r in OWN_SWITCHES for v in ("get", "patch")},
         ("kueue.x-k8s.io", "workloads", "list", "*"),
+        # Workloads waiting for quota: the queues they wait in (core/reclaim/kueue.py)
+        ("kueue.x-k8s.io", "localqueues", "list", "*"),
+        ("kueue.x-k8s.io", "clusterqueues", "list", "*"),
         ("autoscaling", "horizontalpodautoscalers", "list", "*")},
     "gpusteward-reclaimer-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
@@ -220,7 +223,9 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
         # past authorization to a 404, refused ones stop at 403.
         *[(method, _crd_path(group, plural, ns), body, 404) for group, plural in OWN_SWITCHES
           for method, body in (("GET", None), ("PATCH", annotate))],
-        ("GET", "/apis/kueue.x-k8s.io/v1beta2/workloads?limit=500", None, 404),
+        *[("GET", f"/apis/kueue.x-k8s.io/v1beta2/{r}?limit=500", None, 404)
+          for r in ("workloads", "localqueues", "clusterqueues")],
+        ("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/q", annotate, 403),
         ("GET", "/apis/autoscaling/v2/horizontalpodautoscalers?limit=500", None, 200),
         *[("DELETE", _crd_path(group, plural, ns), None, 403) for group, plural in OWN_SWITCHES],
         ("GET", "/apis/ray.io/v1/rayservices?limit=500", None, 403),

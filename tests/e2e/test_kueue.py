@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
+from gpusteward.core.policy import load_policy
 from gpusteward.core.reclaim.kinds import KUEUE_JOB_UID, KUEUE_QUEUE
 from gpusteward.core.reclaim.model import RECLAIM_REASON
+from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.kubehttp import wait_for
 from tests.e2e.kube import Namespace, apply_priority_classes, cycle_until, gpu_pod
@@ -35,18 +38,19 @@ def queue_ns(kueue_box: Sandbox) -> Iterator[Namespace]:
     api.apply(f"{KUEUE}/resourceflavors/default", {
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
         "metadata": {"name": "default"}, "spec": {}})
-    api.apply(f"{KUEUE}/clusterqueues/gpus", {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-        "metadata": {"name": "gpus"},
-        "spec": {"namespaceSelector": {}, "resourceGroups": [{
-            "coveredResources": ["nvidia.com/gpu"],
-            "flavors": [{"name": "default", "resources": [
-                {"name": "nvidia.com/gpu", "nominalQuota": GPUS_IN_QUEUE}]}]}]}})
     for ns in fresh_namespace(api, "kueue"):
+        cq = f"gpus-{ns.name}"  # a queue per test: no test waits on another's quota
+        api.apply(f"{KUEUE}/clusterqueues/{cq}", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {"namespaceSelector": {}, "resourceGroups": [{
+                "coveredResources": ["nvidia.com/gpu"],
+                "flavors": [{"name": "default", "resources": [
+                    {"name": "nvidia.com/gpu", "nominalQuota": GPUS_IN_QUEUE}]}]}]}})
         api.apply(f"{KUEUE}/namespaces/{ns.name}/localqueues/team", {
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
             "metadata": {"name": "team", "namespace": ns.name},
-            "spec": {"clusterQueue": "gpus"}})
+            "spec": {"clusterQueue": cq}})
         yield ns
 
 
@@ -65,6 +69,12 @@ def workload_of(ns: Namespace, job: dict[str, Any]) -> dict[str, Any] | None:
     items = ns.api.get(f"{KUEUE}/namespaces/{ns.name}/workloads?labelSelector="
                        f"{KUEUE_JOB_UID}%3D{job['metadata']['uid']}")["items"]
     return items[0] if items else None
+
+
+def waiting_for_quota(ns: Namespace, job: dict[str, Any]) -> None:
+    wait_for("the second Workload to wait for quota", lambda: (
+        (wl := workload_of(ns, job)) is not None and not condition(wl, "QuotaReserved")),
+        timeout=60)
 
 
 def condition(obj: dict[str, Any] | None, kind: str) -> bool:
@@ -88,10 +98,9 @@ async def test_an_idle_admitted_workload_is_deactivated_and_a_waiting_one_runs(
     ns = queue_ns
     low = queued_job(ns, "low", "gpu-low", util="0")
     wait_for("Kueue to admit and start the idle Job", lambda: running(ns, "low"), timeout=120)
-    high = queued_job(ns, "high", "gpu-high", util="80")
-    wait_for("the second Workload to wait for quota", lambda: (
-        (wl := workload_of(ns, high)) is not None and not condition(wl, "QuotaReserved")),
-        timeout=60)
+    # Of equal priority, so queue enforcement leaves it to the idle timeout (the test below).
+    high = queued_job(ns, "high", "gpu-low", util="80")
+    waiting_for_quota(ns, high)
     rec = await reclaimer("enforce", box=kueue_box)
     low_wl = f"{KUEUE}/namespaces/{ns.name}/workloads/{workload_of(ns, low)['metadata']['name']}"
     await cycle_until(rec, "the idle Workload deactivated",
@@ -107,3 +116,29 @@ async def test_an_idle_admitted_workload_is_deactivated_and_a_waiting_one_runs(
     ours = managers(ns.api.get(low_wl), "f:active")
     assert ours and not ours & managers(job, "f:suspend"), (ours, managers(job, "f:suspend"))
     assert RECLAIM_REASON not in (job["metadata"].get("annotations") or {})
+
+
+async def test_queue_enforcement_deactivates_an_idle_workload_for_one_waiting_for_quota(
+        kueue_box, queue_ns, reclaimer):
+    """A higher-priority Workload waiting for admission has no pending pod (Kueue keeps its Job
+    suspended): its demand is read from the Workload itself, and the idle lower-priority one is
+    deactivated for it at once, under a policy whose idle timeout would take an hour."""
+    ns = queue_ns
+    base = load_policy(kueue_box.cfg.policy)
+    hour_grace = msgspec.structs.replace(base.reclaim.idle, grace=Duration(3600))
+    policy = msgspec.structs.replace(base, reclaim=msgspec.structs.replace(
+        base.reclaim, idle=hour_grace))
+    low = queued_job(ns, "low", "gpu-low", util="0")
+    wait_for("Kueue to admit and start the idle Job", lambda: running(ns, "low"), timeout=120)
+    high = queued_job(ns, "high", "gpu-high", util="80")
+    waiting_for_quota(ns, high)
+    assert not [p for p in ns.pods() if (p["metadata"].get("labels") or {}).get(
+        "job-name") == "high"]  # no pending pod: the demand is the Workload's
+    rec = await reclaimer("enforce", box=kueue_box, policy=policy)
+    low_wl = f"{KUEUE}/namespaces/{ns.name}/workloads/{workload_of(ns, low)['metadata']['name']}"
+    await cycle_until(rec, "the idle Workload deactivated for the waiting one",
+                      lambda: ns.api.get(low_wl)["spec"].get("active") is False, timeout=150)
+    assert ns.api.get(low_wl)["metadata"]["annotations"][RECLAIM_REASON] == "queue"
+    wait_for("the waiting Workload admitted and running", lambda: running(ns, "high"),
+             timeout=120)
+    assert condition(workload_of(ns, high), "Admitted")

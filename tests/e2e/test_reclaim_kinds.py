@@ -1,8 +1,8 @@
 """Owners stopped through their own switch, against the sandbox's real API server, for kinds
 whose controllers are not built here: our own CRDs for the upstream group/version/kind
-(tests/e2e/owner_crds.py). What is proven: the chain walk (pod -> StatefulSet -> Notebook, pod ->
-Job -> JobSet), the API calls and the resulting object state, restore, and that gpusteward never
-writes a Kueue-managed Job's suspend. Not proven here: what each upstream controller then does
+(gpusteward/sandbox/owner_crds.py). What is proven: the chain walk (pod -> StatefulSet -> Notebook,
+pod -> Job -> JobSet), the API calls and the resulting object state, restore, and that gpusteward
+never writes a Kueue-managed Job's suspend. Not proven here: what each upstream controller then does
 (no Notebook, JobSet, LWS or KServe controller runs) — docs/operations.md says which is which.
 """
 
@@ -28,10 +28,10 @@ from gpusteward.core.reclaim.model import (
     RECLAIMED_AT,
     REPLICAS_BEFORE,
 )
+from gpusteward.sandbox import owner_crds
 from gpusteward.sandbox.kubehttp import wait_for
-from tests.e2e import owner_crds
+from gpusteward.sandbox.owner_crds import owned_by
 from tests.e2e.kube import annotations, cycle_for, cycle_until, gone, gpu_pod, reasons
-from tests.e2e.owner_crds import owned_by
 
 TIMEOUT = 150.0  # mark, warn (4 s grace) and act over a 15 s window, on a loaded machine
 

@@ -15,7 +15,7 @@ import msgspec
 
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim import kinds, queue, selfservice, snooze
+from gpusteward.core.reclaim import kinds, kueue, queue, selfservice, snooze
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
@@ -197,6 +197,8 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
 
 def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                   idle_now: dict[str, bool], teams: Mapping[str, TeamUsage]) -> list[Action]:
+    """Idle owners reclaimed for pending pods on the nodes (queue.py), then for Kueue Workloads
+    waiting for their ClusterQueue's quota (kueue.py)."""
     if not policy.queue.enabled:
         return []
     candidates = []
@@ -217,15 +219,32 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
             continue
         victims.take(c)
         free[c.node] = free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - pending.gpus
-        for v in c.victims:
-            owner = owner_of(v.pod, snap)
-            how = how_to_reclaim(owner, policy)
-            actions.append(Action(
-                ActionKind.RECLAIM, v.pod, v.team, Reason.QUEUE,
-                f"reclaiming {v.pod.gpus} idle GPU(s) on {c.node} for pending {pending.key} "
-                f"(priority {pending.priority} > {v.pod.priority})", owner, how,
-                peers=_peers(owner, v.pod.uid, how, by_uid)))
+        actions += [_claimed(snap, policy, by_uid, v, pending, f"on {c.node} ")
+                    for v in c.victims]
+    if snap.kueue is not None:
+        left = [c for node in victims.by_node.values() for c in node]
+        for k in kueue.claims(snap.kueue, snap.now, float(policy.queue.min_wait), left,
+                              lambda c: _workload(owner_of(c.pod, snap)), teams,
+                              lambda p: team(p, snap.namespace_labels)):
+            actions += [_claimed(snap, policy, by_uid, v, k.pending,
+                                 f"in ClusterQueue {k.cluster_queue} ") for v in k.victims]
     return actions
+
+
+def _claimed(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], v: queue.Candidate,
+             pending: Pod, where: str) -> Action:
+    owner = owner_of(v.pod, snap)
+    how = how_to_reclaim(owner, policy)
+    return Action(ActionKind.RECLAIM, v.pod, v.team, Reason.QUEUE,
+                  f"reclaiming {v.pod.gpus} idle GPU(s) {where}for pending {pending.key} "
+                  f"(priority {pending.priority} > {v.pod.priority})", owner, how,
+                  peers=_peers(owner, v.pod.uid, how, by_uid))
+
+
+def _workload(owner: Owner) -> str | None:
+    """The Kueue Workload (namespace/name) an owner is stopped through, if any."""
+    via = owner.via
+    return f"{owner.namespace}/{via.name}" if via is not None and via.kind == "Workload" else None
 
 
 def _blocked_reason(owner: Owner) -> str:

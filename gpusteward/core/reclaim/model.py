@@ -8,6 +8,7 @@ from enum import StrEnum
 import msgspec
 
 from gpusteward.core.model import Node, Pod
+from gpusteward.core.reclaim.kueue import Demand
 
 # Annotations the reclaimer writes; restarts lose nothing because the stage lives on the pod.
 IDLE_SINCE = "gpusteward.io/idle-since"
@@ -218,6 +219,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     tiers: Mapping[str, str | None] = msgspec.field(default_factory=dict)  # node -> tier
     snoozes: tuple[SnoozeRecord, ...] = ()  # as recorded so far
     restore_asks: tuple[RestoreAsk, ...] = ()
+    kueue: Demand | None = None  # Workloads waiting for quota, where Kueue is installed
 
 
 class Action(msgspec.Struct, frozen=True):

@@ -1,4 +1,5 @@
-"""CRDs of our own for owner kinds whose controllers are not built here: the upstream group,
+"""CRDs of our own for owner kinds whose controllers are not built here (for the e2e tests and
+the demo's notebook): the upstream group,
 version, kind and plural, and only the fields gpusteward touches, typed as upstream types them
 (checked against, not copied from, upstream):
 
@@ -21,6 +22,7 @@ version, kind and plural, and only the fields gpusteward touches, typed as upstr
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from gpusteward.sandbox.kubehttp import KubeHTTP, KubeHTTPError, wait_for
@@ -61,13 +63,17 @@ CRDS = [
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
-def install(api: KubeHTTP) -> None:
-    for crd in CRDS:
-        api.apply(f"{CRD_PATH}/{crd['metadata']['name']}", crd, manager="gpusteward-e2e")
-    for crd in CRDS:
+NOTEBOOK = next(c for c in CRDS if c["spec"]["names"]["kind"] == "Notebook")
+
+
+def install(api: KubeHTTP, crds: list[dict[str, Any]] = CRDS) -> None:
+    """Beside the real Kueue, leave its Workload out: Kueue installs its own."""
+    for crd in crds:
+        api.apply(f"{CRD_PATH}/{crd['metadata']['name']}", crd, manager="gpusteward-sandbox")
+    for crd in crds:
         s = crd["spec"]
         path = f"/apis/{s['group']}/{s['versions'][0]['name']}/{s['names']['plural']}"
-        wait_for(f"{path} to be served", lambda p=path: _served(api, p), timeout=60)
+        wait_for(f"{path} to be served", partial(_served, api, path), timeout=60)
 
 
 def remove(api: KubeHTTP) -> None:
