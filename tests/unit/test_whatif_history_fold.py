@@ -48,3 +48,18 @@ def test_a_replicaset_pod_belongs_to_its_deployment_and_keeps_its_team():
     assert history.owners["u1"].key == "ml/Deployment/web"
     assert len(record.gpus) == 1 and list(record.gpus[0].samples) == [2.0] * 10
     assert any("annotations" in g for g in history.gaps)
+
+
+def test_a_series_with_gaps_and_points_before_the_window_is_folded_step_by_step():
+    # Prometheus' range answer leaves out the steps where a series had no sample (an exporter
+    # outage): those steps stay unsampled; points before the grid are dropped.
+    facts = Facts(GRID, POLICY.telemetry.node_labels)
+    gpu = {"Hostname": "n1", "UUID": "GPU-1", "gpu": "0"}
+    steps = [-1, 0, 1, 3, 4]
+    facts.add("peak", [Series(gpu, [(GRID.time(i), f"{10 * i}") for i in steps])])
+    facts.add("count", [Series(gpu, [(GRID.time(i), "2") for i in steps])])
+    piece = facts.gpu_series[tuple(sorted(gpu.items()))]
+    assert piece.first == 0
+    assert list(piece.peaks) == [0.0, 10.0, -1.0, 30.0, 40.0]
+    assert list(piece.samples) == [2.0, 2.0, 0.0, 2.0, 2.0]
+    assert list(facts.telemetry) == [1, 1, 0, 1, 1, 0, 0, 0, 0, 0]
