@@ -8,6 +8,8 @@ import math
 import re
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, repeat
+from operator import ne, sub
 from typing import Any
 
 from gpusteward.adapters.errors import AdapterError
@@ -123,14 +125,17 @@ class Facts:
     def _runs(self, times: Sequence[float]) -> list[tuple[int, int, int]]:
         """(step, a, b): the points ``a..b-1`` on consecutive steps from ``step`` on, within
         the grid (a series with gaps, e.g. an exporter outage, is put run by run)."""
-        steps = [self.index(t) for t in times]
-        out, a = [], 0
-        for b in range(1, len(steps) + 1):
-            if b == len(steps) or steps[b] != steps[b - 1] + 1:
-                lo, hi = max(0, steps[a]), min(self.grid.steps - 1, steps[b - 1])
-                if lo <= hi:
-                    out.append((lo, a + lo - steps[a], a + hi - steps[a] + 1))
-                a = b
+        step = self.grid.step
+        # a run can only break where two points are not one step apart
+        maybe = compress(range(1, len(times)), map(ne, map(sub, times[1:], times[:-1]),
+                                                    repeat(step)))
+        ends = [j for j in maybe if self.index(times[j]) != self.index(times[j - 1]) + 1]
+        out = []
+        for a, b in zip([0, *ends], [*ends, len(times)], strict=True):
+            first = self.index(times[a])
+            lo, hi = max(0, first), min(self.grid.steps - 1, first + b - a - 1)
+            if lo <= hi:
+                out.append((lo, a + lo - first, a + hi - first + 1))
         return out
 
     def _sampled(self, first: int, counts: array) -> None:
