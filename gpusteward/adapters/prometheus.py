@@ -248,7 +248,7 @@ class PrometheusSource:
                     f"prometheus at {self.url} refused our credentials: {e}; check the "
                     "bearer token or basic auth settings") from e
             raise TelemetryUnavailable(f"prometheus at {self.url} rejected {promql!r}: {e}") from e
-        except (ValueError, KeyError, TypeError, msgspec.DecodeError) as e:
+        except (ValueError, KeyError, TypeError) as e:  # msgspec.DecodeError is a ValueError
             raise TelemetryUnavailable(f"prometheus at {self.url} answered garbage: {e}") from e
         if not isinstance(result, list):
             raise TelemetryUnavailable(f"prometheus at {self.url} answered garbage: {result!r}")
