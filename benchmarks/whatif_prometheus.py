@@ -44,8 +44,15 @@ class FakePod:
     ends: list[int] = field(default_factory=list)  # utilization segments: end step, value
     values: list[float] = field(default_factory=list)
 
-    def util(self, i: int) -> float:
-        return self.values[min(bisect.bisect_right(self.ends, i), len(self.values) - 1)]
+    def util(self, steps: range) -> list[tuple[range, str]]:
+        """Its utilization over ``steps``, segment by segment (the last one lasts)."""
+        out, i = [], steps.start
+        while i < steps.stop:
+            k = min(bisect.bisect_right(self.ends, i), len(self.values) - 1)
+            stop = steps.stop if k == len(self.values) - 1 else min(steps.stop, self.ends[k])
+            out.append((range(i, stop), f"{self.values[k]:g}"))
+            i = stop
+        return out
 
 
 class Fleet:
@@ -105,17 +112,32 @@ def _range(lo: int, hi: int, a: int, b: int) -> range:
     return range(max(lo, a), min(hi, b) + 1)
 
 
-def _series(metric: dict[str, str], points: list[tuple[float, str]]) -> str:
-    values = ",".join(f'[{t:.3f},"{v}"]' for t, v in points)
-    return f'{{"metric":{json.dumps(metric)},"values":[{values}]}}'
+def _minus(spans: list[range], cut: range) -> list[range]:
+    """``spans`` (consecutive steps each) less the steps of ``cut``."""
+    out = []
+    for s in spans:
+        out += [r for r in (range(s.start, min(s.stop, cut.start)),
+                            range(max(s.start, cut.stop), s.stop)) if r]
+    return out
+
+
+Runs = list[tuple[range, str]]  # consecutive steps with one value each
 
 
 class Answers:
     def __init__(self, fleet: Fleet, start: float):
         self.fleet, self.start = fleet, start
+        # each step's '[<time>,' once: a series' points are joined from these (the fleet's
+        # bodies are GBs; formatting every point would make this process the bottleneck)
+        self.stamps = [f"[{self.at(i):.3f}," for i in range(fleet.steps)]
 
     def at(self, i: int) -> float:
         return self.start + i * STEP
+
+    def _series(self, metric: dict[str, str], runs: Runs) -> str:
+        values = ",".join(f'"{v}"],'.join(self.stamps[r.start:r.stop]) + f'"{v}"]'
+                          for r, v in runs if r)
+        return f'{{"metric":{json.dumps(metric)},"values":[{values}]}}'
 
     def answer(self, query: str, a: int, b: int) -> list[str]:
         kind = next(k for k, pattern in KINDS if re.search(pattern, query))
@@ -129,8 +151,7 @@ class Answers:
                                  (p.node, p.running_from, p.running_to)):
                 steps = _range(lo, hi, a, b)
                 if steps:
-                    out.append(_series({**base, "node": node},
-                                       [(self.at(i), "1") for i in steps]))
+                    out.append(self._series({**base, "node": node}, [(steps, "1")]))
         return out
 
     def phase(self, a: int, b: int) -> list[str]:
@@ -140,8 +161,7 @@ class Answers:
                                   ("Running", p.running_from, p.running_to)):
                 steps = _range(lo, hi, a, b)
                 if steps:
-                    out.append(_series({"uid": p.uid, "phase": phase},
-                                       [(self.at(i), "1") for i in steps]))
+                    out.append(self._series({"uid": p.uid, "phase": phase}, [(steps, "1")]))
         return out
 
     def _gpu_series(self, a: int, b: int, value) -> list[str]:  # noqa: ANN001
@@ -156,28 +176,28 @@ class Answers:
                 base = {"UUID": f"GPU-{n:04d}-{g}", "Hostname": node, "gpu": str(g),
                         "namespace": "gpu-operator", "pod": f"dcgm-exporter-{n:05d}"}
                 held = sorted(holders.get((node, g), []), key=lambda p: p.running_from)
-                free = set(range(a, b + 1))
+                free = [range(a, b + 1)]
                 for p in held:
-                    steps = [i for i in _range(p.running_from, p.running_to, a, b)
-                             if i not in dark]
-                    free -= set(_range(p.running_from, p.running_to, a, b))
+                    held_steps = _range(p.running_from, p.running_to, a, b)
+                    steps = _minus([held_steps], dark)
+                    free = _minus(free, held_steps)
                     if steps:
-                        out.append(_series({**base, "exported_namespace": p.namespace,
-                                            "exported_pod": p.name},
-                                           [(self.at(i), value(p, i)) for i in steps]))
-                idle = [i for i in sorted(free) if i not in dark]
+                        out.append(self._series({**base, "exported_namespace": p.namespace,
+                                                 "exported_pod": p.name},
+                                                [run for r in steps for run in value(p, r)]))
+                idle = _minus(free, dark)
                 if idle:
-                    out.append(_series(base, [(self.at(i), value(None, i)) for i in idle]))
+                    out.append(self._series(base, [run for r in idle for run in value(None, r)]))
         return out
 
     def peak(self, a: int, b: int) -> list[str]:
-        return self._gpu_series(a, b, lambda p, i: f"{p.util(i) if p else 0.0:g}")
+        return self._gpu_series(a, b, lambda p, r: p.util(r) if p else [(r, "0")])
 
     def count(self, a: int, b: int) -> list[str]:
-        return self._gpu_series(a, b, lambda p, i: str(STEP // SCRAPE))
+        return self._gpu_series(a, b, lambda p, r: [(r, str(STEP // SCRAPE))])
 
     def _static(self, a: int, b: int, metric) -> list[str]:  # noqa: ANN001
-        return [_series(m, [(self.at(b), v)]) for p in self.fleet.present(a, b)
+        return [self._series(m, [(range(b, b + 1), v)]) for p in self.fleet.present(a, b)
                 for m, v in [metric(p)] if m]
 
     def gpus(self, a: int, b: int) -> list[str]:
@@ -198,8 +218,8 @@ class Answers:
         return self._static(a, b, lambda p: ({"uid": p.uid}, f"{self.at(p.pending_from):.0f}"))
 
     def model(self, a: int, b: int) -> list[str]:
-        return [_series({"UUID": f"GPU-{n:04d}-{g}", "gpu": str(g), "Hostname": node,
-                         "modelName": MODELS[n % 2]}, [(self.at(b), "0")])
+        return [self._series({"UUID": f"GPU-{n:04d}-{g}", "gpu": str(g), "Hostname": node,
+                              "modelName": MODELS[n % 2]}, [(range(b, b + 1), "0")])
                 for n, node in enumerate(self.fleet.nodes) for g in range(8)]
 
 

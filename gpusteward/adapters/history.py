@@ -16,10 +16,8 @@ the number of queries is ``len(QUERIES) * chunks`` whatever the number of pods, 
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from gpusteward.adapters.errors import TelemetryUnavailable
-from gpusteward.adapters.historyfold import Facts, Series, ksm_resource
+from gpusteward.adapters.historyfold import Facts, ksm_resource
 from gpusteward.adapters.prometheus import WHOLE_GPU_UTIL, PrometheusSource, keeping
 from gpusteward.adapters.snapshot import evidence_queries
 from gpusteward.core.dcgm import ENGINE_ACTIVE
@@ -73,14 +71,7 @@ class HistoryReader:
             b = min(grid.steps - 1, a + int(self.chunk // self.step) - 1)
             for name, promql in self.queries.items():
                 first = a if name in PER_STEP else b
-                rows = await self.prometheus.query_range(
-                    promql, grid.time(first), grid.time(b), self.step)
-                facts.add(name, _decode(rows))
+                facts.add(name, await self.prometheus.query_matrix(
+                    promql, grid.time(first), grid.time(b), self.step))
         return facts.history(self.policy)
 
-
-def _decode(rows: list[dict[str, Any]]) -> list[Series]:
-    try:
-        return [Series(r["metric"], r["values"]) for r in rows]
-    except (KeyError, TypeError) as e:
-        raise TelemetryUnavailable(f"prometheus answered a range query with {e!r} missing") from e

@@ -8,10 +8,12 @@ import math
 import re
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from itertools import compress, repeat
+from operator import ne, sub
+from typing import Any
 
 from gpusteward.adapters.errors import AdapterError
-from gpusteward.adapters.prometheus import ENGINE_ACTIVE
+from gpusteward.adapters.prometheus import ENGINE_ACTIVE, Series
 from gpusteward.core.attribution import Attribution, is_per_pod, node_of
 from gpusteward.core.cards import TierTable
 from gpusteward.core.dcgm import gpu_id
@@ -47,13 +49,6 @@ def label_name(key: str) -> str:
 
 def ksm_resource(name: str) -> str:
     return _INVALID.sub("_", name)
-
-
-class Series(NamedTuple):
-    """One series of a range query's matrix: its labels and its [time, "value"] points."""
-
-    metric: dict[str, str]
-    values: list[list[Any]]
 
 
 class Facts:
@@ -108,26 +103,40 @@ class Facts:
             if not s.values:
                 continue
             key = tuple(sorted(s.metric.items()))
-            values = array("d", map(float, (v for _, v in s.values)))
+            times, texts = zip(*s.values, strict=True)
+            values = array("d", map(float, texts))
             if slot == 0 and (max(values) > 100.0 or min(values) < 0.0
                               or any(map(math.isnan, values))):
                 # NaN, infinite or out of range: no reading (rules.is_reading)
                 values = array("d", (v if 0.0 <= v <= 100.0 else BROKEN for v in values))
-            first, last = self.index(s.values[0][0]), self.index(s.values[-1][0])
+            first, last = self.index(times[0]), self.index(times[-1])
             piece = self.gpu_series.get(key)
             if piece is None:
                 piece = self.gpu_series[key] = Figures(max(0, first))
             if last - first + 1 == len(values) and first >= 0 and last < n:
-                piece.put(slot, first, values)  # one point per step: the usual case
+                runs = [(first, 0, len(values))]  # one point per step: the usual case
+            else:
+                runs = self._runs(times)
+            for at, a, b in runs:
+                piece.put(slot, at, values[a:b])
                 if slot == 1:
-                    self._sampled(first, values)
-                continue
-            for (t, _), value in zip(s.values, values, strict=True):
-                i = self.index(t)
-                if 0 <= i < n:
-                    piece.put(slot, i, array("d", [value]))
-                    if slot == 1 and value > 0:
-                        self.telemetry[i] = 1
+                    self._sampled(at, values[a:b])
+
+    def _runs(self, times: Sequence[float]) -> list[tuple[int, int, int]]:
+        """(step, a, b): the points ``a..b-1`` on consecutive steps from ``step`` on, within
+        the grid (a series with gaps, e.g. an exporter outage, is put run by run)."""
+        step = self.grid.step
+        # a run can only break where two points are not one step apart
+        maybe = compress(range(1, len(times)), map(ne, map(sub, times[1:], times[:-1]),
+                                                    repeat(step)))
+        ends = [j for j in maybe if self.index(times[j]) != self.index(times[j - 1]) + 1]
+        out = []
+        for a, b in zip([0, *ends], [*ends, len(times)], strict=True):
+            first = self.index(times[a])
+            lo, hi = max(0, first), min(self.grid.steps - 1, first + b - a - 1)
+            if lo <= hi:
+                out.append((lo, a + lo - first, a + hi - first + 1))
+        return out
 
     def _sampled(self, first: int, counts: array) -> None:
         if min(counts) > 0:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from tenacity import (
@@ -55,6 +56,26 @@ NEWEST_SAMPLE = f"max(timestamp({WHOLE_GPU_UTIL}) or timestamp({ENGINE_ACTIVE}))
 
 class _Transient(Exception):
     pass
+
+
+class Series(msgspec.Struct):
+    """One series of a range query's matrix: its labels and its [time, "value"] points."""
+
+    metric: dict[str, str]
+    values: list[tuple[float, str]]
+
+
+class _Matrix(msgspec.Struct):
+    result: list[Series]
+
+
+class _RangeAnswer(msgspec.Struct):
+    data: _Matrix
+
+
+# A week of a fleet's range queries is GBs of JSON: decoded straight into typed structs
+# (values stay strings: Prometheus writes "+Inf", which msgspec would not read as a float).
+_range_answer = msgspec.json.Decoder(_RangeAnswer)
 
 
 def _tls_reason(error: Exception) -> str:
@@ -153,11 +174,16 @@ class PrometheusSource:
         mapping as instant queries (used by the report)."""
         return await self._retry(self._query_range_once, promql, start, end, step)
 
+    async def query_matrix(self, promql: str, start: float, end: float,
+                           step: float) -> list[Series]:
+        """A range query as typed series (the what-if history's bulk reads), with the same
+        retries and error mapping."""
+        return await self._retry(self._query_matrix_once, promql, start, end, step)
+
     async def _query(self, promql: str) -> list[dict[str, Any]]:
         return await self._retry(self._query_once, promql)
 
-    async def _retry(self, once: Callable[..., list[dict[str, Any]]],
-                     *args: Any) -> list[dict[str, Any]]:
+    async def _retry(self, once: Callable[..., list[Any]], *args: Any) -> list[Any]:
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(_Transient),
             stop=stop_after_attempt(self.attempts),
@@ -186,7 +212,24 @@ class PrometheusSource:
             end_time=datetime.fromtimestamp(end, UTC), step=f"{step:g}",
             params={"timeout": f"{self.timeout:g}s"}))
 
-    def _mapped(self, promql: str, call: Callable[[], Any]) -> list[dict[str, Any]]:
+    def _query_matrix_once(self, promql: str, start: float, end: float,
+                           step: float) -> list[Series]:
+        def call() -> list[Series]:
+            prom = self._prom
+            response = prom._session.request(
+                method=prom._method, url=f"{self.url}/api/v1/query_range",
+                params={"query": promql, "start": round(start), "end": round(end),
+                        "step": f"{step:g}", "timeout": f"{self.timeout:g}s"},
+                verify=prom._session.verify, headers=prom.headers, auth=prom.auth,
+                cert=prom._session.cert, timeout=self.timeout)
+            if response.status_code != 200:  # the same text as prometheus-api-client's
+                raise PrometheusApiClientException(
+                    f"HTTP Status Code {response.status_code} ({response.content!r})")
+            return _range_answer.decode(response.content).data.result
+
+        return self._mapped(promql, call)
+
+    def _mapped(self, promql: str, call: Callable[[], Any]) -> list[Any]:
         """Run one HTTP call, mapping library errors to ours (_Transient ones are retried)."""
         self.queries_run += 1
         try:
@@ -205,7 +248,7 @@ class PrometheusSource:
                     f"prometheus at {self.url} refused our credentials: {e}; check the "
                     "bearer token or basic auth settings") from e
             raise TelemetryUnavailable(f"prometheus at {self.url} rejected {promql!r}: {e}") from e
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError) as e:  # msgspec.DecodeError is a ValueError
             raise TelemetryUnavailable(f"prometheus at {self.url} answered garbage: {e}") from e
         if not isinstance(result, list):
             raise TelemetryUnavailable(f"prometheus at {self.url} answered garbage: {result!r}")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.historyfold import Facts, NoHistory, Series, label_name
+from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.whatif.history import Grid
 
@@ -48,3 +50,73 @@ def test_a_replicaset_pod_belongs_to_its_deployment_and_keeps_its_team():
     assert history.owners["u1"].key == "ml/Deployment/web"
     assert len(record.gpus) == 1 and list(record.gpus[0].samples) == [2.0] * 10
     assert any("annotations" in g for g in history.gaps)
+
+
+def test_a_series_with_gaps_and_points_before_the_window_is_folded_step_by_step():
+    # Prometheus' range answer leaves out the steps where a series had no sample (an exporter
+    # outage): those steps stay unsampled; points before the grid are dropped.
+    facts = Facts(GRID, POLICY.telemetry.node_labels)
+    gpu = {"Hostname": "n1", "UUID": "GPU-1", "gpu": "0"}
+    steps = [-1, 0, 1, 3, 4]
+    facts.add("peak", [Series(gpu, [(GRID.time(i), f"{10 * i}") for i in steps])])
+    facts.add("count", [Series(gpu, [(GRID.time(i), "2") for i in steps])])
+    piece = facts.gpu_series[tuple(sorted(gpu.items()))]
+    assert piece.first == 0
+    assert list(piece.peaks) == [0.0, 10.0, -1.0, 30.0, 40.0]
+    assert list(piece.samples) == [2.0, 2.0, 0.0, 2.0, 2.0]
+    assert list(facts.telemetry) == [1, 1, 0, 1, 1, 0, 0, 0, 0, 0]
+
+
+# A range query's matrix (prometheus/docs/querying/api.md, "Range queries" and "Range
+# vectors"): {"metric": {labels}, "values": [[unix_time, "sample as a string"], ...]}, with
+# NaN and ±Inf spelled "NaN", "+Inf", "-Inf". A real Prometheus never answers garbage, so a
+# stand-in on 127.0.0.1 does here (the real server's answers are in tests/component).
+MATRIX = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"gpu":"0"},'
+          b'"values":[[1800000000,"+Inf"],[1800000060.5,"NaN"],[1800000120,"42"]]}]}}')
+
+
+@pytest.fixture
+def answering():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = {"answer": b""}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the base class's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body["answer"])))
+            self.end_headers()
+            self.wfile.write(body["answer"])
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def source(answer: bytes) -> PrometheusSource:
+        body["answer"] = answer
+        return PrometheusSource(f"http://127.0.0.1:{server.server_port}", POLICY.telemetry,
+                                POLICY.health, attempts=1)
+
+    yield source
+    server.shutdown()
+
+
+async def test_a_range_answer_is_read_as_typed_series_infinities_included(answering):
+    rows = await answering(MATRIX).query_matrix("up", 1_800_000_000, 1_800_000_120, 60)
+    assert rows == [Series({"gpu": "0"}, [(1_800_000_000.0, "+Inf"), (1_800_000_060.5, "NaN"),
+                                          (1_800_000_120.0, "42")])]
+
+
+@pytest.mark.parametrize("answer", [
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"gpu":"0"}}]}}',
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"values":[]}]}}',
+    b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},'
+    b'"values":[[1800000000,1]]}]}}',
+    b"<html>proxy error</html>"])
+async def test_a_malformed_range_answer_is_telemetry_unavailable_naming_it(answering, answer):
+    with pytest.raises(TelemetryUnavailable, match="answered garbage"):
+        await answering(answer).query_matrix("up", 1_800_000_000, 1_800_000_120, 60)

@@ -9,7 +9,7 @@ coverage, and how many GPUs have samples at all.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, compress, repeat
 from operator import ne, sub, truediv
 
@@ -17,7 +17,7 @@ from gpusteward.core.reclaim.model import Evidence
 from gpusteward.core.whatif.history import GpuUse
 
 
-def sliding_max(values: Sequence[float], k: int) -> array[float]:
+def sliding_max(values: Iterable[float], k: int) -> array[float]:
     """``max(values[i-k+1 .. i])`` for every ``i`` (clipped at 0), in O(n).
 
     van Herk / Gil-Werman: a window of ``k`` spans at most two blocks of ``k``; its max is the
@@ -55,13 +55,15 @@ class PodEvidence:
         self.offset = offset  # step of the figures' first entry
         self.window = window
         expected = max(window / scrape_interval, 1.0)
-        peaks = [sliding_max(g.peaks, k) for g in gpus]
+        # the windowed max of the GPUs' highest peak per step: the same as the highest of each
+        # GPU's windowed max, for one sliding pass instead of one per GPU
+        top = map(max, *(g.peaks for g in gpus)) if len(gpus) > 1 else (
+            gpus[0].peaks if gpus else ())
         counts = [sliding_sum(g.samples, k) for g in gpus]
         # per GPU: its coverage, or 1 where it has no sample (the fold skips it)
         covers = [map(max, map(truediv, c, repeat(expected)), map(0.0.__eq__, c))
                   for c in counts]
-        self.peak = array("d", map(max, *peaks)) if len(peaks) > 1 else (
-            peaks[0] if peaks else array("d"))
+        self.peak = sliding_max(top, k)
         self.coverage = array("d", map(min, repeat(1.0), *covers)) if covers else array("d")
         sampled = [map(0.0.__lt__, c) for c in counts]
         self.seen = array("b", sampled[0] if len(sampled) == 1 else map(
