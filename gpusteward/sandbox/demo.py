@@ -253,7 +253,7 @@ def print_notifications(receiver: Receiver, wait: float = 20) -> bool:
     bodies = receiver.bodies()
     print(f"\nNotifications received by a webhook on {receiver.url} ({len(bodies)}):\n")
     for b in bodies:
-        print(f"  {b['event']:<10}{b['workload']:<28}team={b['team']:<8}"
+        print(f"  {b['event']:<10}{b['workload']:<28} team={b['team']:<8}"
               f"deadline={b.get('deadline') or '-'}")
     if bodies:
         print(f"\n  e.g. snooze: {bodies[0]['snooze']}\n       back:   {bodies[0]['restore']}")
