@@ -37,9 +37,17 @@ class RecordsConflict(RecordsError):
 
 
 class ConfigMapRecords(Generic[T]):
-    def __init__(self, api: client.ApiClient, namespace: str, name: str, item: type[T]) -> None:
+    """A list of ``item`` under one key of one ConfigMap (``key``; ``holds`` names its contents
+    in errors). Subclasses raise their own ``error``/``conflict`` (the per-hour ledger)."""
+
+    error: type[RecordsError] = RecordsError
+    conflict: type[RecordsError] = RecordsConflict
+
+    def __init__(self, api: client.ApiClient, namespace: str, name: str, item: type[T],
+                 key: str = "records", holds: str = "readable") -> None:
         self.core = client.CoreV1Api(api)
         self.namespace, self.name = namespace, name
+        self.key, self.holds = key, holds
         self.version: str | None = None  # resourceVersion of the last read or write
         self._decode = msgspec.json.Decoder(list[item]).decode  # type: ignore[valid-type]
 
@@ -55,16 +63,18 @@ class ConfigMapRecords(Generic[T]):
             if e.status == 404:
                 self.version = None
                 return []
-            raise RecordsError(f"reading {self.where}: HTTP {e.status} {e.reason}",
-                               e.status) from e
+            raise self.error(f"reading {self.where}: HTTP {e.status} {e.reason}",
+                             e.status) from e
         self.version = cm.metadata.resource_version
         try:
-            return list(self._decode((cm.data or {}).get("records") or "[]"))
+            return list(self._decode((cm.data or {}).get(self.key) or "[]"))
         except msgspec.DecodeError as e:
-            raise RecordsError(f"{self.where} key 'records' is unreadable: {e}") from e
+            # A damaged record must not read as "nothing recorded".
+            raise self.error(f"{self.where} key {self.key!r} is not {self.holds}: {e}") from e
 
     async def save(self, items: list[T]) -> None:
-        data = {"records": msgspec.json.encode(items).decode()}
+        """Replace the record, provided nobody wrote it since this replica's last load or save."""
+        data = {self.key: msgspec.json.encode(items).decode()}
         try:
             if self.version is None:
                 body: Any = {"metadata": {"name": self.name, "labels": {
@@ -78,11 +88,12 @@ class ConfigMapRecords(Generic[T]):
                     {"metadata": {"resourceVersion": self.version}, "data": data},
                     _request_timeout=CALL_TIMEOUT)
         except ApiException as e:
+            # 409 (changed or created meanwhile) and 404 (deleted meanwhile): read again.
             if e.status in (404, 409):
-                raise RecordsConflict(f"{self.where} changed by someone else (HTTP {e.status})",
-                                      e.status) from e
-            raise RecordsError(f"writing {self.where}: HTTP {e.status} {e.reason}",
-                               e.status) from e
+                raise self.conflict(f"{self.where} changed by someone else (HTTP {e.status})",
+                                    e.status) from e
+            raise self.error(f"writing {self.where}: HTTP {e.status} {e.reason}",
+                             e.status) from e
         self.version = cm.metadata.resource_version
 
 
