@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -52,6 +52,7 @@ PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs"
               How.PAUSE: "patch keda.sh/scaledobjects", How.BLOCK: "patch pods"}
 EVENT_PERMISSION = "create events"
 RETRIES_ON_CONFLICT = 3
+T = TypeVar("T")
 CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
 
 
@@ -164,20 +165,18 @@ class Actor:
     async def _scale_to_zero(self, kind: str, namespace: str, name: str, reason: str) -> None:
         """Record the replicas and scale to zero in one patch, guarded by resourceVersion."""
         read, patch = workload_api(self.apps, kind)
-        for attempt in range(RETRIES_ON_CONFLICT):
+
+        async def attempt() -> None:
             obj = await read(name, namespace, _request_timeout=CALL_TIMEOUT)
             before = obj.spec.replicas or 0
-            body = {"metadata": {"resourceVersion": obj.metadata.resource_version,
-                                 "annotations": {REPLICAS_BEFORE: str(before),
-                                                 RECLAIM_REASON: scaled_reason(reason, before),
-                                                 RECLAIMED_AT: stamp(self.clock())}},
-                    "spec": {"replicas": 0}}
-            try:
-                await patch(name, namespace, body, _request_timeout=CALL_TIMEOUT)
-                return
-            except ApiException as e:
-                if e.status != 409 or attempt == RETRIES_ON_CONFLICT - 1:
-                    raise
+            await patch(name, namespace, {
+                "metadata": {"resourceVersion": obj.metadata.resource_version,
+                             "annotations": {REPLICAS_BEFORE: str(before),
+                                             RECLAIM_REASON: scaled_reason(reason, before),
+                                             RECLAIMED_AT: stamp(self.clock())}},
+                "spec": {"replicas": 0}}, _request_timeout=CALL_TIMEOUT)
+
+        await retry_on_conflict(attempt)
 
     async def event(self, action: Action, reason: str, message: str,
                     warning: bool = False) -> None:
@@ -197,6 +196,19 @@ class Actor:
                                                     _request_timeout=CALL_TIMEOUT)
         except ApiException as e:
             _log_refusal(action, e, EVENT_PERMISSION)
+
+
+async def retry_on_conflict(attempt: Callable[[], Awaitable[T]]) -> T:
+    """Run a read-check-write step again when its write lost a race (HTTP 409): the
+    controllers' own status writes move resourceVersion all the time. Each try reads afresh,
+    so every check is made again on what the object is now."""
+    for _ in range(RETRIES_ON_CONFLICT - 1):
+        try:
+            return await attempt()
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    return await attempt()
 
 
 def workload_api(apps: client.AppsV1Api, kind: str) -> tuple[Callable[..., Awaitable[Any]],

@@ -5,7 +5,8 @@ The annotations are editable by anyone who can edit the object, so none is trust
 object must carry gpusteward's reclaim-reason annotation and still be at zero replicas (or
 suspended); the replica count must be a plain ASCII integer no larger than the count recorded
 with the reclaim (in the reason: "idle: scaled from 2 to 0"). Otherwise ``RestoreRefused``.
-Every patch carries the resourceVersion read, so a concurrent change makes it fail (409).
+Every patch carries the resourceVersion read, so a concurrent change makes it fail (409);
+the whole read-check-write then runs again, a few times, on what the object is now.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import RECLAIM_REASON, REPLICAS_BEFORE
 from gpusteward.core.reclaim.selfservice import plain_count
 from gpusteward.core.times import stamp
-from gpusteward.reclaimer.actor import CALL_TIMEOUT, workload_api
+from gpusteward.reclaimer.actor import CALL_TIMEOUT, retry_on_conflict, workload_api
 
 _RECORDED = re.compile(r"scaled from ([0-9]{1,9}) to 0")
 
@@ -38,7 +39,11 @@ class Restorer:
         self.now = now  # the refreshed last activity of a Notebook
 
     async def restore(self, namespace: str, kind: str, name: str) -> str:
-        """Returns what was done; raises RestoreRefused when nothing may be done."""
+        """Returns what was done; raises RestoreRefused when nothing may be done. A write that
+        lost a race with a controller's own update (409) is tried again from a fresh read."""
+        return await retry_on_conflict(lambda: self._restore(namespace, kind, name))
+
+    async def _restore(self, namespace: str, kind: str, name: str) -> str:
         what = f"{kind} {namespace}/{name}"
         if kind == "Job":
             return await self._resume(namespace, name, what)

@@ -94,3 +94,31 @@ async def test_a_restore_over_the_teams_quota_is_refused_with_an_event(ns, recla
     assert "team vision holds 1 of its 2 GPUs and Deployment big needs 2 more" in message
     await rec.cycle()
     assert len(object_events(ns, "Deployment", "big")) == 1
+
+
+async def test_a_restore_that_loses_a_race_reads_again_and_still_restores(ns, reclaimer):
+    # The Deployment controller writes status while pods go away, so the resourceVersion a
+    # restore read is often stale by its patch (CI saw "HTTP 409 Conflict"). Here another
+    # writer changes the object between the restore's read and its patch, every time once.
+    path = deployment(ns, "racy", 0, "a100-0")
+    ns.api.merge_patch(path, {"metadata": {"annotations": {
+        REPLICAS_BEFORE: "1", RECLAIM_REASON: scaled_reason("idle", 1)}}})
+    rec = await reclaimer("enforce")
+    restorer = rec.selfservice.restorer
+    real_read, reads = restorer.apps.read_namespaced_deployment, []
+
+    async def read_then_someone_writes(*args, **kwargs):
+        obj = await real_read(*args, **kwargs)
+        reads.append(obj.metadata.resource_version)
+        if len(reads) == 1:
+            ns.api.merge_patch(path, {"metadata": {"labels": {"touched": "yes"}}})
+        return obj
+
+    restorer.apps.read_namespaced_deployment = read_then_someone_writes
+    done = await restorer.restore(ns.name, "Deployment", "racy")
+    assert done == f"Deployment {ns.name}/racy scaled back to 1"
+    assert len(reads) == 2 and reads[0] != reads[1]  # the first patch met a real 409
+    after = ns.api.get(path)
+    assert after["spec"]["replicas"] == 1
+    assert after["metadata"]["labels"]["touched"] == "yes"  # the other write is kept
+    assert REPLICAS_BEFORE not in after["metadata"]["annotations"]
