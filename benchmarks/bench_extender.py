@@ -41,6 +41,7 @@ from gpusteward.extender.app import Extender, create_app, respond  # noqa: E402
 from gpusteward.extender.preempt import Preempter  # noqa: E402
 from gpusteward.extender.replies import filter_reply, prioritize_reply  # noqa: E402
 from gpusteward.extender.view import PlacementView  # noqa: E402
+from gpusteward.sandbox.procs import free_port  # noqa: E402
 
 NOW = 1_800_000_000.0
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -194,11 +195,6 @@ def serve(kind: str, n: int, port: int) -> None:
         app.add_routes([web.post(f"/{v}", handler(v)) for v in replies])
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def round_trips(port: int, verb: str, body: bytes, count: int) -> list[float]:

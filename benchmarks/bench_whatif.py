@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusteward.core.policy import parse_policy  # noqa: E402
+from gpusteward.sandbox.procs import free_port  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -33,11 +33,6 @@ END = 1_800_000_000.0
 # the scrape interval the synthetic exporter has.
 POLICY = parse_policy({"telemetry": {"scrapeInterval": "30s"}})
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def measure(url: str, days: float) -> dict:

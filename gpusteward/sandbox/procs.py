@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,10 +20,46 @@ class SandboxError(RuntimeError):
     pass
 
 
+_LOWEST_PORT = 10000
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on now, for a process started next. Not one bind(0)
+    hands out: those come from the kernel's ephemeral range, where any outgoing connection
+    (the API server's to etcd, a client's to Prometheus) may take it before the process binds
+    it ("address already in use"). Below that range only listeners bind, so the port stays
+    free unless another sandbox picks the same one: chosen at random among ~20,000, and never
+    twice by one process."""
+    low, _ = _ephemeral_range()
+    if low - _LOWEST_PORT < 1000:  # a kernel configured with (almost) every port ephemeral
+        return _bound_port(0)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(_LOWEST_PORT, low)
+        if port in _handed_out:
+            continue
+        try:
+            _bound_port(port)
+        except OSError:  # taken (or in TIME_WAIT): another
+            continue
+        _handed_out.add(port)
+        return port
+    return _bound_port(0)
+
+
+def _bound_port(port: int) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.1", port))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

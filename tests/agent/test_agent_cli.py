@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from gpusteward.sandbox.procs import free_port
 from tests.agent.fakes import GIB, FakeGpu, FakeNvml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,11 +34,6 @@ def agent_env(library_dir: Path, config: Path | None = None) -> dict[str, str]:
         env["FAKENVML_CONFIG"] = str(config)
     return env
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def agent(*flags: str) -> list[str]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -50,6 +49,7 @@ from typing import Any
 
 import bcrypt
 
+from gpusteward.sandbox.procs import free_port
 from gpusteward.sandbox.scrape import DCGM_EXPORTER, Exporter
 from tests.support.tls import Pki
 
@@ -168,7 +168,7 @@ class PrometheusServer:
         return self.log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
 
     def _launch(self, prometheus: str, config: Path) -> None:
-        port = _free_port()
+        port = free_port()
         self.url = f"{'https' if self.web and self.web.tls else 'http'}://127.0.0.1:{port}"
         args = [
             prometheus,
@@ -314,9 +314,3 @@ def _require(binary: str) -> str:
     if path is None:
         raise PrometheusError(f"{binary!r} not found on PATH; {_INSTALL_HINT}")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
