@@ -61,9 +61,10 @@ def link_of(kind: str, group: str, version: str, meta: Meta, spec: Any = None,
 class OwnerChains:
     """One resolution per snapshot; counts its API calls like the SnapshotReader."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, catalog: kinds.Catalog = kinds.DEFAULT) -> None:
         self.api = api
-        self.switches = Switches(api)
+        self.catalog = catalog
+        self.switches = Switches(api, catalog)
         self.api_calls = 0
 
     async def resolve(self, pods: Iterable[Pod], wires: Sequence[WirePod],
@@ -97,7 +98,7 @@ class OwnerChains:
             group = kinds.group_of(ref.api_version) or kinds.BUILT_IN.get(ref.kind, "")
             version = ref.api_version.rpartition("/")[2]
             here = Link(ref.kind, group, version, pod.namespace, ref.name, ref.uid)
-            found = (await self._read(here) if kinds.walkable(group, ref.kind) else None)
+            found = (await self._read(here) if self.catalog.walkable(group, ref.kind) else None)
             chain.append(found or here)
             if found is None:
                 break
@@ -107,7 +108,7 @@ class OwnerChains:
         """A built-in from the LISTs (or the pods); a known custom kind by GET, once a cycle."""
         if ref.uid in self._known:
             return self._known[ref.uid]
-        k = kinds.known(ref.group, ref.kind)
+        k = self.catalog.known(ref.group, ref.kind)
         if k is None:
             return None
         if ref.uid not in self._fetched:
@@ -127,10 +128,10 @@ class OwnerChains:
         if queue is not None and (kueue := await self._kueue(chain, base, queue)) is not None:
             return kueue
         if (top.group, top.kind) in kinds.NO_SWITCH:
-            return msgspec.structs.replace(base, blocked=kinds.unsupported(top.group, top.kind))
-        if not kinds.walkable(top.group, top.kind):
+            return msgspec.structs.replace(base, blocked=kinds.NO_SWITCH[(top.group, top.kind)])
+        if not self.catalog.walkable(top.group, top.kind):
             return base  # the policy's ownerActions.unknown decides: block by default
-        k = kinds.known(top.group, top.kind)
+        k = self.catalog.known(top.group, top.kind)
         scalable = k is not None and k.how == kinds.SCALE or (
             top.group == "apps" and top.kind in ("Deployment", "StatefulSet"))
         if scalable and (auto := await self._autoscaled(top, base)) is not None:
@@ -152,7 +153,7 @@ class OwnerChains:
                 meta = wl.get("metadata", {})
                 if (meta.get("namespace") == link.namespace and
                         (meta.get("labels") or {}).get(kinds.KUEUE_JOB_UID) == link.uid):
-                    k = kinds.known("kueue.x-k8s.io", "Workload")
+                    k = self.catalog.known("kueue.x-k8s.io", "Workload")
                     assert k is not None
                     version = wl.get("apiVersion", "").rpartition("/")[2]
                     return msgspec.structs.replace(

@@ -31,6 +31,7 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.kinds import BUILT_IN
 from gpusteward.core.reclaim.model import Evidence, PastAction, Snapshot
 from gpusteward.core.reclaim.rules import peak_of, windows
@@ -81,6 +82,7 @@ class SnapshotReader:
         self.policy = policy
         self.clock = clock
         self.tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
+        self.catalog = kinds.Catalog.of(policy.reclaim.owner_actions.kinds)
         self.api_calls = 0
         self.who: Attribution | None = None  # the last read's attribution (the report's too)
 
@@ -96,7 +98,7 @@ class SnapshotReader:
             [to_node(w, names) for w in _decode(nodes_raw, WireNode)],
             [p for p in (_pod(w, names) for w in wires) if p is not None])
         owned = dict(zip(WORKLOAD_PATHS, (_decode(w, Workload) for w in workloads), strict=True))
-        chains = OwnerChains(self.api)
+        chains = OwnerChains(self.api, self.catalog)
         owners = await chains.resolve(pods, wires, listed_links(owned))
         queued = await chains.kueue_demand(names)
         self.api_calls += chains.api_calls

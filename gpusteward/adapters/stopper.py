@@ -23,24 +23,25 @@ def object_path(group: str, version: str, namespace: str, plural: str, name: str
     return f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
 
 
-def switch_path(owner: Owner) -> str:
+def switch_path(owner: Owner, catalog: kinds.Catalog) -> str:
     """Where the owner's switch lives: its Workload or ScaledObject, else the owner."""
     if owner.via is not None:
         plural = "scaledobjects" if owner.via.kind == "ScaledObject" else "workloads"
         return object_path(owner.via.group, owner.via.version, owner.namespace, plural,
                            owner.via.name)
-    k = kinds.known(owner.group, owner.kind)
+    k = catalog.known(owner.group, owner.kind)
     if k is None:
         raise ValueError(f"no switch known for {owner.kind}.{owner.group}")
     return object_path(owner.group, owner.version, owner.namespace, k.plural, owner.name)
 
 
 class Switches:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, catalog: kinds.Catalog = kinds.DEFAULT) -> None:
         self.api = api
+        self.catalog = catalog
 
     async def stop(self, owner: Owner, reason: str, at: str) -> None:
-        path = switch_path(owner)
+        path = switch_path(owner, self.catalog)
         record = kinds.reclaim_record(reason, at)
         if owner.how == kinds.PAUSE:
             await self.patch(path, {"metadata": {"annotations": {
@@ -48,8 +49,8 @@ class Switches:
         elif owner.how == kinds.SCALE:
             await self.scale_to_zero(path, reason, at)
         else:
-            k = kinds.known(owner.via.group, owner.via.kind) if owner.via else kinds.known(
-                owner.group, owner.kind)
+            k = (self.catalog.known(owner.via.group, owner.via.kind) if owner.via else
+                 self.catalog.known(owner.group, owner.kind))
             assert k is not None
             await self.patch(path, kinds.stop_patch(k, reason, at))
 

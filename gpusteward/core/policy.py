@@ -146,6 +146,18 @@ def _default_tiers() -> list[CardTier]:
     ]
 
 
+class OwnerSwitch(Config, frozen=True):
+    """How the owner of a kind gpusteward has no switch for is stopped, and brought back: one
+    of a spec field set to true (false to restore), an annotation set to "true" ("false"), or
+    the scale subresource set to zero (the count kept for restore). Only the whole owner is
+    stopped, and only when every one of its GPU pods is idle."""
+
+    resource: str  # the plural the API server serves it as, as in RBAC: "pipelines"
+    field: str = ""  # "spec.suspend"
+    annotation: str = ""  # "example.com/stopped"
+    scale: bool = False
+
+
 class OwnerActions(Config, frozen=True):
     pod: Literal["evict", "annotate"] = "evict"
     job: Literal["suspend", "evict", "annotate"] = "suspend"
@@ -155,8 +167,9 @@ class OwnerActions(Config, frozen=True):
     # nothing (an evicted pod would be recreated by its controller at once).
     unknown: Literal["block", "evict", "annotate"] = "block"
     # Per kind ("Kind.group", e.g. "Trainer.example.com"), overriding unknown: evict where the
-    # owner's controller does not recreate an evicted pod.
-    kinds: dict[str, Literal["block", "evict", "annotate"]] = msgspec.field(default_factory=dict)
+    # owner's controller does not recreate an evicted pod, or the owner's own switch.
+    kinds: dict[str, Literal["block", "evict", "annotate"] | OwnerSwitch] = msgspec.field(
+        default_factory=dict)
 
 
 class PriorityOverride(Config, frozen=True):
@@ -276,6 +289,10 @@ class PolicyError(Exception):
 
 
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]*\.[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_PLURAL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SPEC_FIELD = re.compile(r"^spec(\.[A-Za-z][A-Za-z0-9]*)+$")
+_ANNOTATION = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*"
+                         r"[A-Za-z0-9])?$")
 _RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -364,10 +381,36 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
                              "must be set: classes and teams inherit it from here")
     if p.telemetry.stale_after < p.telemetry.refresh:
         yield FieldError(("telemetry", "staleAfter"), "must be at least telemetry.refresh")
-    for kind in p.reclaim.owner_actions.kinds:
+    for kind, action in p.reclaim.owner_actions.kinds.items():
+        where = ("reclaim", "ownerActions", "kinds", kind)
         if not _KIND.match(kind):
-            yield FieldError(("reclaim", "ownerActions", "kinds", kind),
-                             "expected Kind.group, e.g. Trainer.example.com")
+            yield FieldError(where, "expected Kind.group, e.g. Trainer.example.com")
+        if isinstance(action, OwnerSwitch):
+            yield from _switch_errors(where, action)
+
+
+def _switch_errors(where: tuple[str, ...], s: OwnerSwitch) -> Iterator[FieldError]:
+    # Imported here: core.reclaim imports this module.
+    from gpusteward.core.reclaim.kinds import has_switch
+
+    kind, _, group = where[-1].partition(".")
+    if has_switch(group, kind):
+        yield FieldError(where, f"gpusteward already stops {kind} its own way "
+                                "(docs/operations.md); map it to block, evict or annotate, or "
+                                "leave it out")
+    if not _PLURAL.match(s.resource):
+        yield FieldError((*where, "resource"), "expected the plural resource name, lower case "
+                                               "(e.g. pipelines)")
+    if (bool(s.field) + bool(s.annotation) + s.scale) != 1:
+        yield FieldError(where, "set exactly one of field, annotation or scale: true")
+    if s.field and not _SPEC_FIELD.match(s.field):
+        yield FieldError((*where, "field"), "expected a boolean field under spec, e.g. "
+                                            "spec.suspend (status and metadata are not ours "
+                                            "to write)")
+    if s.annotation and (not _ANNOTATION.match(s.annotation) or
+                         s.annotation.startswith("gpusteward.io/")):
+        yield FieldError((*where, "annotation"), "expected a qualified annotation key "
+                                                 "(prefix/name) outside gpusteward.io/")
 
 
 def _class_errors(

@@ -24,6 +24,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.stopper import Switches
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
@@ -62,7 +63,7 @@ class Actor:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
-        self.switches = Switches(api)
+        self.switches = Switches(api, kinds.Catalog.of(policy.reclaim.owner_actions.kinds))
         self.policy = policy
         self.clock = clock
         self.instance = socket.gethostname()

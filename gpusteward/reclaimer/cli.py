@@ -111,6 +111,7 @@ class RestoreSettings:
     kind: str = ""
     name: str = ""
     list_stopped: bool = False  # --list: what gpusteward stopped, instead of restoring one
+    policy: Policy | None = None  # --policy: its ownerActions.kinds switches, where it has any
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -120,8 +121,10 @@ class RestoreSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RestoreSettings:
+        policy = load_policy(args.policy) if args.policy else None
         if args.list:
-            return cls(list_stopped=True, kubeconfig=args.kubeconfig, context=args.context)
+            return cls(list_stopped=True, kubeconfig=args.kubeconfig, context=args.context,
+                       policy=policy)
         try:
             namespace, kind, name = (args.target or "").split("/")
         except ValueError:
@@ -129,7 +132,8 @@ class RestoreSettings:
 
             raise SettingsError(f"expected NAMESPACE/KIND/NAME (KIND: {', '.join(known_kinds())})"
                                 f" or --list, got {args.target!r}") from None
-        return cls(namespace, kind, name, kubeconfig=args.kubeconfig, context=args.context)
+        return cls(namespace, kind, name, kubeconfig=args.kubeconfig, context=args.context,
+                   policy=policy)
 
 
 def ledger_name(lease_name: str) -> str:

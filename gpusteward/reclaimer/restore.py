@@ -32,10 +32,12 @@ class RestoreRefused(ValueError):
 
 
 class Restorer:
-    def __init__(self, api: client.ApiClient, now: float = 0.0) -> None:
+    def __init__(self, api: client.ApiClient, now: float = 0.0,
+                 catalog: kinds.Catalog = kinds.DEFAULT) -> None:
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
-        self.switches = Switches(api)
+        self.catalog = catalog
+        self.switches = Switches(api, catalog)
         self.now = now  # the refreshed last activity of a Notebook
 
     async def restore(self, namespace: str, kind: str, name: str) -> str:
@@ -82,10 +84,11 @@ class Restorer:
             k = kinds.Kind("keda.sh", "ScaledObject", "scaledobjects", kinds.PAUSE,
                            annotation=kinds.KEDA_PAUSED_REPLICAS)
         else:
-            found = kinds.by_kind(kind_name)
+            found = self.catalog.by_kind(kind_name)
             if len(found) != 1:
                 raise RestoreRefused(f"{kind_name}: not a kind gpusteward stops (one of "
-                                     f"{', '.join(known_kinds())}; KIND.GROUP where ambiguous)")
+                                     f"{', '.join(known_kinds(self.catalog))}; KIND.GROUP where "
+                                     "ambiguous)")
             k = found[0]
         what = f"{k.kind} {namespace}/{name}"
         version = await self.switches.served(k.group)
@@ -126,8 +129,8 @@ class Restorer:
         return f"{what} scaled back to {before}"
 
 
-def known_kinds() -> list[str]:
-    return ["Job", "Deployment", "StatefulSet", "ScaledObject", *(k.kind for k in kinds.KINDS)]
+def known_kinds(catalog: kinds.Catalog = kinds.DEFAULT) -> list[str]:
+    return ["Job", "Deployment", "StatefulSet", "ScaledObject", *(k.kind for k in catalog.kinds)]
 
 
 def _believable(ann: dict[str, str], reason: str, what: str) -> int:

@@ -16,6 +16,7 @@ from typing import Protocol
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import RESTORE, RestoreAsk
 from gpusteward.reclaimer.restore import Restorer, RestoreRefused
 
@@ -31,8 +32,9 @@ class Events(Protocol):
 
 
 class SelfService:
-    def __init__(self, api: client.ApiClient, events: Events) -> None:
-        self.restorer = Restorer(api)
+    def __init__(self, api: client.ApiClient, events: Events,
+                 catalog: kinds.Catalog = kinds.DEFAULT) -> None:
+        self.restorer = Restorer(api, catalog=catalog)
         self.events = events
         apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
         self.patch = {"Deployment": apps.patch_namespaced_deployment,

@@ -22,6 +22,8 @@ from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.adapters.webhook import Webhooks, read_url
+from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import SnoozeRecord
 from gpusteward.reclaimer.actor import Actor
 from gpusteward.reclaimer.cli import ReclaimerSettings, RestoreSettings
@@ -63,7 +65,7 @@ def build_reclaimer(settings: ReclaimerSettings, api: client.ApiClient,
     reclaimer = Reclaimer(policy, settings.mode,
                           SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
                           Actor(api, policy), ledger=ledger, snoozes=snoozes,
-                          selfservice=SelfService(api, ObjectEvents(api)))
+                          selfservice=SelfService(api, ObjectEvents(api), _catalog(policy)))
     if webhooks is not None and policy.notifications.sinks and settings.notifications:
         reclaimer.outbox = Outbox(policy.notifications, webhooks, ConfigMapRecords(
             api, namespace, settings.notifications, Entry), reclaimer.metrics)
@@ -150,11 +152,11 @@ async def restore(settings: RestoreSettings) -> int:
     api = await connect(settings.kubeconfig, settings.context)
     if settings.list_stopped:
         async with api:
-            print(table(await stopped(api)))
+            print(table(await stopped(api, _catalog(settings.policy))))
         return 0
     try:
-        print(await Restorer(api, time.time()).restore(settings.namespace, settings.kind,
-                                                       settings.name))
+        print(await Restorer(api, time.time(), _catalog(settings.policy)).restore(
+            settings.namespace, settings.kind, settings.name))
         return 0
     except ValueError as e:
         log.error("%s", e)
@@ -164,3 +166,9 @@ async def restore(settings: RestoreSettings) -> int:
         return 1
     finally:
         await api.close()
+
+
+def _catalog(policy: Policy | None) -> kinds.Catalog:
+    """The kinds stopped through a switch: gpusteward's own and the policy's."""
+    return kinds.DEFAULT if policy is None else kinds.Catalog.of(
+        policy.reclaim.owner_actions.kinds)

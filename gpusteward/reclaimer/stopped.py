@@ -16,11 +16,10 @@ from gpusteward.adapters.stopper import Switches
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT
 
-# (group, plural, kind) of everything restore can bring back.
+# (group, plural, kind) of everything restore can bring back, beside the catalog's kinds.
 RESTORABLE = (("batch", "jobs", "Job"), ("apps", "deployments", "Deployment"),
               ("apps", "statefulsets", "StatefulSet"),
-              ("keda.sh", "scaledobjects", "ScaledObject"),
-              *((k.group, k.plural, k.kind) for k in kinds.KINDS))
+              ("keda.sh", "scaledobjects", "ScaledObject"))
 
 
 class Stopped(msgspec.Struct, frozen=True):
@@ -36,11 +35,13 @@ class Stopped(msgspec.Struct, frozen=True):
         return f"gpusteward reclaimer restore {self.namespace}/{self.kind}/{self.name}"
 
 
-async def stopped(api: client.ApiClient) -> list[Stopped]:
-    switches = Switches(api)
+async def stopped(api: client.ApiClient,
+                  catalog: kinds.Catalog = kinds.DEFAULT) -> list[Stopped]:
+    switches = Switches(api, catalog)
     found: list[Stopped] = []
     versions: dict[str, str | None] = {}
-    for group, plural, kind in RESTORABLE:
+    for group, plural, kind in (*RESTORABLE, *((k.group, k.plural, k.kind)
+                                               for k in catalog.kinds)):
         if group not in versions:
             versions[group] = "v1" if group in ("batch", "apps") else await switches.served(group)
         if versions[group] is None:
@@ -51,7 +52,7 @@ async def stopped(api: client.ApiClient) -> list[Stopped]:
             if e.status != 404:  # the group is served, this kind of it is not installed
                 raise
             continue
-        found += _marked(kinds.known(group, kind), kind,
+        found += _marked(catalog.known(group, kind), kind,
                          (msgspec.json.decode(i) for i in items))
     return sorted(found, key=lambda s: (s.since, s.namespace, s.name))
 

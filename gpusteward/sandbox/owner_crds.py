@@ -59,6 +59,7 @@ CRDS = [
          {"active": {**BOOL, "default": True}}),
     _crd("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects", {}),
     _crd("example.com", "v1", "Trainer", "trainers", {}),
+    _crd("example.com", "v1", "Predictor", "predictors", {"replicas": INT}, scale=True),
 ]
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 

@@ -317,3 +317,22 @@ def test_named_service_accounts_are_created_bound_and_annotated(
     binding = _one(objects, "ClusterRoleBinding", "gpusteward-extender")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "steward-extender",
                                     "namespace": "gpusteward"}]
+
+
+def test_the_policys_own_owner_switches_get_exactly_their_rbac(bin_dir: Path) -> None:
+    """reclaim.ownerActions.kinds may name a switch for a kind gpusteward does not know
+    (docs/policy.md): the reclaimer's ClusterRole grows by get and patch on that resource (its
+    scale subresource for a scale switch), and by nothing for block/evict/annotate."""
+    policy = json.dumps({"reclaim": {"ownerActions": {"kinds": {
+        "Lab.example.com": {"resource": "labs", "annotation": "example.com/stopped"},
+        "Model.serving.example.com": {"resource": "models", "scale": True},
+        "Trainer.example.com": "evict"}}}})
+    objects = render_helm(bin_dir, CHART, "--set-json", f"policy={policy}")
+    rules = _one(objects, "ClusterRole", "gpusteward-reclaimer")["rules"]
+    ours = [r for r in rules if r["apiGroups"][0].endswith("example.com")]
+    assert ours == [
+        {"apiGroups": ["example.com"], "resources": ["labs"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["serving.example.com"], "resources": ["models", "models/scale"],
+         "verbs": ["get", "patch"]}]
+    defaults = _one(render_helm(bin_dir, CHART), "ClusterRole", "gpusteward-reclaimer")["rules"]
+    assert rules[:len(defaults)] == defaults

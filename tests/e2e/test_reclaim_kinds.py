@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.kinds import (
     KEDA_PAUSED_REPLICAS,
     KSERVE_STOP,
@@ -65,9 +68,11 @@ def job_pod_running(ns, job: str) -> None:
         and p["status"].get("phase") == "Running"], timeout=60)
 
 
-def restore(sandbox, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpusteward", "reclaimer", "restore", *args,
-                           f"--kubeconfig={sandbox.kubeconfig}"],
+def restore(sandbox, *args: str, policy: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    flags = [f"--policy={policy}"] if policy else []
+    return subprocess.run([sys.executable, "-m", "gpusteward", "reclaimer", *flags, "restore",
+                           *args, f"--kubeconfig={sandbox.kubeconfig}"],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -239,3 +244,65 @@ async def test_a_deployment_under_keda_is_paused_at_zero_through_its_scaled_obje
     out = restore(sandbox, f"{ns.name}/ScaledObject/api")
     assert out.returncode == 0, out.stderr
     assert KEDA_PAUSED_REPLICAS not in (ns.api.get(so_path)["metadata"].get("annotations") or {})
+
+
+# Switches the policy defines for kinds gpusteward does not know (docs/policy.md,
+# reclaim.ownerActions.kinds): Trainer.example.com by a spec field, Predictor.example.com by its
+# scale subresource. No controller runs for either: the calls and the object state are proven.
+SWITCHES = {"Trainer.example.com": {"resource": "trainers", "field": "spec.run.paused"},
+            "Predictor.example.com": {"resource": "predictors", "scale": True}}
+
+
+def with_switches(sandbox, tmp_path: Path) -> tuple[Any, Path]:
+    raw = yaml.safe_load(Path(sandbox.cfg.policy).read_text())
+    raw.setdefault("reclaim", {}).setdefault("ownerActions", {})["kinds"] = SWITCHES
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return parse_policy(raw), path
+
+
+async def test_the_policy_stops_an_unknown_kind_by_the_field_it_names(sandbox, ns, reclaimer,
+                                                                       tmp_path):
+    policy, policy_file = with_switches(sandbox, tmp_path)
+    trainer = create(ns, "example.com/v1", "trainers", "Trainer", "t",
+                     {"run": {"paused": False, "steps": 10}})
+    owned_pod(ns, "t-0", trainer, "h100-1")
+    owned_pod(ns, "t-1", trainer, "h100-1")
+    path = f"/apis/example.com/v1/namespaces/{ns.name}/trainers/t"
+    rec = await reclaimer("enforce", policy=policy)
+    await cycle_until(rec, "Trainer paused", lambda: ns.api.get(path)["spec"]["run"][
+        "paused"] is True, timeout=TIMEOUT)
+    after = ns.api.get(path)
+    assert after["spec"]["run"]["steps"] == 10  # a merge patch: the rest of spec is kept
+    assert after["metadata"]["annotations"][RECLAIM_REASON] == "idle"
+    assert not gone(ns, "t-0") and not gone(ns, "t-1")  # acted on the owner, never evicted
+    assert RECLAIM_BLOCKED not in annotations(ns, "t-0")
+    await cycle_for(rec, 3)
+    assert [r for r in reasons(ns, "t-0") + reasons(ns, "t-1")
+            if r == "GPUReclaimed"] == ["GPUReclaimed"]  # one action for the whole owner
+    listed = restore(sandbox, "--list", policy=policy_file)
+    assert listed.returncode == 0, listed.stderr
+    assert f"gpusteward reclaimer restore {ns.name}/Trainer/t" in listed.stdout
+    without = restore(sandbox, f"{ns.name}/Trainer/t")  # without the policy: not a known kind
+    assert without.returncode == 1 and "not a kind gpusteward stops" in without.stderr
+    out = restore(sandbox, f"{ns.name}/Trainer/t", policy=policy_file)
+    assert out.returncode == 0, out.stderr
+    back = ns.api.get(path)
+    assert back["spec"]["run"] == {"paused": False, "steps": 10}
+    assert RECLAIM_REASON not in (back["metadata"].get("annotations") or {})
+
+
+async def test_the_policy_scales_an_unknown_kind_through_its_scale_subresource(
+        sandbox, ns, reclaimer, tmp_path):
+    policy, policy_file = with_switches(sandbox, tmp_path)
+    predictor = create(ns, "example.com/v1", "predictors", "Predictor", "p", {"replicas": 3})
+    owned_pod(ns, "p-0", predictor, "a100-0")
+    path = f"/apis/example.com/v1/namespaces/{ns.name}/predictors/p"
+    rec = await reclaimer("enforce", policy=policy)
+    await cycle_until(rec, "Predictor at zero",
+                      lambda: ns.api.get(path)["spec"]["replicas"] == 0, timeout=TIMEOUT)
+    assert ns.api.get(path)["metadata"]["annotations"][REPLICAS_BEFORE] == "3"
+    out = restore(sandbox, f"{ns.name}/Predictor/p", policy=policy_file)
+    assert out.returncode == 0, out.stderr
+    assert "scaled back to 3" in out.stdout
+    assert ns.api.get(f"{path}/scale")["spec"]["replicas"] == 3

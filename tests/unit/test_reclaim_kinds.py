@@ -25,7 +25,7 @@ AT = "2027-01-15T08:00:00Z"
 
 
 def kind(name: str) -> kinds.Kind:
-    (k,) = kinds.by_kind(name)
+    (k,) = kinds.DEFAULT.by_kind(name)
     return k
 
 
@@ -116,7 +116,7 @@ def test_an_owner_counts_as_stopped_only_once_it_says_so(name, obj, switched, go
     ],
 )
 def test_unsupported_owners_say_why(group, kind_name, why):
-    assert kinds.unsupported(group, kind_name) == why
+    assert kinds.DEFAULT.unsupported(group, kind_name) == why
 
 
 # --- what decide() does with them -------------------------------------------------------------
@@ -200,3 +200,91 @@ def test_a_kind_mapping_must_name_its_group():
     with pytest.raises(PolicyError, match=r"reclaim.ownerActions.kinds.Trainer: expected "
                                           r"Kind.group"):
         parse_policy({"reclaim": {"ownerActions": {"kinds": {"Trainer": "evict"}}}})
+
+
+# --- switches the policy defines for kinds gpusteward does not know ----------------------------
+SWITCHES = {"Pipeline.example.com": {"resource": "pipelines", "field": "spec.run.paused"},
+            "Lab.example.com": {"resource": "labs", "annotation": "example.com/stopped"},
+            "Model.serving.example.com": {"resource": "models", "scale": True},
+            "Trainer.example.com": "evict"}
+
+
+def policy_catalog() -> kinds.Catalog:
+    policy = parse_policy({"reclaim": {"ownerActions": {"kinds": SWITCHES}}})
+    return kinds.Catalog.of(policy.reclaim.owner_actions.kinds)
+
+
+def test_the_policy_adds_a_field_an_annotation_and_a_scale_switch():
+    catalog = policy_catalog()
+    pipeline = catalog.known("example.com", "Pipeline")
+    lab = catalog.known("example.com", "Lab")
+    model = catalog.known("serving.example.com", "Model")
+    assert pipeline is not None and lab is not None and model is not None
+    assert (pipeline.plural, pipeline.how, pipeline.field) == (
+        "pipelines", kinds.SUSPEND, ("spec", "run", "paused"))
+    assert kinds.stop_patch(pipeline, "idle", AT)["spec"] == {"run": {"paused": True}}
+    assert kinds.restore_patch(pipeline, AT)["spec"] == {"run": {"paused": False}}
+    assert kinds.stop_patch(lab, "idle", AT)["metadata"]["annotations"][
+        "example.com/stopped"] == "true"
+    assert kinds.restore_patch(lab, AT)["metadata"]["annotations"][
+        "example.com/stopped"] == "false"
+    assert kinds.switched_off(lab, {"metadata": {"annotations": {"example.com/stopped": "true"}}})
+    assert (model.plural, model.how) == ("models", kinds.SCALE)
+    # evict stays a decision, not a switch; gpusteward's own table is untouched
+    assert catalog.known("example.com", "Trainer") is None
+    assert kinds.DEFAULT.known("example.com", "Pipeline") is None
+    assert catalog.walkable("example.com", "Lab") and not catalog.unsupported("example.com", "Lab")
+    assert [k.kind for k in catalog.by_kind("Lab")] == ["Lab"]
+
+
+def test_an_owner_reached_through_a_policy_switch_is_stopped_whole():
+    policy = parse_policy({"reclaim": {"ownerActions": {"kinds": SWITCHES}}})
+    owner = Owner("Lab", "ml", "lab", ("a", "b"), group="example.com", how=kinds.STOP)
+    p = plan(snapshot([warned("a"), warned("b")], owners={"a": owner, "b": owner}), policy)
+    assert [(a.kind, a.how, a.owner.name) for a in p.actions] == [("reclaim", "stop", "lab")]
+    only_one = plan(snapshot([warned("a"), gpu_pod("b")], owners={"a": owner, "b": owner}),
+                    policy)
+    assert [a for a in only_one.actions if a.kind == "reclaim"] == []  # not due as a whole
+
+
+def test_a_policy_switch_the_walk_did_not_reach_blocks_instead_of_guessing():
+    policy = parse_policy({"reclaim": {"ownerActions": {"kinds": SWITCHES}}})
+    unread = Owner("Lab", "ml", "lab", ("a",), group="example.com")  # how unset
+    p = plan(snapshot([warned("a")], owners={"a": unread}), policy)
+    assert [(a.pod.name, a.how) for a in p.actions] == [("a", "block")]
+
+
+@pytest.mark.parametrize(
+    ("switch", "error"),
+    [
+        pytest.param({"resource": "Labs", "scale": True},
+                     r"Lab.example.com.resource: expected the plural", id="plural-lower-case"),
+        pytest.param({"resource": "labs"}, r"Lab.example.com: set exactly one", id="none"),
+        pytest.param({"resource": "labs", "scale": True, "field": "spec.x"},
+                     r"Lab.example.com: set exactly one", id="two"),
+        pytest.param({"resource": "labs", "field": "status.stopped"},
+                     r"Lab.example.com.field: expected a boolean field under spec",
+                     id="only-spec"),
+        pytest.param({"resource": "labs", "field": "metadata.labels.x"},
+                     r"Lab.example.com.field: expected a boolean field under spec",
+                     id="not-metadata"),
+        pytest.param({"resource": "labs", "annotation": "gpusteward.io/reclaim-reason"},
+                     r"Lab.example.com.annotation: expected a qualified annotation key",
+                     id="not-ours"),
+        pytest.param({"resource": "labs", "annotation": "stopped"},
+                     r"Lab.example.com.annotation: expected a qualified annotation key",
+                     id="qualified"),
+    ],
+)
+def test_a_policy_switch_is_checked_before_anything_runs(switch, error):
+    with pytest.raises(PolicyError, match=error):
+        parse_policy({"reclaim": {"ownerActions": {"kinds": {"Lab.example.com": switch}}}})
+
+
+def test_a_kind_gpusteward_stops_its_own_way_cannot_get_a_policy_switch():
+    with pytest.raises(PolicyError, match=r"JobSet.jobset.x-k8s.io: gpusteward already stops "
+                                          r"JobSet its own way"):
+        parse_policy({"reclaim": {"ownerActions": {"kinds": {
+            "JobSet.jobset.x-k8s.io": {"resource": "jobsets", "scale": True}}}}})
+    # block, evict or annotate stay allowed for any kind
+    parse_policy({"reclaim": {"ownerActions": {"kinds": {"JobSet.jobset.x-k8s.io": "block"}}}})

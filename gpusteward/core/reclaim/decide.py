@@ -163,9 +163,12 @@ def how_to_reclaim(owner: Owner, policy: Policy) -> How:
     if owner.how:
         return _HOWS[owner.how]
     a = policy.reclaim.owner_actions
-    return _HOWS[{"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
-                  "StatefulSet": a.stateful_set}.get(owner.kind) or a.kinds.get(
-        f"{owner.kind}.{owner.group}", a.unknown)]
+    action = {"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
+              "StatefulSet": a.stateful_set}.get(owner.kind) or a.kinds.get(
+        f"{owner.kind}.{owner.group}", a.unknown)
+    if not isinstance(action, str):  # a policy switch the owner walk did not reach: no guess
+        return How.BLOCK
+    return _HOWS[action]
 
 
 def _whole_owner(owner: Owner, uid: str, ok: Mapping[str, bool]) -> bool:
@@ -248,7 +251,7 @@ def _workload(owner: Owner) -> str | None:
 
 
 def _blocked_reason(owner: Owner) -> str:
-    return owner.blocked or kinds.unsupported(owner.group, owner.kind) or (
+    return owner.blocked or kinds.DEFAULT.unsupported(owner.group, owner.kind) or (
         f"no way to stop a {owner.kind} without its controller undoing it")
 
 

@@ -82,29 +82,60 @@ def group_of(api_version: str) -> str:
     return api_version.rpartition("/")[0]
 
 
-def known(group: str, kind: str) -> Kind | None:
-    return next((k for k in KINDS if k.group == group and k.kind == kind), None)
+def has_switch(group: str, kind: str) -> bool:
+    """Whether gpusteward stops this kind its own way (built in, or in KINDS)."""
+    return BUILT_IN.get(kind) == group or (group, kind) in NO_SWITCH or any(
+        k.group == group and k.kind == kind for k in KINDS)
 
 
-def by_kind(name: str) -> list[Kind]:
-    """Kinds a user may name as KIND or KIND.GROUP (the restore command)."""
+class Catalog:
+    """The kinds the reclaimer stops through a switch: KINDS, and the policy's own
+    (`reclaim.ownerActions.kinds` entries that name a field, an annotation or the scale
+    subresource) for kinds gpusteward does not know."""
+
+    def __init__(self, extra: tuple[Kind, ...] = ()) -> None:
+        self.kinds = (*KINDS, *extra)
+
+    @classmethod
+    def of(cls, owner_kinds: Mapping[str, object]) -> Catalog:
+        """From the policy's ownerActions.kinds (switches: anything with a `resource`)."""
+        return cls(tuple(_from_policy(name, s) for name, s in owner_kinds.items()
+                         if hasattr(s, "resource")))
+
+    def known(self, group: str, kind: str) -> Kind | None:
+        return next((k for k in self.kinds if k.group == group and k.kind == kind), None)
+
+    def by_kind(self, name: str) -> list[Kind]:
+        """Kinds a user may name as KIND or KIND.GROUP (the restore command)."""
+        kind, _, group = name.partition(".")
+        return [k for k in self.kinds if k.kind == kind and (not group or k.group == group)]
+
+    def walkable(self, group: str, kind: str) -> bool:
+        """Whether the chain may be followed through an object of this kind (gpusteward can
+        read it and knows what its controller does)."""
+        return BUILT_IN.get(kind) == group or self.known(group, kind) is not None
+
+    def unsupported(self, group: str, kind: str) -> str:
+        """Why an owner of this kind cannot be stopped; empty when it can (or is built in)."""
+        if (group, kind) in NO_SWITCH:
+            return NO_SWITCH[(group, kind)]
+        if self.walkable(group, kind):
+            return ""
+        return f"unsupported owner {kind}" + (f".{group}" if group else "")
+
+
+def _from_policy(name: str, switch: Any) -> Kind:
     kind, _, group = name.partition(".")
-    return [k for k in KINDS if k.kind == kind and (not group or k.group == group)]
+    source = "the policy's reclaim.ownerActions.kinds"
+    if switch.scale:
+        return Kind(group, kind, switch.resource, SCALE, source=source)
+    if switch.field:
+        return Kind(group, kind, switch.resource, SUSPEND, tuple(switch.field.split(".")),
+                    source=source)
+    return Kind(group, kind, switch.resource, STOP, annotation=switch.annotation, source=source)
 
 
-def walkable(group: str, kind: str) -> bool:
-    """Whether the chain may be followed through an object of this kind (gpusteward can read it
-    and knows what its controller does)."""
-    return BUILT_IN.get(kind) == group or known(group, kind) is not None
-
-
-def unsupported(group: str, kind: str) -> str:
-    """Why an owner of this kind cannot be stopped; empty when it can (or is built in)."""
-    if (group, kind) in NO_SWITCH:
-        return NO_SWITCH[(group, kind)]
-    if walkable(group, kind):
-        return ""
-    return f"unsupported owner {kind}" + (f".{group}" if group else "")
+DEFAULT = Catalog()
 
 
 def stop_patch(k: Kind, reason: str, stamp: str) -> dict[str, Any]:
