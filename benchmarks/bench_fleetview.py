@@ -21,6 +21,7 @@ import argparse
 import gc
 import json
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -33,6 +34,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.fleetgen import node_json  # noqa: E402
+from benchmarks.memory import peak_rss_mb, rss_mb  # noqa: E402
 from gpusteward.core.dra import (  # noqa: E402
     DraFleet,
     WireClaim,
@@ -52,12 +54,14 @@ PRODUCT = "NVIDIA-H100-80GB-HBM3"
 PODS_PER_NODE = 4
 
 
-def pod_json(node: str, k: int, claims: bool) -> dict[str, Any]:
+def pod_json(node: str, k: int, claims: bool, gpu: bool = True) -> dict[str, Any]:
     name = f"train-{node}-{k}"
     container: dict[str, Any] = {"name": "main", "image": "registry.example/ml/train:1"}
     spec: dict[str, Any] = {"nodeName": node, "containers": [container],
                             "priorityClassName": "batch", "priority": 1000}
-    if claims:
+    if not gpu:  # a CPU pod: listed and decoded, not kept
+        container["resources"] = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+    elif claims:
         spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
         container["resources"] = {"claims": [{"name": "gpu"}]}
     else:
@@ -172,13 +176,68 @@ def measure(nodes: int, on_dra: bool, runs: int) -> dict[str, Any]:
             "retained_mb": retained_mb(raw), "event_us": event_us(raw, on_dra, 200)}
 
 
+def extender_rss(nodes: int, gpu_pods: int, other_pods: int) -> dict[str, Any]:
+    """In this (fresh) process: the extender's view of `nodes` nodes with `gpu_pods` one-GPU and
+    `other_pods` CPU pods each, from LIST pages of 500 as its watches read them, with telemetry
+    for every GPU, its placement view and its preemption book; peak and settled RSS."""
+    from benchmarks.fleetgen import fleet
+    from gpusteward.core.policy import parse_policy
+    from gpusteward.extender.app import create_app  # noqa: F401 — the whole extender imported
+    from gpusteward.extender.preempt import VictimBook
+    from gpusteward.extender.view import PlacementView
+
+    names = [f"gpu-node-{i:05d}" for i in range(nodes)]
+    store = FleetStore()
+    node_body = msgspec.json.encode([node_json(n, PRODUCT) for n in names])
+    listed_nodes = [to_node(w, RESOURCES) for w in
+                    msgspec.json.decode(node_body, type=list[WireNode])]
+    del node_body
+    kept = []
+    per_node = gpu_pods + other_pods
+    for start in range(0, nodes * per_node, 500):  # one LIST page at a time
+        page = msgspec.json.encode([
+            pod_json(names[i // per_node], i % per_node, False, gpu=i % per_node < gpu_pods)
+            for i in range(start, min(start + 500, nodes * per_node))])
+        kept += [p for p in (to_pod(w, RESOURCES) for w in
+                             msgspec.json.decode(page, type=list[WirePod])) if p.gpus > 0]
+    store.replace_all(listed_nodes, kept)
+    policy = parse_policy({})
+    view = PlacementView(policy, store)
+    view.set_telemetry(fleet(nodes)[2])
+    book = VictimBook(policy)
+    book.rebuild(store.pods.values(), {})
+    gc.collect()
+    assert sum(p.gpus for p in store.pods.values()) == gpu_pods * nodes
+    return {"nodes": nodes, "gpus": 8 * nodes, "pods": per_node * nodes,
+            "gpu_pods": gpu_pods * nodes,
+            "peak_rss_mb": peak_rss_mb(),
+            "settled_rss_mb": rss_mb()}
+
+
+def extender_rss_in_fresh_process(nodes: int, gpu_pods: int, other_pods: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--rss-only", str(nodes), str(gpu_pods),
+                          str(other_pods)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="tiny size, no results written")
+    parser.add_argument("--rss-nodes", type=int, nargs="*", default=[1000, 2000, 3000, 5000],
+                        help="fleet sizes for the extender's memory (8 GPU + 2 CPU pods a node)")
+    parser.add_argument("--rss-only", type=int, nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rss_only:
+        print(json.dumps(extender_rss(*args.rss_only)))
+        return
     nodes, runs = (20, 1) if args.quick else (args.nodes, 5)
+    rss_sizes = [20] if args.quick else args.rss_nodes
     results = [measure(nodes, on_dra, runs) for on_dra in (False, True)]
+    memory = [extender_rss_in_fresh_process(n, 8, 2) for n in rss_sizes]
+    for m in memory:
+        print(f"extender view of {m['nodes']} nodes, {m['pods']} pods ({m['gpu_pods']} on "
+              f"GPUs): peak RSS {m['peak_rss_mb']:.0f} MB, settled {m['settled_rss_mb']:.0f} MB")
     for r in results:
         print(f"{r['mode']:>13}: re-list {r['relist_ms']:.0f} ms, retained "
               f"{r['retained_mb']:.1f} MB, one watch event {r['event_us']:.0f} us, LIST "
@@ -187,7 +246,7 @@ def main() -> None:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "fleetview.json").write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-            "results": results}, indent=2) + "\n")
+            "results": results, "memory": memory}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

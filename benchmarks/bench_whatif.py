@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.memory import peak_rss_mb  # noqa: E402
 from gpusteward.core.policy import parse_policy  # noqa: E402
 from gpusteward.sandbox.procs import free_port  # noqa: E402
 
@@ -53,7 +54,7 @@ async def measure(url: str, days: float) -> dict:
             "gpus": sum(n.gpus for n in history.nodes.values()),
             "reclaimed": len(out.reclaimed), "gpu_hours_freed": round(out.gpu_hours, 1),
             "cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def one_size(gpus: int, days: float) -> dict:

@@ -135,26 +135,92 @@ def scheduler_section(sched: dict) -> list[str]:
 def reclaimer_section(rec: dict) -> list[str]:
     lines = ["## Reclaimer scale (`python benchmarks/bench_reclaimer.py`)", "",
              f"{rec['date']}. Decision = `plan()` on a synthetic snapshot, median of 5, peak RSS "
-             "of a fresh process; cycle = one snapshot read against the sandbox API server and "
-             "Prometheus plus the decision.", "",
+             "of a fresh process; cycle = one snapshot read against the sandbox's real API "
+             "server and Prometheus plus the decision, in a fresh process (its peak RSS is the "
+             "reclaimer's), with every pod placed by the real scheduler on kwok nodes and "
+             "sampled for a full idle window.", "",
              "| GPU pods | decision ms | peak RSS MB | actions |", "|---|---|---|---|"]
     lines += [f"| {d['pods']} | {d['decision_ms']:.0f} | {d['peak_rss_mb']:.0f} | {d['actions']} |"
               for d in rec["decision"]]
-    lines += ["", "| GPU pods in sandbox | read s | decide s | API calls | PromQL queries |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {c['pods']} | {c['read_s']:.2f} | {c['decide_s']:.3f} | {c['api_calls']} | "
-              f"{c['promql_queries']} |" for c in rec["cycle"]]
-    return lines + [""]
+    lines += ["", "| GPU pods in sandbox | scrape s | read s | read, our CPU s | decide s | "
+              "read + decide s | peak RSS MB | API calls | PromQL queries | pods with evidence | "
+              "idle |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [_cycle_row(c) for c in rec["cycle"]]
+    return lines + ["", "![reclaimer cycle](reclaimer.png)", ""]
+
+
+def _cycle_row(c: dict) -> str:
+    cpu = f"{c['read_cpu_s']:.2f}" if "read_cpu_s" in c else ""
+    return (f"| {c['pods']} | {c.get('scrape_s', 1)} | {c['read_s']:.2f} | {cpu} | "
+            f"{c['decide_s']:.3f} | {c['read_s'] + c['decide_s']:.2f} | "
+            f"{c.get('peak_rss_mb', 0):.0f} | {c['api_calls']} | {c['promql_queries']} | "
+            f"{c.get('pods_with_evidence', '')} | {c.get('idle_pods_seen', '')} |")
+
+
+def plot_reclaimer(rec: dict) -> str:
+    cycle = sorted(rec["cycle"], key=lambda c: c["pods"])
+    pods = [c["pods"] for c in cycle]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    axes[0].plot(pods, [c["read_s"] + c["decide_s"] for c in cycle], "o-", label="read + decide")
+    axes[0].plot(pods, [c["read_s"] for c in cycle], "s--", label="read")
+    axes[0].axhline(2.0, color="grey", linestyle=":", label="target 2 s at 20,000")
+    axes[0].set_ylabel("s")
+    axes[1].plot(pods, [c.get("peak_rss_mb", 0) for c in cycle], "o-", label="peak RSS")
+    axes[1].axhline(300, color="grey", linestyle=":", label="target 300 MB at 20,000")
+    axes[1].set_ylabel("MB")
+    for ax, title in zip(axes, ("one reclaimer cycle", "reclaimer memory"), strict=True):
+        ax.set_xlabel("GPU pods")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(HERE / "reclaimer.png", dpi=110)
+    plt.close(fig)
+    return "reclaimer.png"
 
 
 def telemetry_section(tel: dict) -> list[str]:
-    return ["## Telemetry cost (`python benchmarks/bench_telemetry.py`)", "",
-            f"{tel['date']}: one extender refresh at {tel['nodes']} nodes x 8 = {tel['gpus']} "
-            f"GPUs: {tel['queries_per_refresh']} PromQL queries, p50 "
-            f"{tel['refresh_p50_ms']:.0f} ms (max {tel['refresh_max_ms']:.0f} ms), "
-            f"{tel['bytes_per_refresh'] / 1e6:.2f} MB returned "
-            f"({', '.join(f'{k} {v / 1e6:.2f} MB' for k, v in tel['bytes_by_query'].items())}).",
-            ""]
+    lines = ["## Telemetry cost (`python benchmarks/bench_telemetry.py`)", "",
+             f"{tel['date']}: one extender refresh ({tel['results'][0]['queries_per_refresh']} "
+             "PromQL queries, median of 10) against one real Prometheus holding every GPU's "
+             "history, in a fresh process whose peak RSS is given.", "",
+             "| nodes | GPUs | refresh p50 ms | max ms | JSON MB | MB on the wire (gzip) | "
+             "peak RSS MB | largest queries (JSON MB) |", "|---|---|---|---|---|---|---|---|"]
+    for r in tel["results"]:
+        top = sorted(r["bytes_by_query"].items(), key=lambda kv: -kv[1])[:3]
+        rss = f"{r['peak_rss_mb']:.0f}" if "peak_rss_mb" in r else "—"
+        lines.append(f"| {r['nodes']} | {r['gpus']} | {r['refresh_p50_ms']:.0f} | "
+                     f"{r['refresh_max_ms']:.0f} | {r['bytes_per_refresh'] / 1e6:.2f} | "
+                     f"{r['wire_bytes_per_refresh'] / 1e6:.2f} | {rss} | "
+                     f"{', '.join(f'{k} {v / 1e6:.2f}' for k, v in top)} |")
+    if tel.get("note"):
+        lines += ["", f"Note: {tel['note']}."]
+    return [*lines, "", "![telemetry refresh](telemetry.png)", ""]
+
+
+def plot_telemetry(tel: dict) -> str:
+    rows = sorted(tel["results"], key=lambda r: r["gpus"])
+    gpus = [r["gpus"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    axes[0].plot(gpus, [r["refresh_p50_ms"] / 1000 for r in rows], "o-", label="refresh p50")
+    axes[0].axhline(2.0, color="grey", linestyle=":", label="target 2 s at 40,000")
+    axes[0].set_ylabel("s")
+    axes[1].plot(gpus, [r["bytes_per_refresh"] / 1e6 for r in rows], "o-", label="JSON")
+    axes[1].plot(gpus, [r["wire_bytes_per_refresh"] / 1e6 for r in rows], "s-",
+                 label="on the wire (gzip)")
+    axes[1].axhline(15, color="grey", linestyle=":", label="target 15 MB at 40,000")
+    axes[1].set_ylabel("MB")
+    measured = [r for r in rows if "peak_rss_mb" in r]
+    axes[2].plot([r["gpus"] for r in measured], [r["peak_rss_mb"] for r in measured], "o-",
+                 label="peak RSS")
+    axes[2].set_ylabel("MB")
+    for ax, title in zip(axes, ("refresh time", "bytes per refresh", "memory"), strict=True):
+        ax.set_xlabel("GPUs")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(HERE / "telemetry.png", dpi=110)
+    plt.close(fig)
+    return "telemetry.png"
 
 
 def fleetview_section(fv: dict) -> list[str]:
@@ -169,6 +235,16 @@ def fleetview_section(fv: dict) -> list[str]:
     lines += [f"| {r['mode']} | {r['nodes']} | {r['gpus']} | {r['pods']} | "
               f"{sum(r['list_mb'].values()):.1f} | {r['relist_ms']:.0f} | "
               f"{r['retained_mb']:.1f} | {r['event_us']:.0f} |" for r in fv["results"]]
+    if fv.get("memory"):
+        lines += ["", "The extender's memory against fleet size, each in a fresh process that "
+                  "imports the whole extender: nodes and pods from LIST pages of 500 (8 one-GPU "
+                  "pods and 2 CPU pods a node, the CPU pods decoded and dropped as the watch "
+                  "does), telemetry for every GPU, the placement view and the preemption book. "
+                  "Peak includes the pages being decoded; settled is after.", "",
+                  "| nodes | GPUs | pods listed | GPU pods | peak RSS MB | settled RSS MB |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {m['nodes']} | {m['gpus']} | {m['pods']} | {m['gpu_pods']} | "
+                  f"{m['peak_rss_mb']:.0f} | {m['settled_rss_mb']:.0f} |" for m in fv["memory"]]
     return [*lines, ""]
 
 
@@ -228,8 +304,10 @@ def main() -> None:
         plot_scheduler(sched)
         out += scheduler_section(sched)
     if rec:
+        plot_reclaimer(rec)
         out += reclaimer_section(rec)
     if tel:
+        plot_telemetry(tel)
         out += telemetry_section(tel)
     fv = load("fleetview")
     if fv:
