@@ -168,14 +168,8 @@ def plot_reclaimer(rec: dict) -> str:
     axes[1].plot(pods, [c.get("peak_rss_mb", 0) for c in cycle], "o-", label="peak RSS")
     axes[1].axhline(300, color="grey", linestyle=":", label="target 300 MB at 20,000")
     axes[1].set_ylabel("MB")
-    for ax, title in zip(axes, ("one reclaimer cycle", "reclaimer memory"), strict=True):
-        ax.set_xlabel("GPU pods")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(HERE / "reclaimer.png", dpi=110)
-    plt.close(fig)
-    return "reclaimer.png"
+    return _saved(fig, axes, ("one reclaimer cycle", "reclaimer memory"), "GPU pods",
+                  "reclaimer.png")
 
 
 def telemetry_section(tel: dict) -> list[str]:
@@ -213,14 +207,19 @@ def plot_telemetry(tel: dict) -> str:
     axes[2].plot([r["gpus"] for r in measured], [r["peak_rss_mb"] for r in measured], "o-",
                  label="peak RSS")
     axes[2].set_ylabel("MB")
-    for ax, title in zip(axes, ("refresh time", "bytes per refresh", "memory"), strict=True):
-        ax.set_xlabel("GPUs")
+    return _saved(fig, axes, ("refresh time", "bytes per refresh", "memory"), "GPUs",
+                  "telemetry.png")
+
+
+def _saved(fig, axes, titles: tuple[str, ...], xlabel: str, name: str) -> str:
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xlabel(xlabel)
         ax.set_title(title)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(HERE / "telemetry.png", dpi=110)
+    fig.savefig(HERE / name, dpi=110)
     plt.close(fig)
-    return "telemetry.png"
+    return name
 
 
 def fleetview_section(fv: dict) -> list[str]:
