@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from gpusteward.core.policy import OwnerSwitch
 from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT, How
 
 # The mechanisms (Action.how) beyond the built-in Pod/Job/Deployment/StatefulSet ones.
@@ -83,9 +84,8 @@ def group_of(api_version: str) -> str:
 
 
 def has_switch(group: str, kind: str) -> bool:
-    """Whether gpusteward stops this kind its own way (built in, or in KINDS)."""
-    return BUILT_IN.get(kind) == group or (group, kind) in NO_SWITCH or any(
-        k.group == group and k.kind == kind for k in KINDS)
+    """Whether gpusteward decides this kind its own way (built in, in KINDS, or NO_SWITCH)."""
+    return DEFAULT.walkable(group, kind) or (group, kind) in NO_SWITCH
 
 
 class Catalog:
@@ -97,10 +97,11 @@ class Catalog:
         self.kinds = (*KINDS, *extra)
 
     @classmethod
-    def of(cls, owner_kinds: Mapping[str, object]) -> Catalog:
-        """From the policy's ownerActions.kinds (switches: anything with a `resource`)."""
+    def of(cls, owner_kinds: Mapping[str, str | OwnerSwitch]) -> Catalog:
+        """From the policy's ownerActions.kinds: its switches (block/evict/annotate are
+        decisions, not switches)."""
         return cls(tuple(_from_policy(name, s) for name, s in owner_kinds.items()
-                         if hasattr(s, "resource")))
+                         if isinstance(s, OwnerSwitch)))
 
     def known(self, group: str, kind: str) -> Kind | None:
         return next((k for k in self.kinds if k.group == group and k.kind == kind), None)
@@ -124,7 +125,7 @@ class Catalog:
         return f"unsupported owner {kind}" + (f".{group}" if group else "")
 
 
-def _from_policy(name: str, switch: Any) -> Kind:
+def _from_policy(name: str, switch: OwnerSwitch) -> Kind:
     kind, _, group = name.partition(".")
     source = "the policy's reclaim.ownerActions.kinds"
     if switch.scale:
