@@ -51,6 +51,8 @@ class Extender:
     # Watches that feed the view but not readiness: a cluster without resource.k8s.io/v1 (or
     # without the RBAC for it) still places device-plugin pods; each watch logs why it waits.
     side_watches: Sequence[Watch] = ()
+    # SIGTERM received: readiness fails and every answer closes its connection (serve._drain).
+    draining: bool = False
 
     def __post_init__(self) -> None:
         # Read at scrape time, so a refresh that stops or crashes still shows as ageing.
@@ -110,16 +112,20 @@ class RequestLimits:
 
 LIMITS = web.AppKey("limits", RequestLimits)
 VERBS = ("filter", "prioritize", "preempt")
-# aiohttp would inflate a gzip body inside the event loop, also to drain one we refused; idle
-# keep-alive connections are closed after a minute (aiohttp's default is an hour).
-SERVER_OPTIONS = {"auto_decompress": False, "keepalive_timeout": 60.0}
+# aiohttp would inflate a gzip body inside the event loop, also to drain one we refused. Idle
+# keep-alive connections are closed after two minutes (aiohttp's default is an hour): longer
+# than kube-scheduler's client keeps them (Go's DefaultTransport IdleConnTimeout, 90 s, which
+# apimachinery's SetTransportDefaults applies), so the client closes first and never writes a
+# call onto a connection we are closing (a written POST is not resent, and the call fails).
+SERVER_OPTIONS = {"auto_decompress": False, "keepalive_timeout": 120.0}
 
 
 def create_app(extender: Extender, *, max_body_bytes: int = 32 << 20,
                limits: RequestLimits | None = None) -> web.Application:
     limits = limits or RequestLimits(max_body_bytes=max_body_bytes,
                               body_budget_bytes=max(3 * max_body_bytes, 8 << 20))
-    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[_counted],
+    app = web.Application(client_max_size=limits.max_body_bytes,
+                          middlewares=[_closing_when_draining, _counted],
                           handler_args=SERVER_OPTIONS)
     app[EXTENDER] = extender
     app[LIMITS] = limits
@@ -146,6 +152,20 @@ def create_metrics_app(extender: Extender) -> web.Application:
     app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz),
                     web.get("/metrics", metrics)])
     return app
+
+
+@web.middleware
+async def _closing_when_draining(
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """While draining, each answer says ``Connection: close``: the client's next request opens
+    a new connection, which the Service sends to a replica still in its endpoints. Closing an
+    idle keep-alive connection instead races the client's next write, and kube-scheduler does
+    not resend a POST that was written (Go's net/http retries only unwritten requests)."""
+    response = await handler(request)
+    if request.app[EXTENDER].draining:
+        response.force_close()
+    return response
 
 
 class _Budget:
@@ -287,6 +307,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    if request.app[EXTENDER].draining:
+        return web.Response(text="shutting down", status=503)
     if request.app[EXTENDER].ready:
         return web.Response(text="ok")
     return web.Response(text="waiting for the first list of nodes and pods", status=503)

@@ -43,6 +43,11 @@ def add_extender_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
     p.add_argument("--metrics-listen", type=hostport, metavar="HOST:PORT",
                    help="serve /metrics, /healthz and /readyz on a port of their own (plain "
                    "HTTP), so the scheduler port can admit only the scheduler")
+    p.add_argument("--shutdown-delay", type=whole_number(0, "seconds"), default=5,
+                   metavar="SECONDS",
+                   help="after SIGTERM, keep answering this long with readiness off and "
+                   "connections closed after each answer, while the pod leaves the Service's "
+                   "endpoints (default 5; keep it below terminationGracePeriodSeconds)")
     add_connection_flags(p)
     return p
 
@@ -67,6 +72,7 @@ class ExtenderSettings:
     kubeconfig: str | None = None
     context: str | None = None
     dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
+    shutdown_delay: float = 5.0  # seconds answering after SIGTERM (serve.drain)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> ExtenderSettings:
@@ -78,7 +84,8 @@ class ExtenderSettings:
             listen=args.listen, metrics_listen=args.metrics_listen,
             max_body_bytes=args.max_body_mb << 20,
             tls=TlsFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file),
-            kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver)
+            kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver,
+            shutdown_delay=args.shutdown_delay)
 
 
 def run_extender(args: argparse.Namespace) -> int:

@@ -99,13 +99,32 @@ async def _serve(settings: ExtenderSettings, extender: Extender, tls: ssl.SSLCon
     log.info("extender listening on %s:%d (%s; prometheus: %s)", host, port,
              "TLS" + (" with client certificates" if settings.tls.client_ca else "")
              if tls else "plain HTTP", prometheus.describe() if prometheus else "none")
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def signalled() -> None:  # the first signal drains, a second one stops at once
+        (hurry if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled)
     await stop.wait()
+    await drain(extender, settings.shutdown_delay, hurry)
     log.info("shutting down")
     return 0
+
+
+async def drain(extender: Extender, delay: float, hurry: asyncio.Event) -> None:
+    """Keep answering for ``delay`` seconds after SIGTERM, readiness off and each connection
+    closed after its answer. Kubernetes takes a terminating pod out of the Service's endpoints
+    while it runs, and kube-proxy follows within a second or two; until then new connections
+    still arrive here, and a scheduler call refused now would place its pod without the
+    extender (``ignorable: true``). After the delay no connection is left to race a close."""
+    extender.draining = True
+    log.info("draining: not ready, closing each connection after its answer; stopping in %gs "
+             "(a second signal stops now)", delay)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay):
+            await hurry.wait()
 
 
 async def start_site(site: web.TCPSite, host: str, port: int) -> None:

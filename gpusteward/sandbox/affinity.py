@@ -4,9 +4,11 @@ the way kube-proxy does for a Service:
 * ``ClientIP`` (the Service's ``sessionAffinity: ClientIP``): a client's connections all go to
   the replica its first one went to, until it has opened none for ``timeoutSeconds`` (kube-proxy
   iptables mode: ``-m recent --rcheck --seconds <timeout> --reap`` then ``--set``, so each new
-  connection renews the timer). A replica that refuses the connection (gone, not listening) is
-  skipped and the client is bound to the next one: the fail-over kube-proxy gives when a dead
-  pod leaves the Service's endpoints.
+  connection renews the timer). Only replicas whose ``/readyz`` answers 200 are offered (probed
+  every quarter second): the Service's endpoints, which lose a pod when its readiness fails or
+  it starts terminating. A replica that refuses the connection (gone, not listening) is skipped
+  too. Either way the client is bound to the next one, as kube-proxy does once the endpoint
+  has left its rules.
 * ``None``: round robin over the replicas per connection (kube-proxy picks at random; the
   rotation makes the sandbox repeatable).
 
@@ -24,13 +26,14 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from gpusteward.core.addresses import parse_hostport
 
 CLIENT_IP, NONE = "ClientIP", "None"
 DEFAULT_TIMEOUT_S = 10800  # the Service's default sessionAffinityConfig.clientIP.timeoutSeconds
 CHUNK = 64 << 10
+PROBE_PERIOD_S = 0.25  # how soon a replica that turns unready leaves the offered replicas
 
 
 class Chooser:
@@ -42,11 +45,13 @@ class Chooser:
         self.bound: dict[str, tuple[int, float]] = {}  # client -> (replica, last connection)
         self.turn = 0
 
-    def order(self, client: str) -> list[int]:
+    def order(self, client: str, ready: Collection[int] | None = None) -> list[int]:
+        """The ready replicas (all when ``ready`` is None), the client's own first."""
         first = self._sticky(client)
-        if first is None:
+        if first is None or (ready is not None and first not in ready):
             first, self.turn = self.turn, (self.turn + 1) % self.replicas
-        return [(first + i) % self.replicas for i in range(self.replicas)]
+        rotation = [(first + i) % self.replicas for i in range(self.replicas)]
+        return rotation if ready is None else [r for r in rotation if r in ready]
 
     def connected(self, client: str, replica: int) -> None:
         if self.affinity == CLIENT_IP:
@@ -70,13 +75,38 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
     dst.close()
 
 
+async def ready(backend: tuple[str, int], timeout: float = 1.0) -> bool:
+    """The replica's readiness probe, as the kubelet's httpGet: 200 from /readyz in time."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(*backend)
+            try:
+                writer.write(b"GET /readyz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+                status = (await reader.readline()).split()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return False
+    return len(status) > 1 and status[1] == b"200"
+
+
 class Proxy:
     def __init__(self, backends: list[tuple[str, int]], chooser: Chooser):
         self.backends, self.chooser = backends, chooser
+        self.ready: set[int] = set()  # the endpoints: replicas whose last probe passed
+
+    async def probe(self) -> None:
+        results = await asyncio.gather(*(ready(b) for b in self.backends))
+        self.ready = {i for i, ok in enumerate(results) if ok}
+
+    async def probe_forever(self, period: float = PROBE_PERIOD_S) -> None:
+        while True:
+            await asyncio.sleep(period)
+            await self.probe()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         client = writer.get_extra_info("peername")[0]
-        for replica in self.chooser.order(client):
+        for replica in self.chooser.order(client, self.ready):
             try:
                 up_reader, up_writer = await asyncio.open_connection(*self.backends[replica])
             except OSError:
@@ -88,9 +118,14 @@ class Proxy:
 
 
 async def serve(listen: tuple[str, int], proxy: Proxy) -> None:
+    await proxy.probe()
+    prober = asyncio.create_task(proxy.probe_forever())
     server = await asyncio.start_server(proxy.handle, *listen)
     async with server:
-        await server.serve_forever()
+        try:
+            await server.serve_forever()
+        finally:
+            prober.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -428,11 +428,12 @@ class Sandbox:
 
     def start_extender(self) -> None:
         if self.cfg.extender_replicas == 1:
-            self._start_extender("extender", self.ports["extender"])
+            # No Service in front of one extender: nothing to hand over to, so no drain.
+            self._start_extender("extender", self.ports["extender"], shutdown_delay=0)
             return
         for i in range(self.cfg.extender_replicas):
             port = self.ports.setdefault(f"{REPLICA_PREFIX}{i}", free_port())
-            self._start_extender(f"{REPLICA_PREFIX}{i}", port)
+            self._start_extender(f"{REPLICA_PREFIX}{i}", port, shutdown_delay=2)
         self._run("extender", [
             sys.executable, "-m", "gpusteward.sandbox.affinity",
             f"--listen=127.0.0.1:{self.ports['extender']}",
@@ -443,11 +444,11 @@ class Sandbox:
     def replica_ports(self) -> list[int]:
         return [self.ports[f"{REPLICA_PREFIX}{i}"] for i in range(self.cfg.extender_replicas)]
 
-    def _start_extender(self, name: str, port: int) -> None:
+    def _start_extender(self, name: str, port: int, shutdown_delay: int) -> None:
         self._run(name, [
             sys.executable, "-m", "gpusteward", "extender", f"--policy={self.cfg.policy}",
             f"--listen=127.0.0.1:{port}", f"--kubeconfig={self.kubeconfig}",
-            f"--prometheus-url={self.prometheus_url}",
+            f"--prometheus-url={self.prometheus_url}", f"--shutdown-delay={shutdown_delay}",
         ], lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"))
 
     def stop_component(self, name: str) -> None:

@@ -1,7 +1,8 @@
 """The sandbox's Service stand-in picks replicas as kube-proxy does: ClientIP affinity that a
 connection renews and ``timeoutSeconds`` of silence ends (kube-proxy iptables mode,
 pkg/proxy/iptables/proxier.go: ``-m recent --rcheck --seconds <timeout> --reap`` then ``--set``),
-fail-over to the next replica, or round robin without affinity."""
+fail-over to the next replica, only ready replicas offered (the Service's endpoints), or round
+robin without affinity."""
 
 from __future__ import annotations
 
@@ -53,3 +54,14 @@ def test_without_affinity_connections_rotate_over_the_replicas() -> None:
         picks.append(chooser.order("10.0.0.1")[0])
         chooser.connected("10.0.0.1", picks[-1])
     assert picks == [0, 1, 0, 1]
+
+
+def test_a_replica_out_of_the_endpoints_is_not_offered_and_the_client_moves_on() -> None:
+    chooser = Chooser(3, CLIENT_IP, timeout=60, clock=Clock())
+    chooser.connected("10.0.0.1", 1)
+    assert chooser.order("10.0.0.1", ready={0, 1, 2}) == [1, 2, 0]
+    moved = chooser.order("10.0.0.1", ready={0, 2})  # replica 1 draining: readiness failed
+    assert 1 not in moved and moved
+    chooser.connected("10.0.0.1", moved[0])
+    assert chooser.order("10.0.0.1", ready={0, 1, 2})[0] == moved[0]  # bound to the new one
+    assert chooser.order("10.0.0.1", ready=set()) == []  # no endpoints: refused
