@@ -1,8 +1,10 @@
-"""Reclaimer scale: the pure decision at 1k/10k/20k GPU pods, and one full cycle against the
-sandbox (real API server and Prometheus) with its API calls and PromQL queries counted.
+"""Reclaimer scale: the pure decision at 1k/10k/20k GPU pods; one read + decide with nothing
+else on the cores (LISTs served without an API server's cost, a real Prometheus loaded with
+history: our CPU and Prometheus's, floor_cycle); and one full cycle against the sandbox (real
+API server and Prometheus) with its API calls, PromQL queries and each sandbox process's CPU.
 
     python benchmarks/bench_reclaimer.py [--pods 1000 10000 20000]
-        [--e2e-pods 1000 5000 10000 20000] [--quick]
+        [--floor-pods 1000 5000 10000 20000] [--e2e-pods 1000 5000 10000 20000] [--quick]
 
 Decision time is the median of 5 runs of `plan()` on a synthetic snapshot (1 node per 10 pods,
 a mix of bare pods, Deployments and Jobs, idle/busy/unknown evidence, marks, pending pods, team
@@ -26,7 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.memory import peak_rss_mb  # noqa: E402
+from benchmarks.memory import cpu_seconds, peak_rss_mb  # noqa: E402
 from gpusteward.core.model import Node, Pod  # noqa: E402
 from gpusteward.core.policy import load_policy, parse_policy  # noqa: E402
 from gpusteward.core.reclaim.decide import plan  # noqa: E402
@@ -92,16 +94,17 @@ def e2e_cycle(pods: int) -> dict:
     """One read + decide, in a fresh process (its peak RSS is the reclaimer's), against a
     sandbox with `pods` GPU pods placed by the real scheduler on kwok nodes and sampled by the
     real Prometheus. Above 1,000 pods the simulator is scraped every 5 s instead of every
-    second (one target per node: 2,500 targets a second would take the 2 cores), and the
-    policy's scrapeInterval and both idle windows follow, so that coverage reads true and the
-    same queries run at every size."""
+    second, and above 10,000 every 10 s (one target per node: 2,500 targets a second would
+    take the 2 cores; this keeps it at 250 or fewer), and the policy's scrapeInterval and
+    both idle windows follow, so that coverage reads true and the same queries run at every
+    size. The CPU each sandbox process used during the cycle is recorded beside it."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
     from gpusteward.sandbox.fleet import Fleet, Pool
     from gpusteward.sandbox.kubehttp import wait_for
 
-    scrape = 1 if pods <= 1000 else 5
+    scrape = 1 if pods <= 1000 else 5 if pods <= 10000 else 10
     fleet = Fleet(pools=[Pool(name="h100", product="NVIDIA-H100-80GB-HBM3",
                               count=max(1, -(-pods // 8)), gpus=8)])
     state = Path(tempfile.mkdtemp(prefix="gpusteward-rb-"))
@@ -136,15 +139,114 @@ def e2e_cycle(pods: int) -> dict:
         policy_file = state / "bench-policy.yaml"
         policy_file.write_text(yaml.safe_dump(raw))
         time.sleep(15 * scrape + 2 * scrape)  # a full window of samples for every pod
+        before = {name: cpu_seconds(proc.pid) for name, proc in box.procs.items()}
         out = subprocess.run([sys.executable, __file__, "--cycle-only", str(box.kubeconfig),
                               box.prometheus_url, str(policy_file)],
                              capture_output=True, text=True)
+        during = {name: round(cpu_seconds(box.procs[name].pid) - used, 2)
+                  for name, used in before.items()}
         if out.returncode:
             raise RuntimeError(f"the cycle at {pods} pods failed: {out.stderr[-3000:]}")
         return {"pods": pods, "scrape_s": scrape, "placed_s": placed_s,
-                **json.loads(out.stdout)}
+                **json.loads(out.stdout), "sandbox_cpu_s": during}
     finally:
         box.stop()
+
+
+FLOOR_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+
+def _fields(*names: str) -> dict:
+    return {".": {}, **{f"f:{n}": {} for n in names}}
+
+
+def _condition() -> dict:
+    return _fields("lastProbeTime", "lastTransitionTime", "status", "type")
+
+
+# What kube-apiserver keeps and LISTs with every pod: one managedFields entry per writer
+# (Server-Side Apply field tracking), here the client that created it and the status writer.
+MANAGED_FIELDS = [
+    {"manager": "kubectl-create", "operation": "Update", "apiVersion": "v1",
+     "time": "2026-11-29T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {
+         "f:metadata": {"f:labels": _fields("app", "gpusteward.io/team")},
+         "f:spec": {"f:containers": {'k:{"name":"main"}': {
+             **_fields("image", "imagePullPolicy", "name", "terminationMessagePath",
+                       "terminationMessagePolicy"),
+             "f:resources": {".": {}, "f:limits": _fields("nvidia.com/gpu"),
+                             "f:requests": _fields("nvidia.com/gpu")}}},
+             **{f"f:{n}": {} for n in ("dnsPolicy", "enableServiceLinks", "priorityClassName",
+                                       "restartPolicy", "schedulerName", "securityContext",
+                                       "terminationGracePeriodSeconds")}}}},
+    {"manager": "kwok", "operation": "Update", "apiVersion": "v1", "subresource": "status",
+     "time": "2026-11-29T10:00:02Z", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {
+         "f:conditions": {f'k:{{"type":"{t}"}}': _condition()
+                          for t in ("ContainersReady", "Initialized", "PodScheduled", "Ready")},
+         "f:containerStatuses": {}, "f:hostIP": {}, "f:phase": {}, "f:podIP": {},
+         "f:podIPs": {".": {}, 'k:{"ip":"10.0.0.1"}': _fields("ip")}, "f:startTime": {}}}},
+]
+
+
+def floor_fleet(pods: int, now: float) -> tuple[dict[str, list[dict]], str]:
+    """LIST items and Prometheus history for ``pods`` one-GPU pods, eight to a node: the pods
+    and nodes as the API server stores them (bench_fleetview's shapes, the pods with the
+    managedFields every LIST carries) and 3 minutes of
+    dcgm-exporter samples every 15 s for each GPU, stored as a ServiceMonitor stores them
+    (honorLabels: false). A third of the GPUs read 0 %, the rest 40 %."""
+    from benchmarks.bench_fleetview import pod_json
+    from benchmarks.fleetgen import node_json
+    from gpusteward.core.dcgm import PodRef
+    from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history
+    from tests.support.prometheus import servicemonitor
+
+    names = [f"gpu-node-{i:05d}" for i in range(-(-pods // 8))]
+    placed = [(node, k) for node in names for k in range(8)][:pods]
+    lists = {"/api/v1/nodes": [node_json(n, FLOOR_PRODUCT) for n in names],
+             "/api/v1/pods": [_stored(pod_json(node, k, claims=False)) for node, k in placed],
+             "/api/v1/namespaces": [{"metadata": {"name": "ml", "labels": {}}}]}
+    gpus = [SimGpu(node, k, "NVIDIA H100 80GB HBM3", util_percent=0 if i % 3 == 0 else 40,
+                   pod=PodRef("ml", f"train-{node}-{k}", "main"))
+            for i, (node, k) in enumerate(placed)]
+    history = render_openmetrics_history([(now - 180 + 15 * k, gpus) for k in range(12)],
+                                         scrape=servicemonitor(honor_labels=False))
+    return lists, history
+
+
+def _stored(pod: dict) -> dict:
+    pod["metadata"]["managedFields"] = MANAGED_FIELDS
+    return pod
+
+
+def floor_cycle(pods: int) -> dict:
+    """One read + decide in a fresh process with nothing else on the cores: the LISTs from
+    benchmarks/listserver.py (paged as the API server pages them, without its cost) and the
+    evidence from a real Prometheus loaded with the history (promtool backfill). Our CPU and
+    Prometheus's during the cycle are the whole cost; the sandbox cycle adds the API server's
+    and the competition of the sandbox's own processes. The window is 150 s of 15 s samples
+    and coverage may be as low as 0.1: the history ends when it is built, minutes before the
+    read at 20,000 pods (backfill, start), and the read costs the same either way."""
+    from benchmarks.listserver import ListServer
+    from tests.support.prometheus import PrometheusServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lists, history = floor_fleet(pods, time.time() - 10)
+        policy_file = Path(tmp) / "policy.yaml"
+        policy_file.write_text(yaml.safe_dump({
+            "telemetry": {"scrapeInterval": "15s", "queryTimeout": "60s", "staleAfter": "1h"},
+            "reclaim": {"idle": {"window": "150s", "minCoverage": 0.1},
+                        "withinQuotaWindow": "165s"},  # a second window, as in the sandbox
+            "teams": {"ml": {"quotaGpus": pods // 2}}}))
+        prom = PrometheusServer(Path(tmp) / "prometheus", history_openmetrics=history)
+        del history
+        with ListServer(lists) as api, prom:
+            before = cpu_seconds(prom.pid)
+            out = subprocess.run([sys.executable, __file__, "--cycle-only",
+                                  str(api.kubeconfig(Path(tmp))), prom.url, str(policy_file)],
+                                 capture_output=True, text=True)
+            prometheus_cpu_s = cpu_seconds(prom.pid) - before
+    if out.returncode:
+        raise RuntimeError(f"the floor cycle at {pods} pods failed: {out.stderr[-3000:]}")
+    return {"pods": pods, **json.loads(out.stdout), "prometheus_cpu_s": prometheus_cpu_s}
 
 
 async def cycle_only(kubeconfig: str, prometheus_url: str, policy_file: str) -> dict:
@@ -178,6 +280,7 @@ async def cycle_only(kubeconfig: str, prometheus_url: str, policy_file: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, nargs="+", default=[1000, 10000, 20000])
+    parser.add_argument("--floor-pods", type=int, nargs="*", default=[1000, 5000, 10000, 20000])
     parser.add_argument("--e2e-pods", type=int, nargs="*", default=[1000, 5000, 10000, 20000])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--decision-only", type=int, help=argparse.SUPPRESS)
@@ -190,12 +293,20 @@ def main() -> None:
         print(json.dumps(asyncio.run(cycle_only(*args.cycle_only))))
         return
     if args.quick:
-        args.pods, args.e2e_pods = [500], [20]
+        args.pods, args.floor_pods, args.e2e_pods = [500], [200], [20]
     report = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-              "decision": [decision_in_fresh_process(n) for n in args.pods], "cycle": []}
+              "decision": [decision_in_fresh_process(n) for n in args.pods], "floor": [],
+              "cycle": []}
     for d in report["decision"]:
         print(f"decision {d['pods']:>6} pods: {d['decision_ms']:8.1f} ms, peak RSS "
               f"{d['peak_rss_mb']:.0f} MB ({d['actions']} actions)", flush=True)
+    for n in args.floor_pods:
+        f = floor_cycle(n)
+        report["floor"].append(f)
+        print(f"floor    {f['pods']:>6} pods: read {f['read_s']:.2f} s (our CPU "
+              f"{f['read_cpu_s']:.2f} s, Prometheus {f['prometheus_cpu_s']:.2f} s), decide "
+              f"{f['decide_s']:.3f} s, peak RSS {f['peak_rss_mb']:.0f} MB, {f['api_calls']} API "
+              f"calls, {f['promql_queries']} PromQL queries", flush=True)
     for n in args.e2e_pods:  # written after each size: the largest take many minutes
         c = e2e_cycle(n)
         report["cycle"].append(c)

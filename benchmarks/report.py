@@ -138,13 +138,25 @@ def reclaimer_section(rec: dict) -> list[str]:
              "of a fresh process; cycle = one snapshot read against the sandbox's real API "
              "server and Prometheus plus the decision, in a fresh process (its peak RSS is the "
              "reclaimer's), with every pod placed by the real scheduler on kwok nodes and "
-             "sampled for a full idle window.", "",
+             "sampled for a full idle window; floor = the same read + decide with nothing "
+             "else on the cores: LISTs paged as the API server pages them but served without "
+             "its cost (benchmarks/listserver.py), evidence from a real Prometheus loaded with "
+             "the history (promtool backfill).", "",
              "| GPU pods | decision ms | peak RSS MB | actions |", "|---|---|---|---|"]
     lines += [f"| {d['pods']} | {d['decision_ms']:.0f} | {d['peak_rss_mb']:.0f} | {d['actions']} |"
               for d in rec["decision"]]
+    if rec.get("floor"):
+        lines += ["", "| GPU pods, floor | read s | read, our CPU s | Prometheus CPU s | "
+                  "decide s | read + decide s | peak RSS MB | API calls | PromQL queries |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {f['pods']} | {f['read_s']:.2f} | {f['read_cpu_s']:.2f} | "
+                  f"{f['prometheus_cpu_s']:.2f} | {f['decide_s']:.3f} | "
+                  f"{f['read_s'] + f['decide_s']:.2f} | {f['peak_rss_mb']:.0f} | "
+                  f"{f['api_calls']} | {f['promql_queries']} |" for f in rec["floor"]]
     lines += ["", "| GPU pods in sandbox | scrape s | read s | read, our CPU s | decide s | "
               "read + decide s | peak RSS MB | API calls | PromQL queries | pods with evidence | "
-              "idle |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "idle | sandbox CPU during the cycle, s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_cycle_row(c) for c in rec["cycle"]]
     return lines + ["", "![reclaimer cycle](reclaimer.png)", ""]
 
@@ -154,7 +166,14 @@ def _cycle_row(c: dict) -> str:
     return (f"| {c['pods']} | {c.get('scrape_s', 1)} | {c['read_s']:.2f} | {cpu} | "
             f"{c['decide_s']:.3f} | {c['read_s'] + c['decide_s']:.2f} | "
             f"{c.get('peak_rss_mb', 0):.0f} | {c['api_calls']} | {c['promql_queries']} | "
-            f"{c.get('pods_with_evidence', '')} | {c.get('idle_pods_seen', '')} |")
+            f"{c.get('pods_with_evidence', '')} | {c.get('idle_pods_seen', '')} | "
+            f"{_busiest(c.get('sandbox_cpu_s', {}))} |")
+
+
+def _busiest(cpu: dict[str, float]) -> str:
+    """The sandbox processes that used the most CPU during a cycle, busiest first."""
+    ranked = sorted(cpu.items(), key=lambda kv: -kv[1])[:4]
+    return ", ".join(f"{name} {used:.1f}" for name, used in ranked if used >= 0.05)
 
 
 def plot_reclaimer(rec: dict) -> str:
@@ -163,6 +182,12 @@ def plot_reclaimer(rec: dict) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     axes[0].plot(pods, [c["read_s"] + c["decide_s"] for c in cycle], "o-", label="read + decide")
     axes[0].plot(pods, [c["read_s"] for c in cycle], "s--", label="read")
+    floor = sorted(rec.get("floor", []), key=lambda f: f["pods"])
+    if floor:
+        axes[0].plot([f["pods"] for f in floor], [f["read_s"] + f["decide_s"] for f in floor],
+                     "^-", label="read + decide, floor")
+        axes[1].plot([f["pods"] for f in floor], [f["peak_rss_mb"] for f in floor], "^-",
+                     label="peak RSS, floor")
     axes[0].axhline(2.0, color="grey", linestyle=":", label="target 2 s at 20,000")
     axes[0].set_ylabel("s")
     axes[1].plot(pods, [c.get("peak_rss_mb", 0) for c in cycle], "o-", label="peak RSS")

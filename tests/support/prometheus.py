@@ -136,6 +136,13 @@ class PrometheusServer:
             process.kill()
             process.wait()
 
+    @property
+    def pid(self) -> int:
+        """The running server's process id (its CPU time is what benchmarks read)."""
+        if self._process is None:
+            raise PrometheusError("prometheus is not running")
+        return self._process.pid
+
     def __enter__(self) -> PrometheusServer:
         self.start()
         return self
