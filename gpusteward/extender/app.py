@@ -268,10 +268,13 @@ async def _body(request: web.Request) -> bytes:
 async def _preempt(request: web.Request) -> web.Response:
     """The scheduler's preemption candidates, kept or dropped by their victims' idleness."""
     try:
-        body = request.app[preempt.PREEMPTER].respond(await _body(request))
+        answered = request.app[preempt.PREEMPTER].respond(await _body(request))
     except (wire.BadRequest, _Refused) as e:
         return _refusal("preempt", e, _error(str(e)))
-    return web.Response(body=body, content_type=JSON)
+    # aiohttp writes the reply in this turn of the loop, as soon as the handler returns; the
+    # decoded request is freed in the next, while the reply travels.
+    asyncio.get_running_loop().call_soon(answered.spent.clear)
+    return web.Response(body=answered.body, content_type=JSON)
 
 
 def _refusal(verb: str, e: wire.BadRequest | _Refused, body: bytes) -> web.Response:

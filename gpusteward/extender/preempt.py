@@ -18,12 +18,11 @@ import contextlib
 import gc
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from functools import reduce
-from itertools import accumulate, chain, compress
+from itertools import accumulate, chain
 from operator import and_, attrgetter, or_, sub
-from typing import Annotated, Protocol
+from typing import Annotated, NamedTuple, Protocol
 
 import msgspec
 from aiohttp import web
@@ -39,7 +38,6 @@ from gpusteward.core.preemption import (
     Shield,
     choose,
     idle_flags,
-    packed,
     shield_for,
 )
 from gpusteward.core.reclaim.model import Evidence, Rule
@@ -77,6 +75,15 @@ class PreemptionArgs(msgspec.Struct, forbid_unknown_fields=True):
 
 class PreemptionResult(msgspec.Struct):
     NodeNameToMetaVictims: dict[str, MetaVictims]
+
+
+class Answered(NamedTuple):
+    """A reply, and what the request decoded to: freeing that, 15,000 objects at 5,000
+    candidates, takes 0.25 ms the scheduler need not wait for, so the server drops `spent`
+    (`spent.clear()`) after the reply is written."""
+
+    body: bytes
+    spent: list[object]
 
 
 _decoder = msgspec.json.Decoder(PreemptionArgs)
@@ -134,17 +141,16 @@ class VictimBook:
         """Per candidate node, whether all and whether some of its victims are idle, packed as
         Candidates holds them. One lookup per victim over all nodes' victims at once; where
         every node proposes as many victims (the usual), the i-th victims of all nodes are one
-        slice and the flags are `&` and `|` of the slices: no Python call per node."""
+        strided slice of the hit bytes and the flags are `&` and `|` of the slices: no Python
+        call per node. A victim listed twice is judged twice, which changes neither flag."""
         idle = self.idle
-        hits = [v.UID in idle for v in chain.from_iterable(pods)]  # than two maps: 0.73
-        found = [v.UID for v in compress(chain.from_iterable(pods), hits)]
-        if not found:
+        # bytes of a list comprehension: 0.74 ms at 10,000 victims, a list 0.78, two maps 0.91
+        hits = bytes([v.UID in idle for v in chain.from_iterable(pods)])
+        if 1 not in hits:
             return idle_flags(victims, [0] * len(victims))
-        if len(set(found)) < len(found):  # a victim listed twice counts once
-            return idle_flags(victims, [len(self.idle.intersection(map(_UID, p))) for p in pods])
         size = victims[0]
         if victims.count(size) == len(victims):
-            columns = [packed(hits[i::size]) for i in range(size)]
+            columns = [int.from_bytes(hits[i::size], "big") for i in range(size)]
             return reduce(and_, columns), reduce(or_, columns)
         totals = [0, *accumulate(hits)]
         at_end = list(map(totals.__getitem__, accumulate(victims)))
@@ -227,7 +233,7 @@ class Preempter:
         self.metrics.evidence_ok.set(1 if ok else 0)
         self.book.rebuild(pods, evidence)
 
-    def respond(self, body: bytes) -> bytes:
+    def respond(self, body: bytes) -> Answered:
         """Decode and answer one request. A large request makes thousands of short-lived
         containers, none in a reference cycle: with the cycle collector running, they were
         promoted through its generations until a full collection over the whole watch cache
@@ -241,7 +247,7 @@ class Preempter:
             if enabled:
                 gc.enable()
 
-    def answer(self, args: PreemptionArgs) -> bytes:
+    def answer(self, args: PreemptionArgs) -> Answered:
         """The reply to args, whose victim map it reuses (the nodes left out are removed)."""
         assert args.Pod is not None
         preemptor = class_of(args.Pod.metadata.labels or {}, args.Pod.metadata.annotations or {},
@@ -265,8 +271,8 @@ class Preempter:
         choice = choose(candidates, self.policy.preemption)
         self._count(choice)
         # The request's map less what was left out is the kept nodes in the request's order.
-        deque(map(echo.__delitem__, chain(choice.vetoed, choice.dropped)), maxlen=0)
-        return _encoder.encode(PreemptionResult(echo))
+        left_out = list(map(echo.pop, chain(choice.vetoed, choice.dropped)))
+        return Answered(_encoder.encode(PreemptionResult(echo)), [args, full, pods, left_out])
 
     def _shielded(self, victims: list[MetaPod], shield: Shield,
                   pods: Mapping[str, WirePod]) -> bool:

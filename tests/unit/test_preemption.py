@@ -185,6 +185,19 @@ async def test_meta_victims_keep_only_the_idle_candidate_unchanged(client):
     assert client.server.app[PREEMPTER].source.calls == queries
 
 
+async def test_the_decoded_request_is_freed_after_the_reply(client, monkeypatch):
+    """The server drops a request's decoded objects once its reply is written, not before
+    and not never (app.py: call_soon after the handler)."""
+    preempter = client.server.app[PREEMPTER]
+    answered = []
+    respond = preempter.respond
+    monkeypatch.setattr(preempter, "respond", lambda b: answered.append(respond(b)) or answered[-1])
+    status, body = await post(client, {"Pod": preemptor(), "NodeNameToMetaVictims": {
+        "h1": meta("uid-ml-idle"), "h2": meta("uid-ml-busy")}})
+    assert status == 200 and list(body["NodeNameToMetaVictims"]) == ["h1"]
+    assert answered[0].spent == []
+
+
 async def test_full_victims_are_answered_with_meta_victims(client):
     status, body = await post(client, {"Pod": preemptor(), "NodeNameToMetaVictims": None,
                                        "NodeNameToVictims": {
