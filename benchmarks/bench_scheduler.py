@@ -1,6 +1,6 @@
 """Scheduler throughput: gpusteward against the scheduler alone and against the protocol floor.
 
-    python benchmarks/bench_scheduler.py [--nodes 1000,5000] [--pods 2000] [--reps 3] [--quick]
+    python benchmarks/bench_scheduler.py [--nodes 1000,5000] [--pods 400] [--reps 3] [--quick]
 
 Setups, all in one sandbox per fleet size, repeated --reps times in alternating order:
 
@@ -37,10 +37,12 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import sub
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.memory import cpu_seconds  # noqa: E402
 from gpusteward.sandbox.cluster import _INSECURE, Sandbox, SandboxConfig  # noqa: E402
 from gpusteward.sandbox.fleet import Fleet, Pool  # noqa: E402
 from gpusteward.sandbox.kubehttp import wait_for  # noqa: E402
@@ -111,6 +113,29 @@ def scheduled(box: Sandbox) -> float:
                if k.startswith("scheduler_schedule_attempts_total"))
 
 
+def process_cpu(box: Sandbox) -> dict[str, float]:
+    """CPU seconds each sandbox process has used so far."""
+    used = {}
+    for name, proc in box.procs.items():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            used[name] = cpu_seconds(proc.pid)
+    return used
+
+
+def extender_calls(box: Sandbox) -> tuple[float, float]:
+    """(seconds, calls) the gpusteward extender has spent answering filter and prioritize,
+    from its own `gpusteward_extender_request_duration_seconds` histogram."""
+    with urllib.request.urlopen(f"{box.extender_url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    total = {"_sum": 0.0, "_count": 0.0}
+    for line in text.splitlines():
+        for part in total:
+            if line.startswith(f"gpusteward_extender_request_duration_seconds{part}{{") and (
+                    'verb="filter"' in line or 'verb="prioritize"' in line):
+                total[part] += float(line.rsplit(" ", 1)[1])
+    return total["_sum"], total["_count"]
+
+
 def quantile(metrics: dict[str, float], q: float) -> float:
     """Upper bound of the histogram bucket holding quantile q (what Prometheus would report)."""
     les = {k: re.search(r'[{,]le="([^"]+)"', k) for k in metrics if "_bucket" in k}
@@ -159,13 +184,18 @@ def run_setup(box: Sandbox, setup: Setup, floor_url: str, pods: int) -> dict:
                       range(pods)))
     launched = time.monotonic()
     configure(box, setup, floor_url)
+    ours = setup.extender == "gpusteward"
     try:
         # Rate from the first poll after the scheduler is ready to the last pod: start-up
-        # excluded.
+        # excluded. Each process's CPU over the same span says where the time went.
+        cpu_before, calls_before = process_cpu(box), extender_calls(box) if ours else (0, 0)
         started, first = time.monotonic(), scheduled(box)
         wait_for(f"{pods} pods bound", lambda: scheduled(box) >= pods, timeout=1800,
                  interval=0.1)
         elapsed = time.monotonic() - started
+        cpu = {name: round(used - cpu_before[name], 3)
+               for name, used in process_cpu(box).items() if name in cpu_before}
+        calls = tuple(map(sub, extender_calls(box), calls_before)) if ours else (0, 0)
     finally:
         if setup.pinned:
             pin(box, None)
@@ -178,7 +208,9 @@ def run_setup(box: Sandbox, setup: Setup, floor_url: str, pods: int) -> dict:
     return {"setup": setup.key, "pods": pods, "bound": bound, "seconds": elapsed,
             "measured_pods": pods - first, "pods_per_second": (pods - first) / elapsed,
             "attempt_p50_ms": 1000 * quantile(metrics, 0.5),
-            "attempt_p99_ms": 1000 * quantile(metrics, 0.99)}
+            "attempt_p99_ms": 1000 * quantile(metrics, 0.99), "cpu_s": cpu,
+            "extender_calls": calls[1],
+            "extender_ms_per_call": 1000 * calls[0] / calls[1] if calls[1] else None}
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -197,7 +229,11 @@ def summarise(runs: list[dict]) -> list[dict]:
                "ratio_to_a_prime": median[s.key] / median["a'"],
                "attempt_p50_ms": statistics.median(r["attempt_p50_ms"] for r in own),
                "attempt_p99_ms": statistics.median(r["attempt_p99_ms"] for r in own),
-               "bound": min(r["bound"] for r in own), "pods": own[0]["pods"]}
+               "bound": min(r["bound"] for r in own), "pods": own[0]["pods"],
+               "cpu_ms_per_pod": cpu_per_pod(own)}
+        calls = [r["extender_ms_per_call"] for r in own if r.get("extender_ms_per_call")]
+        if calls:
+            row["extender_ms_per_call"] = statistics.median(calls)
         if s.key in FLOOR and FLOOR[s.key] in median:
             row["floor"] = FLOOR[s.key]
             row["ratio_to_floor"] = median[s.key] / median[FLOOR[s.key]]
@@ -205,11 +241,30 @@ def summarise(runs: list[dict]) -> list[dict]:
     return rows
 
 
+def cpu_per_pod(runs: list[dict]) -> dict[str, float]:
+    """Per sandbox process, the median over repetitions of its CPU ms per pod timed."""
+    names = set().union(*(r.get("cpu_s", {}) for r in runs))
+    return {name: statistics.median(1000 * r["cpu_s"].get(name, 0.0) / r["measured_pods"]
+                                    for r in runs if "cpu_s" in r)
+            for name in sorted(names)}
+
+
+def merged(sizes: list[dict]) -> list[dict]:
+    """This run's fleet sizes beside those an earlier run measured and this one did not."""
+    path = RESULTS / "scheduler.json"
+    earlier = json.loads(path.read_text())["sizes"] if path.exists() else []
+    ran = {size["nodes"] for size in sizes}
+    return sorted([*sizes, *(s for s in earlier if s["nodes"] not in ran)],
+                  key=lambda size: size["nodes"])
+
+
 def run(nodes: int, pods: int, reps: int, setups: tuple[Setup, ...]) -> dict:
     state = Path(tempfile.mkdtemp(prefix="gpusteward-bench-"))
-    # A 5 s scrape: rendering 8,000 simulated GPUs every second would eat a core by itself.
+    # At most 250 scrape targets a second (1,000 nodes every 5 s, 5,000 every 20 s): rendering
+    # 8,000 simulated GPUs every second would eat a core by itself.
+    scrape = max(5, nodes // 250)
     box = Sandbox(SandboxConfig(state_dir=state, fleet=fleet(nodes), with_extender=True,
-                                policy=HERE / "policy.yaml", scrape_interval="5s",
+                                policy=HERE / "policy.yaml", scrape_interval=f"{scrape}s",
                                 log=lambda m: print(f"  {m}", flush=True))).start()
     runs = []
     try:
@@ -223,14 +278,16 @@ def run(nodes: int, pods: int, reps: int, setups: tuple[Setup, ...]) -> dict:
                 runs.append({**row, "rep": rep + 1})
     finally:
         box.stop()
-    return {"nodes": nodes, "gpus": nodes * 8, "pods": pods, "runs": runs,
-            "summary": summarise(runs)}
+    return {"nodes": nodes, "gpus": nodes * 8, "pods": pods, "date": time.strftime("%Y-%m-%d"),
+            "scrape_s": scrape,
+            "runs": runs, "summary": summarise(runs)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", default="1000,5000", help="comma-separated fleet sizes")
-    parser.add_argument("--pods", type=int, default=2000)
+    # 400: the full-node setups bind 2-7 pods a second, so that is 1-3 minutes a repetition
+    parser.add_argument("--pods", type=int, default=400)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="CI: tiny run, checks it works")
     args = parser.parse_args()
@@ -253,6 +310,7 @@ def main() -> None:
                 sys.exit(f"setup ({r['setup']}) bound only {r['bound']} of {r['pods']} pods")
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
+        report["sizes"] = merged(report["sizes"])
         (RESULTS / "scheduler.json").write_text(json.dumps(report, indent=2) + "\n")
 
 

@@ -109,7 +109,8 @@ def extender_section(ext: dict) -> list[str]:
 
 def scheduler_section(sched: dict) -> list[str]:
     lines = ["## Scheduler throughput (`python benchmarks/bench_scheduler.py`)", "",
-             f"Real kube-scheduler v1.36.3, {sched['date']}; {sched['machine']}. Each setup ran "
+             f"Real kube-scheduler v1.36.3 (each fleet size gives the date of its run); "
+             f"{sched['machine']}. Each setup ran "
              f"{sched['reps']} times, alternating the order; the table gives the median with the "
              "spread of the repetitions. The scheduler is stopped, the pods are created, the "
              "scheduler is started; rate = pods bound after it is ready / time to bind the last. "
@@ -118,7 +119,10 @@ def scheduler_section(sched: dict) -> list[str]:
              "off for every profile with an extender also off. Attempt latency: the scheduler's "
              "own `scheduler_scheduling_attempt_duration_seconds` (bucket upper bounds).", ""]
     for size in sched["sizes"]:
-        lines += [f"{size['nodes']} kwok GPU nodes ({size['gpus']} GPUs), {size['pods']} pods:",
+        when = f", {size['date']}" if "date" in size else ""
+        scrape = f", scraped every {size['scrape_s']} s" if "scrape_s" in size else ""
+        lines += [f"{size['nodes']} kwok GPU nodes ({size['gpus']} GPUs{scrape}), "
+                  f"{size['pods']} pods{when}:",
                   "", "| setup | pods/s (median) | spread | /(a) | /(a') | /floor | "
                   "attempt p50 ms | attempt p99 ms |", "|---|---|---|---|---|---|---|---|"]
         for r in size["summary"]:
@@ -129,7 +133,33 @@ def scheduler_section(sched: dict) -> list[str]:
                 f"{r['ratio_to_a_prime']:.2f} | {floor} | {r['attempt_p50_ms']:.0f} | "
                 f"{r['attempt_p99_ms']:.0f} |")
         lines.append("")
+        lines += time_split(size)
     return [*lines, "![scheduler throughput](scheduler.png)", ""]
+
+
+def time_split(size: dict) -> list[str]:
+    """Where each setup's time went: every sandbox process's CPU per pod while it ran, and the
+    extender's own time per call (its request-duration histogram)."""
+    rows = [r for r in size["summary"] if r.get("cpu_ms_per_pod")]
+    if not rows:
+        return []
+    lines = [f"Where the time went at {size['nodes']} nodes: wall ms per pod (1 / rate) and CPU "
+             "ms per pod of each process over the same span (medians of the repetitions; two "
+             "cores give at most 2 CPU ms per wall ms); gpusteward's server-side ms per filter "
+             "or prioritize call from its own histogram.", "",
+             "| setup | wall ms/pod | scheduler | extender | apiserver | etcd | kwok | the rest "
+             "| extender ms/call |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cpu = dict(r["cpu_ms_per_pod"])
+        picked = [cpu.pop(name, 0.0) for name in ("scheduler", "apiserver", "etcd", "kwok")]
+        ext = cpu.pop("noopextender", 0.0) if r["setup"].startswith("n") else 0.0
+        ext += cpu.pop("extender", 0.0) if r["setup"][0] in "bc" else 0.0
+        per_call = r.get("extender_ms_per_call")
+        lines.append(f"| ({r['setup']}) | {1000 / r['pods_per_second']:.1f} | {picked[0]:.1f} | "
+                     f"{ext:.1f} | {picked[1]:.1f} | {picked[2]:.1f} | {picked[3]:.1f} | "
+                     f"{sum(cpu.values()):.1f} | "
+                     f"{'' if per_call is None else f'{per_call:.2f}'} |")
+    return [*lines, ""]
 
 
 def reclaimer_section(rec: dict) -> list[str]:
