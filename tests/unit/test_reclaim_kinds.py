@@ -252,6 +252,9 @@ def test_a_policy_switch_the_walk_did_not_reach_blocks_instead_of_guessing():
     unread = Owner("Lab", "ml", "lab", ("a",), group="example.com")  # how unset
     p = plan(snapshot([warned("a")], owners={"a": unread}), policy)
     assert [(a.pod.name, a.how) for a in p.actions] == [("a", "block")]
+    # the Event names the policy's switch, not "unsupported owner"
+    assert p.actions[0].message == ("GPUs idle but not reclaimed: Lab.example.com has a switch "
+                                    "in the policy but could not be read this cycle")
 
 
 @pytest.mark.parametrize(

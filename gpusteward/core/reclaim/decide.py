@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gpusteward.core.model import Pod
-from gpusteward.core.policy import Policy
+from gpusteward.core.policy import OwnerSwitch, Policy
 from gpusteward.core.reclaim import kinds, kueue, queue, selfservice, snooze
 from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
@@ -186,10 +186,10 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
         if how in GROUP_ACTIONS and not _whole_owner(owner, uid, dict.fromkeys(due, True)):
             continue  # partly idle workload: marks only
         if how == How.ANNOTATE or (how == How.BLOCK and pod.annotations.get(
-                RECLAIM_BLOCKED) == _blocked_reason(owner)):
+                RECLAIM_BLOCKED) == _blocked_reason(owner, policy)):
             continue  # annotate only; or blocked, and the pod already says why
         reason = Reason.OVER_QUOTA if uid in over else Reason.IDLE
-        message = (f"GPUs idle but not reclaimed: {_blocked_reason(owner)}"
+        message = (f"GPUs idle but not reclaimed: {_blocked_reason(owner, policy)}"
                    if how == How.BLOCK else
                    f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} {owner.name}")
         out.append(Action(ActionKind.BLOCK if how == How.BLOCK else ActionKind.RECLAIM, pod,
@@ -250,7 +250,11 @@ def _workload(owner: Owner) -> str | None:
     return f"{owner.namespace}/{via.name}" if via is not None and via.kind == "Workload" else None
 
 
-def _blocked_reason(owner: Owner) -> str:
+def _blocked_reason(owner: Owner, policy: Policy) -> str:
+    name = f"{owner.kind}.{owner.group}"
+    if not owner.blocked and isinstance(policy.reclaim.owner_actions.kinds.get(name), OwnerSwitch):
+        # how_to_reclaim blocks it because the walk did not read the object this cycle
+        return f"{name} has a switch in the policy but could not be read this cycle"
     return owner.blocked or kinds.DEFAULT.unsupported(owner.group, owner.kind) or (
         f"no way to stop a {owner.kind} without its controller undoing it")
 
