@@ -243,7 +243,32 @@ def telemetry_section(tel: dict) -> list[str]:
                      f"{', '.join(f'{k} {v / 1e6:.2f}' for k, v in top)} |")
     if tel.get("note"):
         lines += ["", f"Note: {tel['note']}."]
-    return [*lines, "", "![telemetry refresh](telemetry.png)", ""]
+    return [*lines, *thanos_table(tel), "", "![telemetry refresh](telemetry.png)", ""]
+
+
+def thanos_table(tel: dict) -> list[str]:
+    """The same refresh through a Thanos querier over two Prometheus shards (``--thanos``)."""
+    rows = [r for r in tel["results"] if "thanos" in r]
+    if not rows:
+        return []
+    lines = ["", "The same refresh through a Thanos querier (v0.40.1, built from its Go module) "
+             "over two Prometheus instances holding half the fleet each behind their sidecars, "
+             "in the same run; CPU seconds per refresh of each process (one Prometheus: its "
+             "own).", "",
+             "| nodes | GPUs read | one Prometheus p50 ms | Thanos p50 ms | ratio | Thanos max ms "
+             "| Thanos MB on the wire | CPU s per refresh: one Prometheus | querier | sidecars "
+             "| Prometheus shards |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["thanos"]
+        cpu = t["cpu_s_per_refresh"]
+        part = {k: sum(v for name, v in cpu.items() if name.startswith(k))
+                for k in ("querier", "sidecar", "prometheus")}
+        lines.append(f"| {r['nodes']} | {t['gpus_read']} | {r['refresh_p50_ms']:.0f} | "
+                     f"{t['refresh_p50_ms']:.0f} | {t['refresh_p50_ms'] / r['refresh_p50_ms']:.2f}"
+                     f" | {t['refresh_max_ms']:.0f} | {t['wire_bytes_per_refresh'] / 1e6:.2f} | "
+                     f"{r['cpu_s_per_refresh']['prometheus']:.2f} | {part['querier']:.2f} | "
+                     f"{part['sidecar']:.2f} | {part['prometheus']:.2f} |")
+    return lines
 
 
 def plot_telemetry(tel: dict) -> str:
@@ -251,6 +276,11 @@ def plot_telemetry(tel: dict) -> str:
     gpus = [r["gpus"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     axes[0].plot(gpus, [r["refresh_p50_ms"] / 1000 for r in rows], "o-", label="refresh p50")
+    sharded = [r for r in rows if "thanos" in r]
+    if sharded:
+        axes[0].plot([r["gpus"] for r in sharded],
+                     [r["thanos"]["refresh_p50_ms"] / 1000 for r in sharded], "s-",
+                     label="through Thanos, 2 shards")
     axes[0].axhline(2.0, color="grey", linestyle=":", label="target 2 s at 40,000")
     axes[0].set_ylabel("s")
     axes[1].plot(gpus, [r["bytes_per_refresh"] / 1e6 for r in rows], "o-", label="JSON")

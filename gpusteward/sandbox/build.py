@@ -284,14 +284,15 @@ def _build(
 
 
 def go_build_into(go: str, cwd: Path, packages: list[str], ldflags: str, bin_dir: Path,
-                  names: list[str], what: str) -> float:
+                  names: list[str], what: str, tags: str = "") -> float:
     """``go build`` of a module's packages (at its pinned versions) into ``bin_dir``, through a
     temporary directory renamed into place only when every binary in ``names`` was built; the
     log lies beside ``bin_dir``. The caller holds the lock. Returns the seconds it took."""
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{bin_dir.name}-", dir=bin_dir.parent))
     log_path = bin_dir.parent / f"build-{bin_dir.name}.log"
     command = [go, "build", "-mod=readonly", "-trimpath", f"-p={_build_parallelism()}",
-               "-ldflags", ldflags, "-o", f"{tmp}{os.sep}", *packages]
+               "-ldflags", ldflags, *(["-tags", tags] if tags else []), "-o", f"{tmp}{os.sep}",
+               *packages]
     env = {**os.environ, "CGO_ENABLED": "0", "GOWORK": "off"}
     started = time.monotonic()
     try:

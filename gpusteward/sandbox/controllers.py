@@ -47,6 +47,7 @@ class Controller(NamedTuple):
     package: str  # its main package
     binary: str
     source: Path  # the Go module that pins it
+    tags: str = ""  # build tags its own build uses
 
 
 CONTROLLERS = {
@@ -55,6 +56,14 @@ CONTROLLERS = {
     "kuberay": Controller("github.com/ray-project/kuberay/ray-operator",
                           "github.com/ray-project/kuberay/ray-operator", "ray-operator",
                           SOURCES / "kuberay"),
+}
+#: Built the same way but not a controller (not offered by `sandbox up --with`): Thanos's
+#: sidecar and querier, the horizontally scaled PromQL backend of benchmarks/bench_telemetry.py.
+BENCH_TOOLS = {
+    # slicelabels: Thanos casts Prometheus's labels to its own as slices (its .promu.yml builds
+    # with the tag); without it the sidecar panics encoding its first gRPC answer.
+    "thanos": Controller("github.com/thanos-io/thanos", "github.com/thanos-io/thanos/cmd/thanos",
+                         "thanos", SOURCES / "thanos", tags="slicelabels"),
 }
 _RECIPE = "1"
 KUEUE_NAMESPACE = "kueue-system"
@@ -74,8 +83,9 @@ def _go() -> str:
 
 def _key(go_version: str, c: Controller) -> str:
     digest = hashlib.sha256()
-    for part in (_RECIPE, go_version, c.package, (c.source / "go.mod").read_text(),
-                 (c.source / "go.sum").read_text()):
+    parts = (_RECIPE, go_version, c.package, (c.source / "go.mod").read_text(),
+             (c.source / "go.sum").read_text(), *((c.tags,) if c.tags else ()))
+    for part in parts:
         digest.update(f"{len(part)}\0{part}".encode())
     return digest.hexdigest()[:16]
 
@@ -83,7 +93,7 @@ def _key(go_version: str, c: Controller) -> str:
 def ensure_controller(name: str, log: Any = print) -> Path:
     """The controller's binary, built on first use."""
     go = _go()
-    c = CONTROLLERS[name]
+    c = {**CONTROLLERS, **BENCH_TOOLS}[name]
     go_version = subprocess.run([go, "version"], check=True, capture_output=True, text=True,
                                 timeout=120).stdout.strip()
     root = cache_root() / "controllers"
@@ -95,7 +105,8 @@ def ensure_controller(name: str, log: Any = print) -> Path:
         if not os.access(bin_dir / c.binary, os.X_OK):
             shutil.rmtree(bin_dir, ignore_errors=True)
             log(f"building {name} from Go modules into {bin_dir} (first use only)")
-            took = go_build_into(go, c.source, [c.package], "-s -w", bin_dir, [c.binary], name)
+            took = go_build_into(go, c.source, [c.package], "-s -w", bin_dir, [c.binary], name,
+                                 tags=c.tags)
             log(f"built {name} in {took:.0f}s")
     return bin_dir / c.binary
 

@@ -89,8 +89,10 @@ class PrometheusServer:
         prometheus_bin: str = "prometheus",
         promtool_bin: str = "promtool",
         web: WebConfig | None = None,
+        external_labels: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
+        self.external_labels = dict(external_labels or {})  # a Thanos sidecar requires some
         self.web = web
         self.history_openmetrics = history_openmetrics
         self.scrape_targets = list(scrape_targets)
@@ -217,8 +219,10 @@ class PrometheusServer:
             "static_configs": [{"targets": self.scrape_targets}],
         }
         scrape_configs = [job] if self.scrape_targets else []
-        return json.dumps({"global": {"scrape_interval": self.scrape_interval,
-                                      "scrape_timeout": self.scrape_interval},
+        global_ = {"scrape_interval": self.scrape_interval, "scrape_timeout": self.scrape_interval}
+        if self.external_labels:
+            global_["external_labels"] = self.external_labels
+        return json.dumps({"global": global_,
                            "scrape_configs": scrape_configs + self.scrape_configs}, indent=2)
 
     def _wait_ready(self) -> None:
