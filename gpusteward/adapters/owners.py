@@ -138,6 +138,8 @@ class OwnerChains:
             return auto
         if k is None:
             return msgspec.structs.replace(base, in_progress=_built_in_in_progress(top))
+        if top.obj is not None and (why := kinds.refused(k, top.obj)):
+            return msgspec.structs.replace(base, blocked=why)
         stopped = (REPLICAS_BEFORE in top.annotations if k.how == kinds.SCALE
                    else top.obj is not None and kinds.switched_off(k, top.obj))
         return msgspec.structs.replace(base, how=k.how, in_progress=stopped)

@@ -31,7 +31,8 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")
     up.add_argument("--with", dest="controllers", type=_controllers, default=(),
                     metavar="NAME[,NAME]", help="start workload controllers too, built from Go "
-                    "modules on first use: kueue, kuberay")
+                    "modules on first use: kueue, kuberay, jobset, trainer (brings jobset), "
+                    "keda")
     up.add_argument("--no-preemption", action="store_true",
                     help="disable the scheduler's DefaultPreemption (on by default, as in real "
                          "clusters): waiting pods are left to queue enforcement alone")

@@ -33,7 +33,7 @@ from gpusteward.core.model import CLASS_KEY, TEAM_LABEL
 from gpusteward.sandbox import dra
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.checkout import REPO
-from gpusteward.sandbox.controllers import STARTERS
+from gpusteward.sandbox.controllers import STARTERS, with_needs
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
@@ -202,7 +202,7 @@ class Sandbox:
         if self.cfg.with_extender:
             self.start_extender()
         self.start_scheduler()
-        for name in self.cfg.with_controllers:
+        for name in with_needs(self.cfg.with_controllers):
             STARTERS[name](self)
         if self.cfg.with_reclaimer:
             self.start_reclaimer()
@@ -223,12 +223,14 @@ class Sandbox:
         (self.dir / "state.json").write_text(json.dumps(state, indent=2))
 
     # --- components ---------------------------------------------------------------------
-    def run_process(self, name: str, argv: list[str], ready, timeout: float = 90.0) -> Proc:
-        return self._run(name, argv, ready, timeout)
+    def run_process(self, name: str, argv: list[str], ready, timeout: float = 90.0,
+                    env: dict[str, str] | None = None) -> Proc:
+        return self._run(name, argv, ready, timeout, env)
 
-    def _run(self, name: str, argv: list[str], ready, timeout: float = 90.0) -> Proc:
+    def _run(self, name: str, argv: list[str], ready, timeout: float = 90.0,
+             env: dict[str, str] | None = None) -> Proc:
         proc = Proc(name, argv, self.dir / "logs" / f"{name}.log",
-                    die_with_parent=not self.cfg.detach)
+                    die_with_parent=not self.cfg.detach, env=env or {})
         self.procs[name] = proc.start()
         proc.wait_ready(ready, timeout)
         return proc

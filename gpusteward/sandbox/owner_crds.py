@@ -3,8 +3,8 @@ the demo's notebook): the upstream group,
 version, kind and plural, and only the fields gpusteward touches, typed as upstream types them
 (checked against, not copied from, upstream):
 
-- JobSet jobset.x-k8s.io/v1alpha2 jobsets: spec.suspend bool (kubernetes-sigs/jobset
-  api/jobset/v1alpha2/jobset_types.go, JobSetSpec.Suspend *bool).
+- PyTorchJob kubeflow.org/v1 pytorchjobs: spec.runPolicy.suspend bool (kubeflow/training-operator
+  pkg/apis/kubeflow.org/v1 RunPolicy.Suspend *bool; the operator creates the pods itself).
 - Notebook kubeflow.org/v1 notebooks: annotations only (kubeflow/kubeflow notebook-controller:
   the culler's kubeflow-resource-stopped and notebooks.kubeflow.org/last-activity).
 - InferenceService serving.kserve.io/v1beta1 inferenceservices: the serving.kserve.io/stop
@@ -14,9 +14,6 @@ version, kind and plural, and only the fields gpusteward touches, typed as upstr
   statusReplicasPath .status.replicas).
 - Workload kueue.x-k8s.io/v1beta2 workloads: spec.active bool, default true (kueue v0.17.0
   apis/kueue/v1beta2/workload_types.go).
-- ScaledObject keda.sh/v1alpha1 scaledobjects: the autoscaling.keda.sh/paused-replicas
-  annotation (keda.sh docs, "Pause autoscaling"); KEDA makes itself the controller of the HPA it
-  creates (kedacore/keda controllers/keda/hpa.go, SetControllerReference).
 - Trainer example.com/v1: a kind gpusteward does not know.
 """
 
@@ -50,14 +47,15 @@ def _crd(group: str, version: str, kind: str, plural: str, spec: dict[str, Any],
 
 BOOL, INT = {"type": "boolean"}, {"type": "integer", "format": "int32"}
 CRDS = [
-    _crd("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", {"suspend": BOOL}),
+    _crd("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs", {"runPolicy": {
+        "type": "object", "x-kubernetes-preserve-unknown-fields": True,
+        "properties": {"suspend": BOOL}}}),
     _crd("kubeflow.org", "v1", "Notebook", "notebooks", {}),
     _crd("serving.kserve.io", "v1beta1", "InferenceService", "inferenceservices", {}),
     _crd("leaderworkerset.x-k8s.io", "v1", "LeaderWorkerSet", "leaderworkersets",
          {"replicas": INT}, scale=True),
     _crd("kueue.x-k8s.io", "v1beta2", "Workload", "workloads",
          {"active": {**BOOL, "default": True}}),
-    _crd("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects", {}),
     _crd("example.com", "v1", "Trainer", "trainers", {}),
     _crd("example.com", "v1", "Predictor", "predictors", {"replicas": INT}, scale=True),
 ]

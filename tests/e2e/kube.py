@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpusteward.core.attribution import claimed_pod
+from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.kubehttp import KubeHTTP, KubeHTTPError, wait_for
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
@@ -164,3 +172,72 @@ def events(ns, name: str) -> list[tuple[str, str]]:
 
 def reasons(ns, name: str) -> list[str]:
     return [reason for reason, _ in events(ns, name)]
+
+
+def restore(kubeconfig: Path, *args: str, policy: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """`gpusteward reclaimer [--policy] restore ARGS` against a sandbox."""
+    flags = [f"--policy={policy}"] if policy else []
+    return subprocess.run([sys.executable, "-m", "gpusteward", "reclaimer", *flags, "restore",
+                           *args, f"--kubeconfig={kubeconfig}"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def placed_then_restored(ns: Namespace, kubeconfig: Path, kind: str, name: str,
+                         running: Callable[[], int], want: int) -> None:
+    """After an owner was stopped: the pod "waiting" runs on its freed GPUs (placed by the real
+    scheduler), `restore --list` lists the owner as stopped, and once "waiting" is gone
+    `restore` brings the owner's ``want`` pods back (``running`` counts them)."""
+    ns.running("waiting", timeout=120)
+    listed = restore(kubeconfig, "--list")
+    assert re.search(rf"{kind}\s+{ns.name}/{name}\s+stopped\s", listed.stdout), listed.stdout
+    ns.api.delete(ns.path("pods", "waiting"))
+    out = restore(kubeconfig, f"{ns.name}/{kind}/{name}")
+    assert out.returncode == 0, out.stderr
+    wait_for(f"the {kind}'s controllers to bring its pods back", lambda: running() == want,
+             timeout=120)
+
+
+async def left_running(rec: Reclaimer, stopped: Callable[[], bool],
+                       pods: Callable[[], list[dict[str, Any]]], want: int) -> None:
+    """A busy owner over twice the idle window (an idle one is stopped by then): never
+    ``stopped()``, none of its ``want`` pods marked idle."""
+    await cycle_for(rec, 30)
+    assert not stopped()
+    assert all(IDLE_SINCE not in (p["metadata"].get("annotations") or {}) for p in pods())
+    assert len(pods()) == want
+
+
+async def partly_idle_only_marked(rec: Reclaimer, ns: Namespace, stopped: Callable[[], bool],
+                                  pods: Callable[[], list[dict[str, Any]]]) -> None:
+    """An idle owner one of whose pods turns busy: the others are warned, and well past the
+    grace the owner is still not ``stopped()`` and keeps every pod."""
+    busy, *idle = sorted(p["metadata"]["name"] for p in pods())
+    ns.api.merge_patch(ns.path("pods", busy), {"metadata": {"annotations": {
+        UTIL_ANNOTATION: "75"}}})
+    await cycle_until(rec, "the idle pods warned", lambda: all(
+        RECLAIM_AT in annotations(ns, p) for p in idle))
+    await cycle_for(rec, 8)  # well past the 4 s grace
+    assert not stopped()
+    assert RECLAIM_AT not in annotations(ns, busy)
+    assert sorted(p["metadata"]["name"] for p in pods()) == sorted([busy, *idle])
+
+
+def spec_suspend(ns: Namespace, path: str) -> bool:
+    """Whether the owner at path has its spec.suspend set."""
+    return bool(ns.api.get(path)["spec"].get("suspend"))
+
+
+BUSY_OR_PARTLY = pytest.mark.parametrize("busy", [True, False],
+                                         ids=["busy-left-running", "partly-idle-only-marked"])
+
+
+async def kept_unless_wholly_idle(rec: Reclaimer, ns: Namespace, busy: bool,
+                                  stopped: Callable[[], bool],
+                                  pods: Callable[[], list[dict[str, Any]]]) -> None:
+    """A busy owner (left_running) or an idle one with one pod turned busy
+    (partly_idle_only_marked): either way never stopped."""
+    if busy:
+        await left_running(rec, stopped, pods, len(pods()))
+    else:
+        await partly_idle_only_marked(rec, ns, stopped, pods)

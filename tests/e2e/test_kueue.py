@@ -1,8 +1,10 @@
 """gpusteward beside the real Kueue (sigs.k8s.io/kueue, built from its Go module by
 ``gpusteward sandbox up --with kueue``, its CRDs from the same module version): an idle admitted
 Workload is deactivated, Kueue evicts it and releases its quota, and a waiting higher-priority
-Workload is admitted and runs on the freed GPU. gpusteward never writes the Job's suspend: Kueue
-owns that field (kueue site docs, "Run a Kubernetes Job": Kueue suspends and resumes it).
+Workload is admitted and runs on the freed GPU; restored, Kueue admits it again and resumes its
+Job. gpusteward never writes the Job's suspend: Kueue owns that field (kueue site docs, "Run a
+Kubernetes Job": Kueue suspends and resumes it). A busy Workload, and one with a pod still busy,
+are never deactivated.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from gpusteward.core.reclaim.model import RECLAIM_REASON
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.kubehttp import wait_for
-from tests.e2e.kube import Namespace, apply_priority_classes, cycle_until, gpu_pod
+from tests.e2e.kube import (
+    BUSY_OR_PARTLY,
+    Namespace,
+    apply_priority_classes,
+    cycle_until,
+    gpu_pod,
+    kept_unless_wholly_idle,
+    restore,
+)
 from tests.support.sandbox import fresh_namespace, started
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
@@ -32,7 +42,10 @@ def kueue_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
 
 
 @pytest.fixture
-def queue_ns(kueue_box: Sandbox) -> Iterator[Namespace]:
+def queue_ns(kueue_box: Sandbox, request: pytest.FixtureRequest) -> Iterator[Namespace]:
+    """A namespace with its own LocalQueue and ClusterQueue of GPUS_IN_QUEUE GPUs (or the
+    test's indirect parameter)."""
+    gpus = getattr(request, "param", GPUS_IN_QUEUE)
     api = kueue_box.api()
     apply_priority_classes(api, {"gpu-low": 100, "gpu-high": 10000})
     api.apply(f"{KUEUE}/resourceflavors/default", {
@@ -46,7 +59,7 @@ def queue_ns(kueue_box: Sandbox) -> Iterator[Namespace]:
             "spec": {"namespaceSelector": {}, "resourceGroups": [{
                 "coveredResources": ["nvidia.com/gpu"],
                 "flavors": [{"name": "default", "resources": [
-                    {"name": "nvidia.com/gpu", "nominalQuota": GPUS_IN_QUEUE}]}]}]}})
+                    {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}})
         api.apply(f"{KUEUE}/namespaces/{ns.name}/localqueues/team", {
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
             "metadata": {"name": "team", "namespace": ns.name},
@@ -54,14 +67,16 @@ def queue_ns(kueue_box: Sandbox) -> Iterator[Namespace]:
         yield ns
 
 
-def queued_job(ns: Namespace, name: str, priority_class: str, util: str) -> dict[str, Any]:
-    """A Job for Kueue, created suspended as Kueue's docs ask without its webhook."""
+def queued_job(ns: Namespace, name: str, priority_class: str, util: str,
+               pods: int = 1) -> dict[str, Any]:
+    """A Job for Kueue of ``pods`` 1-GPU pods, created suspended as Kueue's docs ask without
+    its webhook."""
     pod = gpu_pod("x", 1, util=util, node="h100-0", priority_class=priority_class)
     pod["spec"]["restartPolicy"] = "Never"
     return ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "labels": {KUEUE_QUEUE: "team"}},
-        "spec": {"suspend": True, "template": {
+        "spec": {"suspend": True, "parallelism": pods, "completions": pods, "template": {
             "metadata": {"annotations": pod["metadata"]["annotations"]}, "spec": pod["spec"]}}})
 
 
@@ -116,6 +131,14 @@ async def test_an_idle_admitted_workload_is_deactivated_and_a_waiting_one_runs(
     ours = managers(ns.api.get(low_wl), "f:active")
     assert ours and not ours & managers(job, "f:suspend"), (ours, managers(job, "f:suspend"))
     assert RECLAIM_REASON not in (job["metadata"].get("annotations") or {})
+    # restored once the quota is free again, Kueue admits it and resumes its Job
+    ns.api.delete(f"/apis/batch/v1/namespaces/{ns.name}/jobs/high",
+                  {"propagationPolicy": "Background"})
+    out = restore(kueue_box.kubeconfig, f"{ns.name}/Workload/{low_wl.rpartition('/')[2]}")
+    assert out.returncode == 0, out.stderr
+    assert ns.api.get(low_wl)["spec"]["active"] is True
+    wait_for("Kueue to admit the restored Workload and run its pod", lambda: running(ns, "low"),
+             timeout=120)
 
 
 async def test_queue_enforcement_deactivates_an_idle_workload_for_one_waiting_for_quota(
@@ -142,3 +165,17 @@ async def test_queue_enforcement_deactivates_an_idle_workload_for_one_waiting_fo
     wait_for("the waiting Workload admitted and running", lambda: running(ns, "high"),
              timeout=120)
     assert condition(workload_of(ns, high), "Admitted")
+
+
+@pytest.mark.parametrize("queue_ns", [2], indirect=True)  # room for both pods of the Job
+@BUSY_OR_PARTLY
+async def test_a_workload_not_wholly_idle_is_never_deactivated(kueue_box, queue_ns, reclaimer,
+                                                               busy):
+    ns = queue_ns
+    job = queued_job(ns, "pair", "gpu-low", util="80" if busy else "0", pods=2)
+    wait_for("Kueue to admit the Job and run both pods", lambda: len(running(ns, "pair")) == 2,
+             timeout=120)
+    wl = f"{KUEUE}/namespaces/{ns.name}/workloads/{workload_of(ns, job)['metadata']['name']}"
+    await kept_unless_wholly_idle(await reclaimer("enforce", box=kueue_box), ns, busy,
+                                  lambda: ns.api.get(wl)["spec"].get("active") is False,
+                                  lambda: running(ns, "pair"))

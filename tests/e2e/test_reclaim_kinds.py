@@ -1,15 +1,15 @@
 """Owners stopped through their own switch, against the sandbox's real API server, for kinds
 whose controllers are not built here: our own CRDs for the upstream group/version/kind
-(gpusteward/sandbox/owner_crds.py). What is proven: the chain walk (pod -> StatefulSet -> Notebook,
-pod -> Job -> JobSet), the API calls and the resulting object state, restore, and that gpusteward
-never writes a Kueue-managed Job's suspend. Not proven here: what each upstream controller then does
-(no Notebook, JobSet, LWS or KServe controller runs) — docs/operations.md says which is which.
+(gpusteward/sandbox/owner_crds.py). What is proven: the chain walk (pod -> StatefulSet ->
+Notebook), the API calls and the resulting object state, restore, and that gpusteward never
+writes a Kueue-managed Job's suspend. Not proven here: what each upstream controller then does
+(no Notebook, training-operator, LWS or KServe controller runs) — docs/operations.md says
+which kinds are proven with their real controllers (tests/e2e/test_kueue.py, test_kuberay.py,
+test_trainer.py, test_keda.py) and which only here.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ import yaml
 
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.kinds import (
-    KEDA_PAUSED_REPLICAS,
     KSERVE_STOP,
     KUEUE_JOB_UID,
     KUEUE_QUEUE,
@@ -34,7 +33,7 @@ from gpusteward.core.reclaim.model import (
 from gpusteward.sandbox import owner_crds
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.owner_crds import owned_by
-from tests.e2e.kube import annotations, cycle_for, cycle_until, gone, gpu_pod, reasons
+from tests.e2e.kube import annotations, cycle_for, cycle_until, gone, gpu_pod, reasons, restore
 
 TIMEOUT = 150.0  # mark, warn (4 s grace) and act over a 15 s window, on a loaded machine
 
@@ -62,18 +61,20 @@ def owned_pod(ns, name: str, owner: dict[str, Any], node: str, **kw) -> None:
     ns.running(name)
 
 
+def gpu_job(ns, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A batch/v1 Job of one idle 1-GPU pod."""
+    template = gpu_pod("x", 1, util="0", node="h100-1")
+    template["spec"]["restartPolicy"] = "Never"
+    return ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": labels},
+        "spec": {"template": {"metadata": {"annotations": template["metadata"]["annotations"]},
+                              "spec": template["spec"]}}})
+
+
 def job_pod_running(ns, job: str) -> None:
     wait_for(f"Job {job}'s pod to run", lambda: [
         p for p in ns.pods() if (p["metadata"].get("labels") or {}).get("job-name") == job
         and p["status"].get("phase") == "Running"], timeout=60)
-
-
-def restore(sandbox, *args: str, policy: Path | None = None
-            ) -> subprocess.CompletedProcess[str]:
-    flags = [f"--policy={policy}"] if policy else []
-    return subprocess.run([sys.executable, "-m", "gpusteward", "reclaimer", *flags, "restore",
-                           *args, f"--kubeconfig={sandbox.kubeconfig}"],
-                          capture_output=True, text=True, timeout=60)
 
 
 async def test_an_idle_notebook_is_stopped_by_its_annotation_and_restored(sandbox, ns,
@@ -95,39 +96,40 @@ async def test_an_idle_notebook_is_stopped_by_its_annotation_and_restored(sandbo
     # acted at the top: the StatefulSet the notebook controller owns is left to it
     assert ns.api.get(f"/apis/apps/v1/namespaces/{ns.name}/statefulsets/nb")["spec"][
         "replicas"] == 1 and "GPUReclaimed" in reasons(ns, "nb-0")
-    listed = restore(sandbox, "--list")
+    listed = restore(sandbox.kubeconfig, "--list")
     assert listed.returncode == 0, listed.stderr
     assert f"gpusteward reclaimer restore {ns.name}/Notebook/nb" in listed.stdout
-    out = restore(sandbox, f"{ns.name}/Notebook/nb")
+    out = restore(sandbox.kubeconfig, f"{ns.name}/Notebook/nb")
     assert out.returncode == 0, out.stderr
     ann = ns.api.get(path)["metadata"]["annotations"]
     assert NOTEBOOK_STOPPED not in ann and RECLAIM_REASON not in ann
     assert NOTEBOOK_LAST_ACTIVITY in ann
-    again = restore(sandbox, f"{ns.name}/Notebook/nb")
+    again = restore(sandbox.kubeconfig, f"{ns.name}/Notebook/nb")
     assert again.returncode == 1 and "not stopped by gpusteward" in again.stderr
 
 
-async def test_an_idle_jobset_is_suspended_not_its_job(sandbox, ns, reclaimer):
-    jobset = create(ns, "jobset.x-k8s.io/v1alpha2", "jobsets", "JobSet", "train",
-                    {"suspend": False})
-    template = gpu_pod("x", 1, util="0", node="h100-1")
-    template["spec"]["restartPolicy"] = "Never"
-    ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "train-0", "ownerReferences": owned_by(jobset)},
-        "spec": {"template": {"metadata": {"annotations": template["metadata"]["annotations"]},
-                              "spec": template["spec"]}}})
-    job_pod_running(ns, "train-0")  # the real Job controller's pod: pod -> Job -> JobSet
-    path = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns.name}/jobsets/train"
+async def test_an_idle_pytorchjob_is_suspended_through_its_run_policy(sandbox, ns, reclaimer):
+    # training-operator v1 creates a PyTorchJob's pods itself, each controlled by the job
+    # (kubeflow/training-operator pkg/controller.v1/common/pod.go: CreatePodsWithControllerRef)
+    job = create(ns, "kubeflow.org/v1", "pytorchjobs", "PyTorchJob", "ddp",
+                 {"runPolicy": {"cleanPodPolicy": "None", "suspend": False},
+                  "pytorchReplicaSpecs": {}})
+    owned_pod(ns, "ddp-master-0", job, "a100-0")
+    owned_pod(ns, "ddp-worker-0", job, "a100-0")
+    path = f"/apis/kubeflow.org/v1/namespaces/{ns.name}/pytorchjobs/ddp"
     rec = await reclaimer("enforce")
-    await cycle_until(rec, "JobSet suspended",
-                      lambda: ns.api.get(path)["spec"]["suspend"] is True, timeout=TIMEOUT)
-    job_now = ns.api.get(f"/apis/batch/v1/namespaces/{ns.name}/jobs/train-0")
-    assert not job_now["spec"].get("suspend")  # the JobSet controller's to suspend
-    assert RECLAIM_REASON not in (job_now["metadata"].get("annotations") or {})
-    out = restore(sandbox, f"{ns.name}/JobSet/train")
+    await cycle_until(rec, "PyTorchJob suspended", lambda: ns.api.get(path)["spec"][
+        "runPolicy"]["suspend"] is True, timeout=TIMEOUT)
+    # a merge patch of the one field: the rest of runPolicy is kept; the pods are the
+    # operator's to delete, never evicted by us
+    assert ns.api.get(path)["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+    assert not gone(ns, "ddp-master-0") and not gone(ns, "ddp-worker-0")
+    listed = restore(sandbox.kubeconfig, "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert f"gpusteward reclaimer restore {ns.name}/PyTorchJob/ddp" in listed.stdout
+    out = restore(sandbox.kubeconfig, f"{ns.name}/PyTorchJob/ddp")
     assert out.returncode == 0, out.stderr
-    assert ns.api.get(path)["spec"]["suspend"] is False
+    assert ns.api.get(path)["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "suspend": False}
 
 
 async def test_an_idle_leaderworkerset_scales_to_zero_through_its_scale_subresource(
@@ -141,7 +143,7 @@ async def test_an_idle_leaderworkerset_scales_to_zero_through_its_scale_subresou
     await cycle_until(rec, "LeaderWorkerSet at zero",
                       lambda: ns.api.get(path)["spec"]["replicas"] == 0, timeout=TIMEOUT)
     assert ns.api.get(path)["metadata"]["annotations"][REPLICAS_BEFORE] == "2"
-    out = restore(sandbox, f"{ns.name}/LeaderWorkerSet/serve")
+    out = restore(sandbox.kubeconfig, f"{ns.name}/LeaderWorkerSet/serve")
     assert out.returncode == 0, out.stderr
     assert "scaled back to 2" in out.stdout
     assert ns.api.get(f"{path}/scale")["spec"]["replicas"] == 2
@@ -149,13 +151,7 @@ async def test_an_idle_leaderworkerset_scales_to_zero_through_its_scale_subresou
 
 async def test_a_kueue_managed_job_is_deactivated_through_its_workload_never_suspended(
         sandbox, ns, reclaimer):
-    template = gpu_pod("x", 1, util="0", node="h100-1")
-    template["spec"]["restartPolicy"] = "Never"
-    job = ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "queued", "labels": {KUEUE_QUEUE: "team-a"}},
-        "spec": {"template": {"metadata": {"annotations": template["metadata"]["annotations"]},
-                              "spec": template["spec"]}}})
+    job = gpu_job(ns, "queued", {KUEUE_QUEUE: "team-a"})
     # Kueue names a Job's Workload job-<name>-<hash> and labels it with the Job's uid
     create(ns, "kueue.x-k8s.io/v1beta2", "workloads", "Workload", "job-queued-1a2b3",
            labels={KUEUE_JOB_UID: job["metadata"]["uid"]})
@@ -167,7 +163,7 @@ async def test_a_kueue_managed_job_is_deactivated_through_its_workload_never_sus
                       lambda: ns.api.get(wl)["spec"]["active"] is False, timeout=TIMEOUT)
     assert not ns.api.get(f"/apis/batch/v1/namespaces/{ns.name}/jobs/queued")["spec"].get(
         "suspend")  # Kueue's field: gpusteward never writes it
-    out = restore(sandbox, f"{ns.name}/Workload/job-queued-1a2b3")
+    out = restore(sandbox.kubeconfig, f"{ns.name}/Workload/job-queued-1a2b3")
     assert out.returncode == 0, out.stderr
     assert ns.api.get(wl)["spec"]["active"] is True
 
@@ -193,12 +189,12 @@ async def test_an_inference_service_gets_the_kserve_stop_annotation(sandbox, ns,
     rec = await reclaimer("enforce")
     await cycle_until(rec, "stop annotation", lambda: (ns.api.get(path)["metadata"].get(
         "annotations") or {}).get(KSERVE_STOP) == "true", timeout=TIMEOUT)
-    out = restore(sandbox, f"{ns.name}/InferenceService/llm")
+    out = restore(sandbox.kubeconfig, f"{ns.name}/InferenceService/llm")
     assert out.returncode == 0, out.stderr
     assert ns.api.get(path)["metadata"]["annotations"][KSERVE_STOP] == "false"
 
 
-def autoscaled_deployment(ns, name: str, scaled_object: dict[str, Any] | None) -> str:
+def autoscaled_deployment(ns, name: str) -> str:
     pod = gpu_pod("x", 1, util="0", node="h100-1", labels={"app": name})
     ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/deployments", {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
@@ -208,12 +204,10 @@ def autoscaled_deployment(ns, name: str, scaled_object: dict[str, Any] | None) -
                               "spec": pod["spec"]}}})
     hpa: dict[str, Any] = {
         "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": f"keda-hpa-{name}" if scaled_object else name},
+        "metadata": {"name": name},
         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
                  "minReplicas": 1, "maxReplicas": 2, "metrics": [{"type": "Resource", "resource": {
                      "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}}
-    if scaled_object:
-        hpa["metadata"]["ownerReferences"] = owned_by(scaled_object)
     ns.api.create(f"/apis/autoscaling/v2/namespaces/{ns.name}/horizontalpodautoscalers", hpa)
     wait_for("its pod to run", lambda: [p for p in ns.pods() if p["metadata"]["labels"].get(
         "app") == name and p["status"].get("phase") == "Running"], timeout=60)
@@ -221,7 +215,7 @@ def autoscaled_deployment(ns, name: str, scaled_object: dict[str, Any] | None) -
 
 
 async def test_a_deployment_under_a_plain_hpa_is_blocked_not_scaled(ns, reclaimer):
-    path = autoscaled_deployment(ns, "web", None)
+    path = autoscaled_deployment(ns, "web")
     pod = next(p["metadata"]["name"] for p in ns.pods()
                if p["metadata"]["labels"].get("app") == "web")
     rec = await reclaimer("enforce")
@@ -230,20 +224,6 @@ async def test_a_deployment_under_a_plain_hpa_is_blocked_not_scaled(ns, reclaime
     assert annotations(ns, pod)[RECLAIM_BLOCKED] == (
         "driven by HorizontalPodAutoscaler web, which would undo a scale-down")
     assert ns.api.get(path)["spec"]["replicas"] == 1
-
-
-async def test_a_deployment_under_keda_is_paused_at_zero_through_its_scaled_object(
-        sandbox, ns, reclaimer):
-    so = create(ns, "keda.sh/v1alpha1", "scaledobjects", "ScaledObject", "api")
-    path = autoscaled_deployment(ns, "api", so)
-    so_path = f"/apis/keda.sh/v1alpha1/namespaces/{ns.name}/scaledobjects/api"
-    rec = await reclaimer("enforce")
-    await cycle_until(rec, "ScaledObject paused", lambda: (ns.api.get(so_path)["metadata"].get(
-        "annotations") or {}).get(KEDA_PAUSED_REPLICAS) == "0", timeout=TIMEOUT)
-    assert ns.api.get(path)["spec"]["replicas"] == 1  # KEDA's to scale, not ours
-    out = restore(sandbox, f"{ns.name}/ScaledObject/api")
-    assert out.returncode == 0, out.stderr
-    assert KEDA_PAUSED_REPLICAS not in (ns.api.get(so_path)["metadata"].get("annotations") or {})
 
 
 # Switches the policy defines for kinds gpusteward does not know (docs/policy.md,
@@ -280,12 +260,13 @@ async def test_the_policy_stops_an_unknown_kind_by_the_field_it_names(sandbox, n
     await cycle_for(rec, 3)
     assert [r for r in reasons(ns, "t-0") + reasons(ns, "t-1")
             if r == "GPUReclaimed"] == ["GPUReclaimed"]  # one action for the whole owner
-    listed = restore(sandbox, "--list", policy=policy_file)
+    listed = restore(sandbox.kubeconfig, "--list", policy=policy_file)
     assert listed.returncode == 0, listed.stderr
     assert f"gpusteward reclaimer restore {ns.name}/Trainer/t" in listed.stdout
-    without = restore(sandbox, f"{ns.name}/Trainer/t")  # without the policy: not a known kind
+    # without the policy: not a kind gpusteward knows
+    without = restore(sandbox.kubeconfig, f"{ns.name}/Trainer/t")
     assert without.returncode == 1 and "not a kind gpusteward stops" in without.stderr
-    out = restore(sandbox, f"{ns.name}/Trainer/t", policy=policy_file)
+    out = restore(sandbox.kubeconfig, f"{ns.name}/Trainer/t", policy=policy_file)
     assert out.returncode == 0, out.stderr
     back = ns.api.get(path)
     assert back["spec"]["run"] == {"paused": False, "steps": 10}
@@ -302,7 +283,7 @@ async def test_the_policy_scales_an_unknown_kind_through_its_scale_subresource(
     await cycle_until(rec, "Predictor at zero",
                       lambda: ns.api.get(path)["spec"]["replicas"] == 0, timeout=TIMEOUT)
     assert ns.api.get(path)["metadata"]["annotations"][REPLICAS_BEFORE] == "3"
-    out = restore(sandbox, f"{ns.name}/Predictor/p", policy=policy_file)
+    out = restore(sandbox.kubeconfig, f"{ns.name}/Predictor/p", policy=policy_file)
     assert out.returncode == 0, out.stderr
     assert "scaled back to 3" in out.stdout
     assert ns.api.get(f"{path}/scale")["spec"]["replicas"] == 3

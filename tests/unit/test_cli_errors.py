@@ -130,7 +130,8 @@ def test_the_agent_on_a_busy_port_is_one_line_exit_1(busy_port: int) -> None:
                  ">= 1, got '0' (see gpusteward sandbox up --help)", id="extender-replicas-zero"),
     pytest.param(["sandbox", "up", "--with", "kueue,volcano"], {},
                  "gpusteward sandbox up: argument --with: unknown controller volcano (known: "
-                 "kueue, kuberay) (see gpusteward sandbox up --help)", id="sandbox-with-unknown"),
+                 "kueue, kuberay, jobset, trainer, keda) (see gpusteward sandbox up --help)",
+                 id="sandbox-with-unknown"),
     pytest.param(["report", "--window", "0s"], {},
                  "gpusteward report: argument --window: expected at least 1s, got '0s' "
                  "(see gpusteward report --help)", id="window-zero"),

@@ -119,6 +119,25 @@ def test_unsupported_owners_say_why(group, kind_name, why):
     assert kinds.DEFAULT.unsupported(group, kind_name) == why
 
 
+@pytest.mark.parametrize(
+    ("name", "obj", "refused"),
+    [
+        # KubeRay v1.5.0 ValidateRayJobSpec: suspend with shutdownAfterJobFinishes false is
+        # invalid, and the controller then sets jobDeploymentStatus ValidationFailed
+        pytest.param("RayJob", {"spec": {"shutdownAfterJobFinishes": True}}, False,
+                     id="rayjob-that-shuts-its-cluster-down-may-be-suspended"),
+        pytest.param("RayJob", {"spec": {"shutdownAfterJobFinishes": False}}, True,
+                     id="rayjob-keeping-its-cluster-is-refused"),
+        pytest.param("RayJob", {"spec": {}}, True, id="rayjob-default-false-is-refused"),
+        pytest.param("RayJob", {"spec": {"suspend": True}}, False,
+                     id="rayjob-already-suspended-is-ours-to-follow"),
+        pytest.param("RayCluster", {"spec": {}}, False, id="raycluster-has-no-such-rule"),
+    ],
+)
+def test_a_switch_its_controller_would_refuse_is_not_thrown(name, obj, refused):
+    assert bool(kinds.refused(kind(name), obj)) is refused
+
+
 # --- what decide() does with them -------------------------------------------------------------
 
 def test_an_owner_with_its_own_switch_is_stopped_through_it():

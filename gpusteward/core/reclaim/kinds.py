@@ -181,6 +181,18 @@ def switched_off(k: Kind, obj: Mapping[str, Any]) -> bool:
     return False
 
 
+def refused(k: Kind, obj: Mapping[str, Any]) -> str:
+    """Why this owner's controller would refuse its switch for this object; empty when it would
+    not. KubeRay v1.5.0 validates every RayJob it reconciles and fails one that is suspended with
+    shutdownAfterJobFinishes false (controllers/ray/utils/validation.go ValidateRayJobSpec:
+    status ValidationFailed), so suspending it would kill the job rather than pause it."""
+    if (k.group, k.kind) == ("ray.io", "RayJob") and not switched_off(k, obj) and _get(
+            obj, ("spec", "shutdownAfterJobFinishes")) is not True:
+        return ("RayJob has shutdownAfterJobFinishes false, and KubeRay fails such a RayJob "
+                "when it is suspended")
+    return ""
+
+
 def let_go(k: Kind, obj: Mapping[str, Any]) -> bool:
     """Whether the owner reports its pods gone (RayCluster: the RayClusterSuspended condition;
     RayJob: jobDeploymentStatus Suspended). Kinds without such a status: the switch suffices."""
