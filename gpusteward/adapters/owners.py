@@ -7,8 +7,8 @@ known custom kind (core.reclaim.kinds) is read with one GET, cached for the cycl
 at a kind gpusteward does not know: that kind is the owner, and it is blocked, not evicted.
 
 Optional kinds cost nothing where they are absent: Kueue Workloads are listed only for pods
-labelled with a Kueue queue and only where the API server serves kueue.x-k8s.io; HPAs are listed
-only when a scalable owner is found.
+labelled with a Kueue queue and only where the API server serves kueue.x-k8s.io; HPAs, and
+ScaledObjects where keda.sh is served, are listed only when a scalable owner is found.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class OwnerChains:
         self._workloads: list[Mapping[str, Any]] | None = None
         self._kueue_version: str | None = None
         self._hpas: list[Mapping[str, Any]] | None = None
+        self._scaled: list[Mapping[str, Any]] | None = None
         tops: dict[str, Owner] = {}
         for pod in pods:
             chain = await self._chain(pod)
@@ -215,12 +216,41 @@ class OwnerChains:
                 (o for o in meta.get("ownerReferences") or () if o.get("controller")), {})
             if (kinds.group_of(by.get("apiVersion", "")), by.get("kind")) == KEDA:
                 version = by["apiVersion"].rpartition("/")[2]
-                return msgspec.structs.replace(
-                    base, how=kinds.PAUSE, via=Switch(KEDA[1], KEDA[0], version, by["name"]))
+                return await self._keda(top, base, Switch(KEDA[1], KEDA[0], version, by["name"]))
             return msgspec.structs.replace(
                 base, blocked=f"driven by HorizontalPodAutoscaler {meta.get('name')}, which "
                               f"would undo a scale-down")
-        return None
+        return await self._keda(top, base, None)
+
+    async def _keda(self, top: Link, base: Owner, named: Switch | None) -> Owner | None:
+        """The owner stopped through a KEDA ScaledObject: the one its HPA names, or, with no HPA
+        left, one gpusteward paused that targets it (KEDA deletes its HPA when it takes a
+        pause). In progress while KEDA has not taken the pause; due again once it has but the
+        target still runs, which the stop then finishes (kinds.keda_pause)."""
+        for so in await self._scaled_objects():
+            meta, ref = so.get("metadata", {}), so.get("spec", {}).get("scaleTargetRef", {})
+            if meta.get("namespace") != top.namespace or (
+                    meta.get("name") != named.name if named else
+                    (ref.get("name"), ref.get("kind", "Deployment")) != (top.name, top.kind)):
+                continue
+            state = kinds.keda_pause(so)
+            if named is None and not state:
+                return None  # a ScaledObject without an HPA and not paused by us: not KEDA's now
+            version = so.get("apiVersion", "").rpartition("/")[2]
+            return msgspec.structs.replace(
+                base, how=kinds.PAUSE, in_progress=state == "asked",
+                via=Switch(KEDA[1], KEDA[0], version, meta.get("name", "")))
+        if named is None:
+            return None
+        return msgspec.structs.replace(base, how=kinds.PAUSE, via=named)
+
+    async def _scaled_objects(self) -> list[Mapping[str, Any]]:
+        """Every ScaledObject, listed once a cycle where the API server serves keda.sh."""
+        if self._scaled is None:
+            version = await self._served(KEDA[0])
+            self._scaled = [] if version is None else await self._list(
+                f"/apis/{KEDA[0]}/{version}/scaledobjects")
+        return self._scaled
 
     async def _served(self, group: str) -> str | None:
         self.api_calls += 1

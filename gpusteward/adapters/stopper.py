@@ -35,6 +35,18 @@ def switch_path(owner: Owner, catalog: kinds.Catalog) -> str:
     return object_path(owner.group, owner.version, owner.namespace, k.plural, owner.name)
 
 
+SCALABLE = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
+
+
+def target_path(owner: Owner, catalog: kinds.Catalog) -> str:
+    """The owner's own object (a KEDA target: a Deployment, StatefulSet or scalable kind)."""
+    k = catalog.known(owner.group, owner.kind)
+    plural = SCALABLE.get(owner.kind) if owner.group == "apps" else k.plural if k else None
+    if plural is None:
+        raise ValueError(f"no resource known for {owner.kind}.{owner.group}")
+    return object_path(owner.group, owner.version, owner.namespace, plural, owner.name)
+
+
 class Switches:
     def __init__(self, api: client.ApiClient, catalog: kinds.Catalog = kinds.DEFAULT) -> None:
         self.api = api
@@ -44,8 +56,13 @@ class Switches:
         path = switch_path(owner, self.catalog)
         record = kinds.reclaim_record(reason, at)
         if owner.how == kinds.PAUSE:
-            await self.patch(path, {"metadata": {"annotations": {
+            scaled_object = await self.patch(path, {"metadata": {"annotations": {
                 kinds.KEDA_PAUSED_REPLICAS: "0", **record}}})
+            if kinds.keda_pause(scaled_object) == "taken":
+                # KEDA took the pause but left the target running (kinds.keda_pause): finish
+                # it; paused, KEDA will not scale it back until restore removes the pause
+                await self.patch(f"{target_path(owner, self.catalog)}/scale",
+                                 {"spec": {"replicas": 0}})
         elif owner.how == kinds.SCALE:
             await self.scale_to_zero(path, reason, at)
         else:

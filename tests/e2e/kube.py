@@ -241,3 +241,9 @@ async def kept_unless_wholly_idle(rec: Reclaimer, ns: Namespace, busy: bool,
         await left_running(rec, stopped, pods, len(pods()))
     else:
         await partly_idle_only_marked(rec, ns, stopped, pods)
+
+
+def managers(obj: dict[str, Any], field: str) -> set[str]:
+    """The field managers that own ``field`` (a managedFields key such as ``f:suspend``)."""
+    return {m["manager"] for m in obj["metadata"].get("managedFields") or ()
+            if field in str(m.get("fieldsV1", {}))}

@@ -3,13 +3,17 @@ module by ``gpusteward sandbox up --with keda``, its CRDs from the same module v
 
 A Deployment autoscaled by a ScaledObject: KEDA makes the HPA and controls it (kedacore/keda
 controllers/keda/hpa.go), so scaling the Deployment down would be undone. An idle one is paused
-through the ScaledObject's ``autoscaling.keda.sh/paused-replicas: "0"``; KEDA takes the pause
-(its Paused condition; controllers/keda/scaledobject_controller.go) and gpusteward never writes
-the Deployment; restore removes the annotation and KEDA autoscales it again at its
-minReplicaCount. Not asserted: that KEDA then scales the Deployment to zero. KEDA v2.18 does that
-only in a second reconcile, which its HPA's deletion triggers and which can read its own status
-before the Paused condition is in its cache, leaving the target at its replicas (kedacore/keda
-issues 7446 and 7663); this test saw it both ways.
+through the ScaledObject's ``autoscaling.keda.sh/paused-replicas: "0"``; KEDA takes the pause (its
+Paused condition; controllers/keda/scaledobject_controller.go) and the Deployment goes to zero, a
+pending GPU pod is placed by the real kube-scheduler on the freed GPUs, and restore removes the
+annotation, upon which KEDA autoscales the Deployment again from its minReplicaCount
+(pkg/scaling/executor/scale_scaledobjects.go).
+
+KEDA v2.18 scales the target to the paused count only in a second reconcile, which its HPA's
+deletion triggers and which can read the ScaledObject before its own Paused condition is in its
+cache (kedacore/keda issues 7446 and 7663): then nothing scales the target. gpusteward finishes
+such a pause itself; the second test makes that state on purpose (the pause taken, then the
+target scaled back up behind KEDA's back, which KEDA, paused, leaves alone).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 import pytest
 
 from gpusteward.core.reclaim.kinds import KEDA_PAUSED_REPLICAS
-from gpusteward.core.reclaim.model import RECLAIM_REASON
+from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT, REPLICAS_BEFORE
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.kubehttp import KubeHTTPError, wait_for
 from tests.e2e.kube import (
@@ -29,11 +33,12 @@ from tests.e2e.kube import (
     cycle_until,
     gpu_pod,
     kept_unless_wholly_idle,
-    restore,
+    placed_then_restored,
 )
 from tests.support.sandbox import fresh_namespace, started
 
 NODE = "h100-1"  # 8 GPUs: two 4-GPU replicas fill it
+STAMP = "2026-12-01T00:00:00Z"  # when the test's own pause says gpusteward paused it
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +52,21 @@ def keda_ns(keda_box: Sandbox) -> Iterator[Namespace]:
         "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledobjects",))
 
 
-def scaled_deployment(ns: Namespace, name: str, util: str) -> tuple[str, str]:
+def scaled_deployment(ns: Namespace, name: str, util: str,
+                      paused_by_gpusteward: bool = False) -> tuple[str, str]:
     """A Deployment of two 4-GPU replicas and the ScaledObject that keeps it at two: a cron
-    trigger (no external system to reach) with minReplicaCount = maxReplicaCount = 2."""
+    trigger (no external system to reach) with minReplicaCount = maxReplicaCount = 2; paused at
+    zero from the start as gpusteward pauses one, when asked."""
     pod = gpu_pod("x", 4, util=util, node=NODE, labels={"app": name})
     ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/deployments", {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
                  "template": {"metadata": pod["metadata"], "spec": pod["spec"]}}})
     ns.api.create(f"/apis/keda.sh/v1alpha1/namespaces/{ns.name}/scaledobjects", {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": name},
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {
+            "name": name, "annotations": {
+                KEDA_PAUSED_REPLICAS: "0", RECLAIM_REASON: "idle",
+                RECLAIMED_AT: STAMP} if paused_by_gpusteward else {}},
         "spec": {"scaleTargetRef": {"name": name}, "minReplicaCount": 2, "maxReplicaCount": 2,
                  "triggers": [{"type": "cron", "metadata": {
                      "timezone": "Etc/UTC", "start": "0 0 * * *", "end": "59 23 * * *",
@@ -85,7 +95,7 @@ def paused(so: dict[str, Any]) -> bool:
                for c in so.get("status", {}).get("conditions") or ())
 
 
-async def test_an_idle_keda_deployment_is_paused_through_its_scaled_object_and_restored(
+async def test_an_idle_keda_deployment_is_paused_at_zero_and_its_gpus_placed_again(
         keda_box, keda_ns, reclaimer):
     ns = keda_ns
     deployment, so = scaled_deployment(ns, "api", util="0")
@@ -93,19 +103,39 @@ async def test_an_idle_keda_deployment_is_paused_through_its_scaled_object_and_r
     wait_for("KEDA's HPA, controlled by the ScaledObject", lambda: (
         hpa := keda_hpa(ns, "api")) is not None and hpa["metadata"]["ownerReferences"][0][
         "kind"] == "ScaledObject", timeout=60)
+    ns.create_pod(gpu_pod("waiting", 4, util="80", node=NODE))  # the node is full: it waits
     rec = await reclaimer("enforce", box=keda_box)
-    await cycle_until(rec, "ScaledObject paused at zero", lambda: pause_asked(ns, so),
-                      timeout=150)
+    await cycle_until(rec, "ScaledObject paused", lambda: pause_asked(ns, so), timeout=150)
     annotations = ns.api.get(so)["metadata"]["annotations"]
     assert annotations[KEDA_PAUSED_REPLICAS] == "0" and annotations[RECLAIM_REASON] == "idle"
+    # KEDA takes the pause and scales to zero, or takes it and stops (its race), and then
+    # gpusteward finishes it: either way the Deployment reaches zero, never undone
+    await cycle_until(rec, "KEDA paused, the Deployment at zero", lambda: paused(
+        ns.api.get(so)) and ns.api.get(deployment)["spec"]["replicas"] == 0, timeout=120)
+    assert REPLICAS_BEFORE not in (ns.api.get(deployment)["metadata"].get("annotations") or {})
+    placed_then_restored(ns, keda_box.kubeconfig, "ScaledObject", "api",
+                         lambda: len(replicas(ns, "api")), 2)
+
+
+async def test_a_pause_keda_took_without_scaling_is_finished_by_gpusteward(
+        keda_box, keda_ns, reclaimer):
+    ns = keda_ns
+    deployment, so = scaled_deployment(ns, "stuck", util="0", paused_by_gpusteward=True)
     wait_for("KEDA to take the pause", lambda: paused(ns.api.get(so)), timeout=90)
-    managers = {m["manager"] for m in ns.api.get(deployment)["metadata"]["managedFields"]}
-    assert not any("gpusteward" in m for m in managers), managers  # KEDA's to scale, not ours
-    out = restore(keda_box.kubeconfig, f"{ns.name}/ScaledObject/api")
-    assert out.returncode == 0, out.stderr
-    assert not pause_asked(ns, so)
-    wait_for("KEDA to autoscale it again at its two replicas", lambda: not paused(
-        ns.api.get(so)) and len(replicas(ns, "api")) == 2, timeout=120)
+    ns.api.merge_patch(f"{deployment}/scale", {"spec": {"replicas": 2}})
+    wait_for("two replicas running under the taken pause",
+             lambda: len(replicas(ns, "stuck")) == 2, timeout=120)
+    ns.create_pod(gpu_pod("waiting", 4, util="80", node=NODE))
+    rec = await reclaimer("enforce", box=keda_box)
+    await cycle_until(rec, "the Deployment scaled to zero",
+                      lambda: ns.api.get(deployment)["spec"]["replicas"] == 0, timeout=150)
+    # finished by gpusteward's stop through the ScaledObject (it stamped it again; KEDA, paused,
+    # scales nothing), as the pause asked, not reclaimed as a Deployment of its own: restore
+    # goes through the ScaledObject alone
+    assert ns.api.get(so)["metadata"]["annotations"][RECLAIMED_AT] != STAMP
+    assert REPLICAS_BEFORE not in (ns.api.get(deployment)["metadata"].get("annotations") or {})
+    placed_then_restored(ns, keda_box.kubeconfig, "ScaledObject", "stuck",
+                         lambda: len(replicas(ns, "stuck")), 2)
 
 
 def pause_asked(ns: Namespace, so: str) -> bool:

@@ -28,6 +28,7 @@ from tests.e2e.kube import (
     cycle_until,
     gpu_pod,
     kept_unless_wholly_idle,
+    managers,
     restore,
 )
 from tests.support.sandbox import fresh_namespace, started
@@ -100,12 +101,6 @@ def condition(obj: dict[str, Any] | None, kind: str) -> bool:
 def running(ns: Namespace, job: str) -> list[dict[str, Any]]:
     return [p for p in ns.pods() if (p["metadata"].get("labels") or {}).get("job-name") == job
             and p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]]
-
-
-def managers(obj: dict[str, Any], field: str) -> set[str]:
-    """The field managers that own ``field`` (a managedFields key such as ``f:suspend``)."""
-    return {m["manager"] for m in obj["metadata"].get("managedFields") or ()
-            if field in str(m.get("fieldsV1", {}))}
 
 
 async def test_an_idle_admitted_workload_is_deactivated_and_a_waiting_one_runs(

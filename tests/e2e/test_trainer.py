@@ -30,6 +30,7 @@ from tests.e2e.kube import (
     cycle_until,
     gpu_pod,
     kept_unless_wholly_idle,
+    managers,
     placed_then_restored,
     spec_suspend,
 )
@@ -105,8 +106,9 @@ async def test_an_idle_train_job_is_suspended_and_its_gpus_placed_again(
     # Trainer suspends the JobSet it runs: the write is Trainer's, not gpusteward's
     wait_for("Trainer to suspend its JobSet",
              lambda: ns.api.get(jobset)["spec"].get("suspend") is True, timeout=60)
-    managers = {m["manager"] for m in ns.api.get(jobset)["metadata"]["managedFields"]}
-    assert not any("gpusteward" in m for m in managers), managers
+    ours = managers(ns.api.get(path), "f:suspend")  # who suspended the TrainJob
+    theirs = managers(ns.api.get(jobset), "f:suspend")
+    assert ours and not ours & theirs, (ours, theirs)
     wait_for("the nodes' pods deleted", lambda: not nodes(ns), timeout=120)
     placed_then_restored(ns, trainer_box.kubeconfig, "TrainJob", "tune",
                          lambda: len(nodes(ns)), 2)

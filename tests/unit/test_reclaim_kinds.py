@@ -138,6 +138,30 @@ def test_a_switch_its_controller_would_refuse_is_not_thrown(name, obj, refused):
     assert bool(kinds.refused(kind(name), obj)) is refused
 
 
+KEDA = "autoscaling.keda.sh/paused-replicas"  # keda.sh docs, "Pause autoscaling"
+PAUSED_BY_US = {KEDA: "0", RECLAIM_REASON: "idle"}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "conditions", "state"),
+    [
+        pytest.param({}, [], "", id="not-paused"),
+        pytest.param({KEDA: "0"}, [{"type": "Paused", "status": "True"}], "",
+                     id="paused-by-someone-else-is-not-ours"),
+        pytest.param({KEDA: "2", RECLAIM_REASON: "idle"}, [], "", id="paused-at-two-is-not-ours"),
+        pytest.param(PAUSED_BY_US, [{"type": "Paused", "status": "False"}], "asked",
+                     id="asked-not-yet-taken"),
+        # KEDA v2.18 controllers/keda/scaledobject_controller.go: the Paused condition
+        pytest.param(PAUSED_BY_US, [{"type": "Ready", "status": "True"},
+                                    {"type": "Paused", "status": "True"}], "taken",
+                     id="taken"),
+    ],
+)
+def test_how_far_a_keda_pause_has_got(annotations, conditions, state):
+    so = {"metadata": {"annotations": annotations}, "status": {"conditions": conditions}}
+    assert kinds.keda_pause(so) == state
+
+
 # --- what decide() does with them -------------------------------------------------------------
 
 def test_an_owner_with_its_own_switch_is_stopped_through_it():

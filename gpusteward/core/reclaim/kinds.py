@@ -193,6 +193,23 @@ def refused(k: Kind, obj: Mapping[str, Any]) -> str:
     return ""
 
 
+def keda_pause(scaled_object: Mapping[str, Any]) -> str:
+    """How far gpusteward's pause of a KEDA ScaledObject has got: "" (not paused by gpusteward),
+    "asked" (our paused-replicas: "0" is set, KEDA has not taken it yet) or "taken" (KEDA reports
+    its Paused condition: its HPA and scale loop are stopped, so nothing scales the target back).
+
+    KEDA v2.18 scales the target to the paused count only in a second reconcile, which can miss
+    (kedacore/keda issues 7446 and 7663); a target still running once the pause is taken is left
+    for gpusteward to scale to zero, as KEDA was asked to."""
+    meta = scaled_object.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    if annotations.get(KEDA_PAUSED_REPLICAS) != "0" or RECLAIM_REASON not in annotations:
+        return ""
+    conditions = scaled_object.get("status", {}).get("conditions") or []
+    taken = any(c.get("type") == "Paused" and c.get("status") == "True" for c in conditions)
+    return "taken" if taken else "asked"
+
+
 def let_go(k: Kind, obj: Mapping[str, Any]) -> bool:
     """Whether the owner reports its pods gone (RayCluster: the RayClusterSuspended condition;
     RayJob: jobDeploymentStatus Suspended). Kinds without such a status: the switch suffices."""
