@@ -35,16 +35,19 @@ def switch_path(owner: Owner, catalog: kinds.Catalog) -> str:
     return object_path(owner.group, owner.version, owner.namespace, k.plural, owner.name)
 
 
-SCALABLE = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
+APPS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
 
 
-def target_path(owner: Owner, catalog: kinds.Catalog) -> str:
-    """The owner's own object (a KEDA target: a Deployment, StatefulSet or scalable kind)."""
+def replicas_path(owner: Owner, catalog: kinds.Catalog) -> str:
+    """Where a KEDA target's spec.replicas is written with the verbs the reclaimer holds: a
+    Deployment or StatefulSet itself (patch, as the built-in scale-down writes it), a scalable
+    kind of the catalog through its scale subresource (patch <plural>/scale)."""
+    if owner.group == "apps" and owner.kind in APPS:
+        return object_path("apps", owner.version, owner.namespace, APPS[owner.kind], owner.name)
     k = catalog.known(owner.group, owner.kind)
-    plural = SCALABLE.get(owner.kind) if owner.group == "apps" else k.plural if k else None
-    if plural is None:
-        raise ValueError(f"no resource known for {owner.kind}.{owner.group}")
-    return object_path(owner.group, owner.version, owner.namespace, plural, owner.name)
+    if k is None or k.how != kinds.SCALE:
+        raise ValueError(f"no way known to scale {owner.kind}.{owner.group}")
+    return f"{object_path(owner.group, owner.version, owner.namespace, k.plural, owner.name)}/scale"
 
 
 class Switches:
@@ -61,8 +64,7 @@ class Switches:
             if kinds.keda_pause(scaled_object) == "taken":
                 # KEDA took the pause but left the target running (kinds.keda_pause): finish
                 # it; paused, KEDA will not scale it back until restore removes the pause
-                await self.patch(f"{target_path(owner, self.catalog)}/scale",
-                                 {"spec": {"replicas": 0}})
+                await self.patch(replicas_path(owner, self.catalog), {"spec": {"replicas": 0}})
         elif owner.how == kinds.SCALE:
             await self.scale_to_zero(path, reason, at)
         else:

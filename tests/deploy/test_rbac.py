@@ -46,7 +46,9 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         # Workloads waiting for quota: the queues they wait in (core/reclaim/kueue.py)
         ("kueue.x-k8s.io", "localqueues", "list", "*"),
         ("kueue.x-k8s.io", "clusterqueues", "list", "*"),
-        ("autoscaling", "horizontalpodautoscalers", "list", "*")},
+        ("autoscaling", "horizontalpodautoscalers", "list", "*"),
+        # the ScaledObject gpusteward paused, found once KEDA has deleted its HPA (owners.py)
+        ("keda.sh", "scaledobjects", "list", "*")},
     "gpusteward-reclaimer-lease": {
         ("coordination.k8s.io", "leases", "create", "*"),
         ("coordination.k8s.io", "leases", "get", "gpusteward-reclaimer"),
@@ -227,6 +229,7 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
           for r in ("workloads", "localqueues", "clusterqueues")],
         ("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/q", annotate, 403),
         ("GET", "/apis/autoscaling/v2/horizontalpodautoscalers?limit=500", None, 200),
+        ("GET", "/apis/keda.sh/v1alpha1/scaledobjects?limit=500", None, 404),
         *[("DELETE", _crd_path(group, plural, ns), None, 403) for group, plural in OWN_SWITCHES],
         ("GET", "/apis/ray.io/v1/rayservices?limit=500", None, 403),
         ("PATCH", f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/h", annotate,
