@@ -33,6 +33,7 @@ from gpusteward.extender.app import Extender
 from gpusteward.extender.view import PlacementView
 from tests.component.test_extender_telemetry import fleet, history
 from tests.factories import pod
+from tests.support.loopback import served
 from tests.support.prometheus import PrometheusServer, WebConfig
 from tests.support.tls import Pki, make_pki
 
@@ -172,14 +173,8 @@ async def gateway(secured: PrometheusServer, pki: Pki) -> AsyncIterator[Gateway]
     gw = Gateway(secured, pki)
     app = web.Application()
     app.router.add_get("/api/v1/{tail:.*}", gw.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    gw.url = f"http://127.0.0.1:{port}"
-    yield gw
-    await runner.cleanup()
+    async with served(app) as gw.url:
+        yield gw
 
 
 async def test_the_bearer_token_and_tenant_header_reach_the_gateway_and_rotation_is_followed(
