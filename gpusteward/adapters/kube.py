@@ -31,7 +31,24 @@ from gpusteward.core.model import Pod
 log = logging.getLogger("gpusteward.kube")
 
 
-async def connect(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class GatedClient(client.ApiClient):
+    """The SDK's client with one gate every write passes, typed and raw calls alike: the
+    reclaimer sets ``gate`` to its Lease deadline (adapters.lease), so no write starts once this
+    replica may no longer act, checked immediately before the request leaves. ``gate`` raises
+    to refuse; None (every other app) lets everything through."""
+
+    gate: Callable[[str], None] | None = None
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if self.gate is not None and method in WRITES:
+            self.gate(url)
+        return super().request(method, url, *args, **kwargs)
+
+
+async def connect(kubeconfig: str | None, context: str | None = None) -> GatedClient:
     """Connect as kubectl would: --kubeconfig, else $KUBECONFIG (a path list), else
     ~/.kube/config, else the in-cluster service account (see adapters/kubeconfig.py)."""
     choice = locate(kubeconfig, os.environ.get("KUBECONFIG"), Path.home())
@@ -39,13 +56,15 @@ async def connect(kubeconfig: str | None, context: str | None = None) -> client.
         return _in_cluster(f"{choice.source}: {choice.missing}", context)
     merged = read_merged(choice.files)
     chosen = pick_context(merged, context, choice.source)
+    cfg = type.__call__(client.Configuration)  # a fresh one, as new_client_from_config_dict
     try:
-        return await config.new_client_from_config_dict(merged, context=chosen)
+        await config.load_kube_config_from_dict(merged, context=chosen, client_configuration=cfg)
+        return GatedClient(configuration=cfg)
     except (ConfigException, ssl.SSLError, KeyError, TypeError, ValueError) as e:
         raise KubeConfigError(f"{choice.source}, context {chosen!r}: {e}") from e
 
 
-def _in_cluster(tried: str, context: str | None) -> client.ApiClient:
+def _in_cluster(tried: str, context: str | None) -> GatedClient:
     if context:
         raise KubeConfigError(f"--context {context} needs a kubeconfig, and {tried}")
     cfg = client.Configuration()
@@ -54,7 +73,7 @@ def _in_cluster(tried: str, context: str | None) -> client.ApiClient:
     except ConfigException as e:
         raise KubeConfigError(f"no kubeconfig and not in a cluster: --kubeconfig not given; "
                               f"{tried}; in-cluster: {e}") from e
-    return client.ApiClient(configuration=cfg)
+    return GatedClient(configuration=cfg)
 
 
 class Event(msgspec.Struct):

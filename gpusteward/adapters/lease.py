@@ -8,6 +8,13 @@ duration, less a margin, must still be ahead. Renewals run on their own task and
 ``renew_deadline`` (half the duration), so a replica that cannot renew stops acting while the
 Lease it holds is still valid; every Lease call has a bounded timeout.
 
+Besides that round trip, ``may_write`` is a local deadline checked immediately before every
+write request leaves (adapters.kube.GatedClient): none starts once ``renew_deadline - margin``
+has passed since the start of the last successful renewal, so a replica resumed from a pause
+(GC, SIGSTOP, a throttled node) writes nothing on the strength of a check made before it. What
+was already in flight is fenced by the API server itself: every write carries the
+resourceVersion it was derived from (reclaimer.actor).
+
 Expiry of another holder's Lease is judged like client-go does: by the local time since its
 record last changed, never by comparing clocks across machines.
 """
@@ -48,6 +55,7 @@ class LeaseGuard:
         self._renewed = float("-inf")  # monotonic time of our last successful acquire/renew
         self._seen: tuple[str | None, object] = (None, None)  # another holder's record...
         self._seen_at = 0.0  # ...and when (monotonic) it last changed
+        self._own_lease = f"/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
     @property
     def where(self) -> str:
@@ -76,6 +84,24 @@ class LeaseGuard:
                 log.warning("%s: renewal failed: %s", self.where, _describe(e))
             if self.monotonic() - self._renewed > self.renew_deadline:
                 return self._lose(f"{self.where} not renewed for {self.renew_deadline:g}s")
+
+    @property
+    def write_deadline(self) -> float:
+        """Seconds after a renewal started within which a write may start."""
+        return self.renew_deadline - self.margin
+
+    def may_write(self, url: str = "") -> None:
+        """The local deadline (no API call): raise LeaseLost unless this replica leads and its
+        last successful renewal started less than ``write_deadline`` ago. The Lease's own
+        renewals pass (they are what keeps it)."""
+        if self._own_lease in url:
+            return
+        if not self.leading:
+            raise LeaseLost("not leading")
+        since = self.monotonic() - self._renewed
+        if since > self.write_deadline:
+            raise LeaseLost(f"last renewal {since:.1f}s ago, past the {self.write_deadline:g}s "
+                            f"write deadline")
 
     def _lose(self, why: str) -> str:
         self.leading = False

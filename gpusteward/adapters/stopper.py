@@ -1,10 +1,15 @@
 """Stop an owner through its own switch (core.reclaim.kinds) and bring it back: merge patches on
 the owner (or on the object that holds its switch: a Kueue Workload, a KEDA ScaledObject), and the
 scale subresource for owners that serve one. Failures surface as ApiException, like the typed
-clients', so the actor reports them the same way."""
+clients', so the actor reports them the same way.
+
+Every stop is fenced on the object it writes: it is read, checked, and written with the
+resourceVersion of that read (or of this stop's own write just before), so a change by anyone in
+between fails the write with 409 Conflict instead of landing on top of it (reclaimer.actor)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -17,6 +22,17 @@ from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Owner
 
 CALL_TIMEOUT = 30
 MERGE = "application/merge-patch+json"
+
+
+class Stale(Exception):
+    """The object read just before a stop is no longer what the decision saw (already
+    stopped by someone else): nothing is written."""
+
+
+def on_version(read: Mapping[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch ``body``, fenced on the resourceVersion of ``read``."""
+    meta = {**body.get("metadata", {}), "resourceVersion": read["metadata"]["resourceVersion"]}
+    return {**body, "metadata": meta}
 
 
 def object_path(group: str, version: str, namespace: str, plural: str, name: str) -> str:
@@ -59,30 +75,37 @@ class Switches:
         path = switch_path(owner, self.catalog)
         record = kinds.reclaim_record(reason, at)
         if owner.how == kinds.PAUSE:
-            scaled_object = await self.patch(path, {"metadata": {"annotations": {
-                kinds.KEDA_PAUSED_REPLICAS: "0", **record}}})
+            scaled_object = await self.patch(path, on_version(await self.get(path), {
+                "metadata": {"annotations": {kinds.KEDA_PAUSED_REPLICAS: "0", **record}}}))
             if kinds.keda_pause(scaled_object) == "taken":
                 # KEDA took the pause but left the target running (kinds.keda_pause): finish
                 # it; paused, KEDA will not scale it back until restore removes the pause
-                await self.patch(replicas_path(owner, self.catalog), {"spec": {"replicas": 0}})
+                target = replicas_path(owner, self.catalog)
+                await self.patch(target, on_version(await self.get(target),
+                                                    {"spec": {"replicas": 0}}))
         elif owner.how == kinds.SCALE:
             await self.scale_to_zero(path, reason, at)
         else:
             k = (self.catalog.known(owner.via.group, owner.via.kind) if owner.via else
                  self.catalog.known(owner.group, owner.kind))
             assert k is not None
-            await self.patch(path, kinds.stop_patch(k, reason, at))
+            obj = await self.get(path)
+            if kinds.switched_off(k, obj):
+                raise Stale(f"{owner.key} was switched off by someone else since the decision")
+            await self.patch(path, on_version(obj, kinds.stop_patch(k, reason, at)))
 
     async def scale_to_zero(self, path: str, reason: str, at: str) -> None:
-        """The count is recorded on the owner first, then the scale subresource set to zero: a
-        failure in between leaves a record restore refuses (replicas not 0), never a lost count."""
+        """The count is recorded on the owner first, then the scale subresource set to zero,
+        fenced on that record: a failure in between leaves a record restore refuses (replicas
+        not 0), never a lost count."""
         scale = await self.get(f"{path}/scale")
         before = int(scale.get("spec", {}).get("replicas") or 0)
-        await self.patch(path, {"metadata": {
-            "resourceVersion": scale["metadata"]["resourceVersion"],
-            "annotations": {REPLICAS_BEFORE: str(before),
-                            **kinds.reclaim_record(f"{reason}: scaled from {before} to 0", at)}}})
-        await self.patch(f"{path}/scale", {"spec": {"replicas": 0}})
+        if before == 0:
+            raise Stale(f"{path} is already at 0 replicas")
+        recorded = await self.patch(path, on_version(scale, {"metadata": {"annotations": {
+            REPLICAS_BEFORE: str(before),
+            **kinds.reclaim_record(f"{reason}: scaled from {before} to 0", at)}}}))
+        await self.patch(f"{path}/scale", on_version(recorded, {"spec": {"replicas": 0}}))
 
     async def served(self, group: str) -> str | None:
         """The group's preferred version; None where the API server does not serve it."""

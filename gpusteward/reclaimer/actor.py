@@ -5,9 +5,25 @@ Each action is first re-checked against the pods as they are now (``core.reclaim
 the decision was made on a snapshot, and a pod replaced, terminating or re-marked since (another
 replica cleared its marks because it got busy) is left alone.
 
-Results: done, blocked (a PodDisruptionBudget says not now: HTTP 429), gone (deleted meanwhile),
-stale (changed since the decision), forbidden (RBAC: the log names the permission), conflict
-(changed meanwhile, after retries), error.
+Then every write is fenced by the API server itself, with the object's resourceVersion as the
+fencing token: each write derives from the read it was decided on, or from this replica's own
+write just before it, and says so to the server.
+- A pod's annotation patch carries ``metadata.resourceVersion`` of the re-read (or of the mark
+  this action wrote a moment before), so marks, warnings and clears chain: a decision taken
+  before any of them cannot land after them.
+- The eviction carries ``deleteOptions.preconditions`` {uid, resourceVersion} of the pod as this
+  action's own reclaim-reason patch left it.
+- An owner's stop (Job ``suspend``, scale to zero, an owner's switch in adapters.stopper)
+  carries the resourceVersion of the owner read just before it.
+A change by anyone in between (a new leader clearing the marks of a pod that got busy) makes
+the write fail with 409 Conflict. That is never retried here: the action is ``fenced``, and the
+next cycle decides again from what it reads then. On top, every write request passes the
+Lease's local deadline (adapters.lease ``may_write``); one refused there raises LeaseLost to
+the loop, which stops the cycle's writes.
+
+Results: done, blocked (a PodDisruptionBudget says not now: HTTP 429), gone (deleted
+meanwhile), stale (changed since the decision), fenced (the server refused a write on its
+resourceVersion: HTTP 409), forbidden (RBAC: the log names the permission), error.
 """
 
 from __future__ import annotations
@@ -17,12 +33,13 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.stopper import Switches
+from gpusteward.adapters.errors import LeaseLost
+from gpusteward.adapters.stopper import Stale, Switches
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import (
@@ -36,6 +53,7 @@ from gpusteward.core.reclaim.model import (
     ActionKind,
     ActResult,
     How,
+    Owner,
 )
 from gpusteward.core.reclaim.recheck import changed, eviction_grace
 from gpusteward.core.times import stamp
@@ -46,6 +64,7 @@ EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
                 ActionKind.CLEAR: "GPUActive", ActionKind.RECLAIM: "GPUReclaimed",
                 ActionKind.BLOCK: "GPUReclaimBlocked"}
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
+FENCED_EVENT_REASON = "GPUReclaimFenced"
 PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs",
               How.SCALE: "patch apps/deployments and apps/statefulsets",
               How.ANNOTATE: "patch pods", How.DEACTIVATE: "patch kueue.x-k8s.io/workloads",
@@ -55,6 +74,13 @@ EVENT_PERMISSION = "create events"
 RETRIES_ON_CONFLICT = 3
 T = TypeVar("T")
 CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
+
+
+class Fresh(NamedTuple):
+    """The acting pod as the re-check read it: what its writes are fenced on."""
+
+    version: str  # its resourceVersion
+    grace: int | None  # its own terminationGracePeriodSeconds
 
 
 class Actor:
@@ -69,7 +95,11 @@ class Actor:
         self.instance = socket.gethostname()
 
     async def apply(self, action: Action) -> ActResult:
-        result = await _guard(action, self._carry_out(action))
+        """The action's result. LeaseLost (this replica may no longer write) propagates."""
+        try:
+            result = await self._carry_out(action)
+        except ApiException as e:
+            result = _log_refusal(action, e, PERMISSION[action.how or How.ANNOTATE])
         if result == ActResult.DONE:
             await self.event(action, EVENT_REASON[action.kind], action.message,
                              warning=action.kind == ActionKind.BLOCK)
@@ -77,25 +107,35 @@ class Actor:
             await self.event(action, BLOCKED_EVENT_REASON,
                              f"eviction refused by a PodDisruptionBudget; retrying next cycle "
                              f"({action.message})", warning=True)
+        elif result == ActResult.FENCED:
+            await self.event(action, FENCED_EVENT_REASON,
+                             f"{action.kind} not carried out: the API server refused it because "
+                             f"the object changed since gpusteward read it (HTTP 409); the next "
+                             f"cycle decides again ({action.message})", warning=True)
         return result
 
     async def _carry_out(self, action: Action) -> ActResult:
-        own_grace, stale = await self._recheck(action)
-        if stale:
+        fresh = await self._recheck(action)
+        if fresh is None:
             return ActResult.STALE
-        if action.kind == ActionKind.RECLAIM:
-            await self._reclaim(action, own_grace)
-        else:
-            stage = {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
-                     ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block}
-            await stage[action.kind](action)
+        try:
+            if action.kind == ActionKind.RECLAIM:
+                await self._reclaim(action, fresh)
+            else:
+                stage = {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
+                         ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block}
+                await stage[action.kind](action, fresh.version)
+        except Stale as e:
+            log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
+                        "%s", action.pod.key, action.kind, e)
+            return ActResult.STALE
         return ActResult.DONE
 
-    async def _recheck(self, action: Action) -> tuple[int | None, bool]:
-        """(the pod's own terminationGracePeriodSeconds, whether the action is stale: the cluster
-        changed since the decision). The acting pod and, for a workload, every pod the decision
-        rests on; the acting pod gone raises the API's 404."""
-        own: int | None = None
+    async def _recheck(self, action: Action) -> Fresh | None:
+        """The acting pod as it is now; None when the action is stale (the cluster changed
+        since the decision). The acting pod and, for a workload, every pod the decision rests
+        on; the acting pod gone raises the API's 404."""
+        own: Fresh | None = None
         for decided in (action.pod, *action.peers):
             try:
                 fresh = await self.core.read_namespaced_pod(decided.name, decided.namespace,
@@ -112,72 +152,92 @@ class Actor:
             if why:
                 log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
                             "%s", action.pod.key, action.kind, why)
-                return None, True
+                return None
             if fresh is not None and decided is action.pod:
-                own = fresh.spec.termination_grace_period_seconds
-        return own, False
+                own = Fresh(fresh.metadata.resource_version,
+                            fresh.spec.termination_grace_period_seconds)
+        return own
 
-    async def _annotate(self, action: Action, annotations: dict[str, str | None]) -> None:
-        await self.core.patch_namespaced_pod(action.pod.name, action.pod.namespace,
-                                             {"metadata": {"annotations": annotations}},
-                                             _request_timeout=CALL_TIMEOUT)
+    async def _annotate(self, action: Action, annotations: dict[str, str | None],
+                        version: str) -> str:
+        """Patch the pod's annotations on the resourceVersion given; the one it has after."""
+        pod = await self.core.patch_namespaced_pod(
+            action.pod.name, action.pod.namespace,
+            {"metadata": {"resourceVersion": version, "annotations": annotations}},
+            _request_timeout=CALL_TIMEOUT)
+        written: str = pod.metadata.resource_version
+        return written
 
-    async def _mark(self, action: Action) -> None:
-        await self._annotate(action, {IDLE_SINCE: stamp(self.clock())})
+    async def _mark(self, action: Action, version: str) -> None:
+        await self._annotate(action, {IDLE_SINCE: stamp(self.clock())}, version)
 
-    async def _warn(self, action: Action) -> None:
+    async def _warn(self, action: Action, version: str) -> None:
         assert action.reclaim_at is not None
-        await self._annotate(action, {RECLAIM_AT: stamp(action.reclaim_at)})
+        await self._annotate(action, {RECLAIM_AT: stamp(action.reclaim_at)}, version)
 
-    async def _clear(self, action: Action) -> None:
-        await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None})
+    async def _clear(self, action: Action, version: str) -> None:
+        await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None}, version)
 
-    async def _block(self, action: Action) -> None:
-        await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]})
+    async def _block(self, action: Action, version: str) -> None:
+        await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]},
+                             version)
 
-    async def _reclaim(self, action: Action, own_grace: int | None) -> None:
+    async def _reclaim(self, action: Action, fresh: Fresh) -> None:
+        """The reason first, on the pod as re-read; then the stop, fenced on the pod as that
+        patch left it (eviction) or on the owner as read just before (the owner's stops)."""
         assert action.owner is not None
-        await self._annotate(action, {RECLAIM_REASON: f"{action.reason}: {action.message}"})
-        owner = action.owner
+        version = await self._annotate(
+            action, {RECLAIM_REASON: f"{action.reason}: {action.message}"}, fresh.version)
+        owner, at = action.owner, stamp(self.clock())
         if owner.how:  # the owner's own switch (core.reclaim.kinds)
-            await self.switches.stop(owner, action.reason, stamp(self.clock()))
+            await self.switches.stop(owner, action.reason, at)
         elif action.how == How.EVICT:
-            await self._evict(action, own_grace)
+            await self._evict(action, fresh.grace, version)
         elif action.how == How.SUSPEND:
-            await self.batch.patch_namespaced_job(owner.name, owner.namespace, {
-                "metadata": {"annotations": {RECLAIM_REASON: action.reason,
-                                             RECLAIMED_AT: stamp(self.clock())}},
-                "spec": {"suspend": True}}, _request_timeout=CALL_TIMEOUT)
+            await self._suspend(owner, action.reason, at)
         elif action.how == How.SCALE:
-            await self._scale_to_zero(owner.kind, owner.namespace, owner.name, action.reason)
+            await self._scale_to_zero(owner, action.reason, at)
         else:
             raise ValueError(f"no way to reclaim by {action.how!r}")
 
-    async def _evict(self, action: Action, own_grace: int | None) -> None:
+    async def _evict(self, action: Action, own_grace: int | None, version: str) -> None:
         grace = eviction_grace(action.pod, own_grace, self.policy)
         log.info("pod=%s evicting with a %ds grace period (its own: %s)", action.pod.key, grace,
                  "unset" if own_grace is None else f"{own_grace}s")
         body = client.V1Eviction(
             metadata=client.V1ObjectMeta(name=action.pod.name, namespace=action.pod.namespace),
-            delete_options=client.V1DeleteOptions(grace_period_seconds=grace))
+            delete_options=client.V1DeleteOptions(
+                grace_period_seconds=grace,
+                preconditions=client.V1Preconditions(uid=action.pod.uid,
+                                                     resource_version=version)))
         await self.core.create_namespaced_pod_eviction(action.pod.name, action.pod.namespace,
                                                        body, _request_timeout=CALL_TIMEOUT)
 
-    async def _scale_to_zero(self, kind: str, namespace: str, name: str, reason: str) -> None:
-        """Record the replicas and scale to zero in one patch, guarded by resourceVersion."""
-        read, patch = workload_api(self.apps, kind)
+    async def _suspend(self, owner: Owner, reason: str, at: str) -> None:
+        """Suspend the Job as read just now; one already suspended was suspended by someone
+        else (a queue controller) since the decision, and is not gpusteward's to record."""
+        job = await self.batch.read_namespaced_job(owner.name, owner.namespace,
+                                                   _request_timeout=CALL_TIMEOUT)
+        if job.spec.suspend:
+            raise Stale(f"Job {owner.namespace}/{owner.name} is already suspended")
+        await self.batch.patch_namespaced_job(owner.name, owner.namespace, {
+            "metadata": {"resourceVersion": job.metadata.resource_version,
+                         "annotations": {RECLAIM_REASON: reason, RECLAIMED_AT: at}},
+            "spec": {"suspend": True}}, _request_timeout=CALL_TIMEOUT)
 
-        async def attempt() -> None:
-            obj = await read(name, namespace, _request_timeout=CALL_TIMEOUT)
-            before = obj.spec.replicas or 0
-            await patch(name, namespace, {
-                "metadata": {"resourceVersion": obj.metadata.resource_version,
-                             "annotations": {REPLICAS_BEFORE: str(before),
-                                             RECLAIM_REASON: scaled_reason(reason, before),
-                                             RECLAIMED_AT: stamp(self.clock())}},
-                "spec": {"replicas": 0}}, _request_timeout=CALL_TIMEOUT)
-
-        await retry_on_conflict(attempt)
+    async def _scale_to_zero(self, owner: Owner, reason: str, at: str) -> None:
+        """Record the replicas and scale to zero in one patch, fenced on the read."""
+        read, patch = workload_api(self.apps, owner.kind)
+        obj = await read(owner.name, owner.namespace, _request_timeout=CALL_TIMEOUT)
+        before = obj.spec.replicas or 0
+        if before == 0:
+            raise Stale(f"{owner.kind} {owner.namespace}/{owner.name} is already at 0 replicas")
+        await patch(owner.name, owner.namespace, {
+            "metadata": {"resourceVersion": obj.metadata.resource_version,
+                         "annotations": {REPLICAS_BEFORE: str(before),
+                                         RECLAIM_REASON: scaled_reason(reason, before),
+                                         RECLAIMED_AT: at}},
+            "spec": {"replicas": 0}}, _request_timeout=CALL_TIMEOUT)
 
     async def event(self, action: Action, reason: str, message: str,
                     warning: bool = False) -> None:
@@ -197,6 +257,9 @@ class Actor:
                                                     _request_timeout=CALL_TIMEOUT)
         except ApiException as e:
             _log_refusal(action, e, EVENT_PERMISSION)
+        except LeaseLost as e:
+            log.warning("pod=%s Event %s not written, this replica may no longer write: %s",
+                        pod.key, reason, e)
 
 
 async def retry_on_conflict(attempt: Callable[[], Awaitable[T]]) -> T:
@@ -227,13 +290,6 @@ def scaled_reason(reason: str, replicas: int) -> str:
     return f"{reason}: scaled from {replicas} to 0"
 
 
-async def _guard(action: Action, work: Awaitable[ActResult]) -> ActResult:
-    try:
-        return await work
-    except ApiException as e:
-        return _log_refusal(action, e, PERMISSION[action.how or How.ANNOTATE])
-
-
 def _log_refusal(action: Action, e: ApiException, permission: str) -> ActResult:
     pod = action.pod.key
     if e.status == 429:
@@ -247,8 +303,9 @@ def _log_refusal(action: Action, e: ApiException, permission: str) -> ActResult:
                   pod, action.kind, permission, e.reason)
         return ActResult.FORBIDDEN
     if e.status == 409:
-        log.warning("pod=%s %s conflicted with a concurrent change; next cycle re-reads it",
-                    pod, action.kind)
-        return ActResult.CONFLICT
+        log.warning("pod=%s %s fenced: the API server refused the write, the object changed "
+                    "since it was read (HTTP 409 %s); the next cycle reads it again", pod,
+                    action.kind, e.reason)
+        return ActResult.FENCED
     log.error("pod=%s %s failed: HTTP %s %s", pod, action.kind, e.status, e.reason)
     return ActResult.ERROR

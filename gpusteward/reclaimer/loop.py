@@ -1,9 +1,15 @@
 """The reclaim cycle: read a snapshot, decide (pure), log the evidence, act as the mode allows.
 
-Every write passes the Fence first (the API server confirms this replica still holds the Lease),
-no decision older than ``decision_ttl`` is carried out, and a reclaim is recorded in the ledger
-as an intent before it is attempted (write-ahead), so a crash between the two still counts it
-against the per-hour limits.
+Every action passes the Fence first (the API server confirms this replica still holds the
+Lease), every write request the Lease's local deadline (a LeaseLost from inside a write stops the
+cycle's writes like a failed Fence), and every write is fenced by the API server on the
+resourceVersion it was derived from (reclaimer.actor). No decision older than ``decision_ttl`` is
+carried out, and a reclaim is recorded in the ledger as an intent before it is attempted
+(write-ahead), so a crash between the two still counts it against the per-hour limits.
+
+A replica that has just taken the Lease re-derives every mark in a cycle of its own before it
+reclaims anything: its first cycle as leader marks, warns and clears, and holds its reclaims
+back (``deferred``), so nothing is stopped on the strength of marks it has not decided itself.
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ class Reclaimer:
     fence: Fence | None = None
     _ledger_read: bool = False
     _ledger_behind: bool = False
+    _new_leader: bool = False  # its first cycle since taking the Lease: reclaims wait
     decisions: DecisionLog = field(default_factory=DecisionLog)
     snoozes: SnoozeBook = field(default_factory=SnoozeBook)
     selfservice: SelfService | None = None  # answers restore requests (none: they wait)
@@ -130,8 +137,10 @@ class Reclaimer:
         return max(float(self.policy.reclaim.interval), 30.0)
 
     def reread_ledger(self) -> None:
-        """On taking the Lease: another replica may have reclaimed since this one last led."""
+        """On taking the Lease: another replica may have reclaimed since this one last led, and
+        marked pods this one has not judged; the first cycle re-derives the marks."""
         self._ledger_read = False
+        self._new_leader = True
         self.snoozes.loaded = self.snoozes.store is None
 
     async def cycle(self) -> Plan:
@@ -148,10 +157,11 @@ class Reclaimer:
         decided = plan(snap, self.policy)
         logged = audit(decided, snap, self.decisions)
         results = await self._act_all(decided.actions, snap.now)
+        self._new_leader = False
         if self.outbox is not None:
             self.outbox.offer(notice.from_cycle(decided, results, snap.owners, self.policy,
                                                 snap.now))
-        await self.snoozes.settle(decided.snoozes, snap.now, self.mode != "observe",
+        await self.snoozes.settle(decided.snoozes, snap.now, self.mode != ReclaimMode.OBSERVE,
                                   self._fenced)
         await self._restore(decided)
         await self._write_ledger()
@@ -171,6 +181,9 @@ class Reclaimer:
         except Halt as h:
             log.warning("restore requests not answered (%s): %s", h.result, h)
             return
+        except LeaseLost as e:
+            log.warning("restore requests not answered (fenced): %s", e)
+            return
         for ask, result, _ in answered:
             self.metrics.restores.labels(ask.team, result).inc()
         if self.outbox is not None:
@@ -183,6 +196,8 @@ class Reclaimer:
         for action in actions:
             if action.kind not in WRITES[self.mode]:
                 result = ActResult.SKIPPED
+            elif action.kind == ActionKind.RECLAIM and self._new_leader:
+                result = ActResult.DEFERRED
             elif halt is not None:
                 result = halt.result
             else:
@@ -212,11 +227,14 @@ class Reclaimer:
             raise Halt(ActResult.STALE,
                        f"decided {age:.0f}s ago, longer than {self.decision_ttl:g}s")
         await self._fenced()
-        if action.kind != ActionKind.RECLAIM:
-            return await self.writer.apply(action)
-        intent = PastAction(self.clock(), action.team, action.pod.key, PastState.INTENT)
-        await self._record(intent)
-        result = await self.writer.apply(action)
+        try:
+            if action.kind != ActionKind.RECLAIM:
+                return await self.writer.apply(action)
+            intent = PastAction(self.clock(), action.team, action.pod.key, PastState.INTENT)
+            await self._record(intent)
+            result = await self.writer.apply(action)
+        except LeaseLost as e:  # a write refused by the Lease's deadline: the intent counts
+            raise Halt(ActResult.FENCED, str(e)) from e
         self._settle(intent, result)
         return result
 
@@ -291,6 +309,9 @@ class Reclaimer:
                     await self.cycle()
             except asyncio.CancelledError:
                 raise
+            except LeaseLost as e:  # a write refused by the Lease's deadline
+                self.metrics.cycles.labels("fenced").inc()
+                log.warning("reclaim cycle stopped, this replica may no longer write: %s", e)
             except Exception:
                 self.metrics.cycles.labels("error").inc()
                 log.exception("reclaim cycle failed; nothing more is done until the next cycle")

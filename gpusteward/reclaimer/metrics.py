@@ -31,7 +31,8 @@ class ReclaimerMetrics:
                                "Time for one read-decide-act cycle.", registry=r,
                                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
         self.cycles = Counter("gpusteward_reclaimer_cycles_total",
-                              "Cycles by result (ok, halted: no telemetry, error).", ["result"],
+                              "Cycles by result (ok, halted: no telemetry, fenced: a write "
+                              "refused by the Lease's deadline stopped it, error).", ["result"],
                               registry=r)
         self.idle_seconds = Counter("gpusteward_idle_gpu_seconds_total",
                                     "GPU-seconds held idle, by team.", ["team"], registry=r)
@@ -52,8 +53,9 @@ class ReclaimerMetrics:
                                      "ConfigMap (retried after the next cycle).", registry=r)
         self.fenced = Counter("gpusteward_reclaimer_fenced_actions_total",
                               "Writes not carried out because this replica could not confirm "
-                              "it holds the Lease (why=fenced) or the decision no longer "
-                              "matched the cluster (why=stale).", ["why"], registry=r)
+                              "it holds the Lease or the API server refused the write on its "
+                              "resourceVersion, HTTP 409 (why=fenced), or the decision no "
+                              "longer matched the cluster (why=stale).", ["why"], registry=r)
         self.restores = Counter("gpusteward_reclaimer_restores_total",
                                 "Self-service restore requests (gpusteward.io/restore) by team "
                                 "and result (restored, refused, stale, skipped, error).",

@@ -16,7 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpusteward.adapters.errors import ListenError
-from gpusteward.adapters.kube import connect
+from gpusteward.adapters.kube import GatedClient, connect
 from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
@@ -90,7 +90,7 @@ async def serve(settings: ReclaimerSettings) -> int:
         await api.close()
 
 
-async def _serve_forever(reclaimer: Reclaimer, api: client.ApiClient,
+async def _serve_forever(reclaimer: Reclaimer, api: GatedClient,
                          settings: ReclaimerSettings) -> int:
     runner = web.AppRunner(_metrics_app(reclaimer), access_log=None)
     await runner.setup()
@@ -116,13 +116,15 @@ async def _serve_forever(reclaimer: Reclaimer, api: client.ApiClient,
     return 1 if failed else 0
 
 
-async def _lead(reclaimer: Reclaimer, api: client.ApiClient, settings: ReclaimerSettings) -> None:
-    """Only the Lease holder cycles. Every write checks the Lease with the API server first
-    (the guard is the reclaimer's fence); a holder that cannot renew cancels its cycles."""
+async def _lead(reclaimer: Reclaimer, api: GatedClient, settings: ReclaimerSettings) -> None:
+    """Only the Lease holder cycles. Every action checks the Lease with the API server first
+    (the guard is the reclaimer's fence), every write request its local deadline (the client's
+    gate); a holder that cannot renew cancels its cycles."""
     identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
     guard = LeaseGuard(api, settings.lease_namespace, settings.lease_name, identity,
                        settings.lease_duration)
     reclaimer.fence = guard
+    api.gate = guard.may_write
     try:
         while True:
             log.info("waiting for the Lease %s/%s as %s", settings.lease_namespace,

@@ -77,17 +77,23 @@ def job_pod_running(ns, job: str) -> None:
         and p["status"].get("phase") == "Running"], timeout=60)
 
 
-async def test_an_idle_notebook_is_stopped_by_its_annotation_and_restored(sandbox, ns,
-                                                                          reclaimer):
+def idle_notebook(ns, node: str) -> str:  # noqa: ANN001
+    """Notebook nb and the StatefulSet of one idle GPU pod it owns, as the notebook controller
+    makes it; the Notebook's path."""
     notebook = create(ns, "kubeflow.org/v1", "notebooks", "Notebook", "nb")
-    pod = gpu_pod("x", 1, util="0", node="h100-1", labels={"nb": "x"})
+    pod = gpu_pod("x", 1, util="0", node=node, labels={"nb": "x"})
     ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/statefulsets", {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "nb", "ownerReferences": owned_by(notebook)},
         "spec": {"replicas": 1, "serviceName": "nb", "selector": {"matchLabels": {"nb": "x"}},
                  "template": {"metadata": pod["metadata"], "spec": pod["spec"]}}})
+    return f"/apis/kubeflow.org/v1/namespaces/{ns.name}/notebooks/nb"
+
+
+async def test_an_idle_notebook_is_stopped_by_its_annotation_and_restored(sandbox, ns,
+                                                                          reclaimer):
+    path = idle_notebook(ns, "h100-1")
     ns.running("nb-0")  # the real StatefulSet controller's pod: pod -> StatefulSet -> Notebook
-    path = f"/apis/kubeflow.org/v1/namespaces/{ns.name}/notebooks/nb"
     rec = await reclaimer("enforce")
     await cycle_until(rec, "Notebook stopped", lambda: NOTEBOOK_STOPPED in (
         ns.api.get(path)["metadata"].get("annotations") or {}), timeout=TIMEOUT)

@@ -83,20 +83,21 @@ MakeReclaimer = Callable[..., Awaitable[Reclaimer]]
 
 @pytest.fixture
 async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
-    """reclaimer(mode, box=sandbox, policy=None, ledger=None, prometheus_url=None, snoozes=None)
-    -> a Reclaimer wired to a sandbox by the command's own ``build_reclaimer`` (``ledger``,
-    ``snoozes``: ConfigMaps in kube-system, else the records live in memory; ``prometheus_url``:
-    another Prometheus than the sandbox's); each test steps its cycles itself."""
+    """reclaimer(mode, box=sandbox, policy=None, ledger=None, prometheus_url=None, snoozes=None,
+    kubeconfig=None) -> a Reclaimer wired to a sandbox by the command's own ``build_reclaimer``
+    (``ledger``, ``snoozes``: ConfigMaps in kube-system, else the records live in memory;
+    ``prometheus_url``: another Prometheus than the sandbox's; ``kubeconfig``: another way to
+    the API server, e.g. through tests.support.apiproxy); each test steps its cycles itself."""
     clients = []
 
     async def make(mode: str = "enforce", box: Sandbox = sandbox, policy: Policy | None = None,
                    ledger: str | None = None, prometheus_url: str | None = None,
-                   snoozes: str | None = None) -> Reclaimer:
+                   snoozes: str | None = None, kubeconfig: Path | None = None) -> Reclaimer:
         settings = ReclaimerSettings(
             policy=policy or load_policy(box.cfg.policy), mode=ReclaimMode(mode),
             prometheus=PrometheusConnection(prometheus_url or box.prometheus_url),
             lease_namespace="kube-system", ledger=ledger, snoozes=snoozes,
-            kubeconfig=str(box.kubeconfig))
+            kubeconfig=str(kubeconfig or box.kubeconfig))
         api = await connect(settings.kubeconfig)
         clients.append(api)
         return build_reclaimer(settings, api, prometheus_attempts=1)

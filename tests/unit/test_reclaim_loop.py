@@ -221,3 +221,43 @@ async def test_future_dated_entries_count_from_now_and_are_stored_so():
     rec.reader.snap = msgspec.structs.replace(rec.reader.snap, now=clock.now)
     await rec.cycle()
     assert rec.reader.recent == []  # an hour after "now", not ten hours later
+
+
+class LosesTheLeaseMidWrite(Writer):
+    """The Lease's local deadline refuses a write request from inside the action (the client's
+    gate raises LeaseLost), after ``allow`` actions went through."""
+
+    def __init__(self, allow: int) -> None:
+        super().__init__()
+        self.allow = allow
+
+    async def apply(self, action: Action) -> str:
+        if len(self.applied) >= self.allow:
+            raise LeaseLost("last renewal 4.1s ago, past the 3.75s write deadline")
+        return await super().apply(action)
+
+
+async def test_a_write_refused_by_the_lease_deadline_stops_the_rest_of_the_cycle():
+    writer = LosesTheLeaseMidWrite(allow=1)
+    rec = reclaimer([gpu_pod("fresh-a"), gpu_pod("fresh-b"), gpu_pod("fresh-c")], writer=writer)
+    await rec.cycle()
+    assert len(writer.applied) == 1
+    assert fenced(rec, "fenced") == 2  # the refused write and the one after it
+
+
+async def test_a_reclaim_refused_by_the_lease_deadline_leaves_its_intent_counting():
+    ledger = Ledger()
+    rec = reclaimer([warned("due")], ledger=ledger, writer=LosesTheLeaseMidWrite(allow=0))
+    await rec.cycle()
+    assert [a.state for a in ledger.entries] == [PastState.INTENT]
+
+
+async def test_a_new_leader_marks_in_its_first_cycle_and_reclaims_only_in_the_next():
+    writer = Writer()
+    rec = reclaimer([warned("due"), gpu_pod("fresh")], writer=writer)
+    rec.reread_ledger()  # what _lead does on taking the Lease
+    await rec.cycle()
+    assert writer.applied == [("mark", "fresh")]
+    assert rec.metrics.actions.labels("reclaim", "idle", "ml", "deferred")._value.get() == 1
+    await rec.cycle()
+    assert ("reclaim", "due") in writer.applied

@@ -74,9 +74,12 @@ class ActResult(StrEnum):
     BLOCKED = "blocked"  # a PodDisruptionBudget said not now (HTTP 429)
     GONE = "gone"  # deleted meanwhile
     STALE = "stale"  # the cluster changed since the decision, or the decision is too old
-    FENCED = "fenced"  # this replica no longer holds the Lease
+    # This replica no longer holds the Lease or is past its write deadline, or the API server
+    # refused the write on its resourceVersion (HTTP 409: the object changed since it was read)
+    FENCED = "fenced"
+    DEFERRED = "deferred"  # a reclaim in a new leader's first cycle: it re-derives marks first
     FORBIDDEN = "forbidden"  # RBAC
-    CONFLICT = "conflict"  # changed meanwhile, after retries
+    CONFLICT = "conflict"  # the per-hour ledger was written by someone else meanwhile
     ERROR = "error"
 
 
