@@ -21,8 +21,9 @@ class ExtenderMetrics:
             "Server-side time to answer a scheduler call.",
             ["verb"], buckets=_BUCKETS, registry=r)
         self.requests = Counter(
-            "gpusteward_extender_requests_total", "Scheduler calls by verb and HTTP status.",
-            ["verb", "code"], registry=r)
+            "gpusteward_extender_requests_total",
+            "Scheduler calls by verb and HTTP status; 499: the client hung up before the answer "
+            "(not an error of ours, never sent).", ["verb", "code"], registry=r)
         self.unknown_nodes = Counter(
             "gpusteward_extender_unknown_nodes_total",
             "Nodes in requests that the watch cache did not know yet.", ["verb"], registry=r)
