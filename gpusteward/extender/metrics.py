@@ -45,6 +45,10 @@ class ExtenderMetrics:
             ["reason"], registry=r)
         self.connections_closed = Counter(
             "gpusteward_extender_connections_closed_total",
-            "Connections the extender closed: request_timeout (a request not received and "
-            "answered in time), connection_cap (too many open).", ["reason"], registry=r)
+            "Connections the extender closed: first_byte_timeout (a new connection sent "
+            "nothing in time), header_timeout (a request's headers incomplete in time), "
+            "request_timeout (a request not received and answered in time), idle_evicted (idle "
+            "between requests, closed at the cap for a new one), connection_cap (a new one "
+            "refused: at the cap with every connection inside a request).", ["reason"],
+            registry=r)
         self.nodes = Gauge("gpusteward_extender_nodes", "GPU nodes in the watch cache.", registry=r)
