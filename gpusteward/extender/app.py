@@ -186,7 +186,8 @@ _UNCOUNTED = frozenset({"/healthz", "/readyz", "/metrics"})
 async def _counted(request: web.Request,
                    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                    ) -> web.StreamResponse:
-    """Every scheduler-facing response is counted, whatever produced it (404, 405, a bug)."""
+    """Every scheduler-facing response is counted, whatever produced it (404, 405, a bug), and
+    every request its client abandoned (499, with no answer and no time to answer)."""
     if request.path in _UNCOUNTED:
         return await handler(request)
     ext = request.app[EXTENDER]
@@ -198,15 +199,31 @@ async def _counted(request: web.Request,
     except web.HTTPException as e:
         status = e.status
         raise
-    except Exception:
-        status = 500
-        log.exception("%s request failed", verb)
+    except Exception as e:
+        status = _failure_status(request, verb, e)
         response = web.Response(body=_error("internal error; see the extender's log"),
-                                status=500, content_type=JSON)
+                                status=status, content_type=JSON)  # a 499 is never sent
     finally:
-        ext.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+        if status != CLIENT_ABORTED:
+            ext.metrics.latency.labels(verb).observe(time.perf_counter() - started)
         ext.metrics.requests.labels(verb, str(status)).inc()
     return response
+
+
+CLIENT_ABORTED = 499  # nginx's code: the client closed its connection before the answer
+
+
+def _failure_status(request: web.Request, verb: str, e: Exception) -> int:
+    """499 for a request whose client hung up mid-body (aiohttp's read then fails with "Connection
+    lost"): not our failure, so a debug line and out of the error ratio. 500 for anything else,
+    a bug, logged with its traceback."""
+    transport = request.transport
+    if isinstance(e, ConnectionResetError) and (transport is None or transport.is_closing()):
+        log.debug("%s request from %s abandoned by its client before the answer (499): %s",
+                  verb, request.remote, e)
+        return CLIENT_ABORTED
+    log.exception("%s request failed", verb)
+    return 500
 
 
 Answer = Callable[[PlacementView, wire.ExtenderArgs], Reply]

@@ -48,6 +48,15 @@ def add_extender_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
                    help="after SIGTERM, keep answering this long with readiness off and "
                    "connections closed after each answer, while the pod leaves the Service's "
                    "endpoints (default 5; keep it below terminationGracePeriodSeconds)")
+    p.add_argument("--first-byte-timeout", type=whole_number(1, "seconds"), default=5,
+                   metavar="SECONDS",
+                   help="close a new connection that sends nothing (with TLS: does not finish "
+                   "its handshake) within this (default 5; kube-scheduler writes at once)")
+    p.add_argument("--header-timeout", type=whole_number(1, "seconds"), default=5,
+                   metavar="SECONDS",
+                   help="close a connection whose request headers are not complete this long "
+                   "after their first byte (default 5; the 10 s deadline for the whole request "
+                   "applies too)")
     add_connection_flags(p)
     return p
 
@@ -73,6 +82,8 @@ class ExtenderSettings:
     context: str | None = None
     dra_driver: str = "gpu.nvidia.com"  # the DRA driver whose ResourceSlice devices are GPUs
     shutdown_delay: float = 5.0  # seconds answering after SIGTERM (serve.drain)
+    first_byte_timeout: float = 5.0  # seconds from accept to a connection's first byte
+    header_timeout: float = 5.0  # seconds from a request's first byte to its headers' end
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str]) -> ExtenderSettings:
@@ -85,7 +96,8 @@ class ExtenderSettings:
             max_body_bytes=args.max_body_mb << 20,
             tls=TlsFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file),
             kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver,
-            shutdown_delay=args.shutdown_delay)
+            shutdown_delay=args.shutdown_delay, first_byte_timeout=args.first_byte_timeout,
+            header_timeout=args.header_timeout)
 
 
 def run_extender(args: argparse.Namespace) -> int:

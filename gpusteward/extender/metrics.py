@@ -21,8 +21,9 @@ class ExtenderMetrics:
             "Server-side time to answer a scheduler call.",
             ["verb"], buckets=_BUCKETS, registry=r)
         self.requests = Counter(
-            "gpusteward_extender_requests_total", "Scheduler calls by verb and HTTP status.",
-            ["verb", "code"], registry=r)
+            "gpusteward_extender_requests_total",
+            "Scheduler calls by verb and HTTP status; 499: the client hung up before the answer "
+            "(not an error of ours, never sent).", ["verb", "code"], registry=r)
         self.unknown_nodes = Counter(
             "gpusteward_extender_unknown_nodes_total",
             "Nodes in requests that the watch cache did not know yet.", ["verb"], registry=r)
@@ -44,6 +45,10 @@ class ExtenderMetrics:
             ["reason"], registry=r)
         self.connections_closed = Counter(
             "gpusteward_extender_connections_closed_total",
-            "Connections the extender closed: request_timeout (a request not received and "
-            "answered in time), connection_cap (too many open).", ["reason"], registry=r)
+            "Connections the extender closed: first_byte_timeout (a new connection sent "
+            "nothing in time), header_timeout (a request's headers incomplete in time), "
+            "request_timeout (a request not received and answered in time), idle_evicted (idle "
+            "between requests, closed at the cap for a new one), connection_cap (a new one "
+            "refused: at the cap with every connection inside a request).", ["reason"],
+            registry=r)
         self.nodes = Gauge("gpusteward_extender_nodes", "GPU nodes in the watch cache.", registry=r)

@@ -81,7 +81,9 @@ async def _serve(settings: ExtenderSettings, extender: Extender, tls: ssl.SSLCon
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     host, port = settings.listen
-    listener = await listen(runner, extender, host, port, tls, Transport())
+    transport = Transport(first_byte_timeout=settings.first_byte_timeout,
+                          header_timeout=settings.header_timeout)
+    listener = await listen(runner, extender, host, port, tls, transport)
     stack.push_async_callback(listener.close)
     if tls is not None:
         assert settings.tls.cert and settings.tls.key  # server_tls loaded them
@@ -190,6 +192,10 @@ class Transport:
 
     max_connections: int = 256  # one scheduler keeps a handful; a cap stops a flood
     request_timeout: float = 10.0  # first byte of a request to its answer (headers and body)
+    # A new connection's first byte (TLS: its handshake, then its first byte) and a request's
+    # headers; kube-scheduler writes each at once (--first-byte-timeout, --header-timeout).
+    first_byte_timeout: float = 5.0
+    header_timeout: float = 5.0
     backlog: int = 128
 
 
@@ -250,11 +256,14 @@ async def listen(runner: web.AppRunner, extender: Extender, host: str, port: int
     guard = ConnectionGuard(_counting_errors(runner.server, extender),
                             max_connections=transport.max_connections,
                             request_timeout=transport.request_timeout,
+                            first_byte_timeout=transport.first_byte_timeout,
+                            header_timeout=transport.header_timeout,
                             on_close=lambda reason: closed.labels(reason).inc())
     try:
+        # A client that never starts its handshake is a silent socket: the first-byte deadline.
         server = await asyncio.get_running_loop().create_server(
             guard, host, port, ssl=tls, backlog=transport.backlog,
-            ssl_handshake_timeout=transport.request_timeout if tls else None)
+            ssl_handshake_timeout=transport.first_byte_timeout if tls else None)
     except OSError as e:
         raise ListenError(host, port, e) from e
     return Listener(server, guard, asyncio.create_task(guard.run()))

@@ -147,31 +147,22 @@ async def test_slow_connections_are_closed_and_the_server_keeps_answering(unused
         await runner.cleanup()
 
 
-async def test_connections_over_the_cap_are_refused_not_queued(unused_tcp_port):
-    listener, runner, extender = await start(
-        unused_tcp_port, None, Transport(max_connections=5, request_timeout=60.0))
-    url = f"http://127.0.0.1:{unused_tcp_port}/filter"
+async def test_a_silent_socket_on_the_tls_port_is_closed_after_the_first_byte_deadline(
+        certs, unused_tcp_port):
+    # A TLS client's first byte is its handshake: one never started is a silent socket.
+    tls = server_tls(str(certs / "extender.crt"), str(certs / "extender.key"), None)
+    listener, runner, _ = await start(unused_tcp_port, tls, Transport(first_byte_timeout=1.0))
     try:
-        held = [await asyncio.open_connection("127.0.0.1", unused_tcp_port) for _ in range(5)]
         reader, writer = await asyncio.open_connection("127.0.0.1", unused_tcp_port)
-        assert await asyncio.wait_for(reader.read(), timeout=10) == b""  # closed at once
+        opened = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reader.read(), timeout=10) == b""
+        assert asyncio.get_running_loop().time() - opened < 5
         writer.close()
-        assert extender.metrics.registry.get_sample_value(
-            "gpusteward_extender_connections_closed_total", {"reason": "connection_cap"}) == 1
-        for _, w in held:
-            w.close()
-        for _ in range(50):  # the held connections go away; the server answers again
-            await asyncio.sleep(0.1)
-            if len(listener_open(listener)) < 5:
-                break
-        assert await filter_status(url, None) == 200
+        url = f"https://127.0.0.1:{unused_tcp_port}/filter"
+        assert await filter_status(url, client_tls(certs, None)) == 200
     finally:
         await listener.close()
         await runner.cleanup()
-
-
-def listener_open(listener: Listener) -> set:
-    return listener.guard.open
 
 
 async def peer_subject(port: int, certs: Path) -> str:

@@ -173,6 +173,30 @@ def test_the_new_alerts_fire_on_what_they_promise(
     _promtool_test(tests, tmp_path / "alerts_test.yaml")
 
 
+def test_the_error_alert_counts_failed_calls_not_clients_that_hung_up(
+        rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """A flood of 499s (clients gone before the answer, which anyone who can connect can make)
+    neither fires GpustewardExtenderErrors nor hides real failures: 10 % of calls answered 500
+    beside it fire the alert, at 10 / (60 + 10) of the calls answered."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": _rule_groups(rendered)}))
+    calls = 'gpusteward_extender_requests_total{verb="filter",code="%s"}'
+    flood = [{"series": calls % "200", "values": "0+60x30"},
+             {"series": calls % "499", "values": "0+600x30"}]
+    failing = [*flood, {"series": calls % "500", "values": "0+10x30"}]
+    summary = "{{ $value | humanizePercentage }}"
+    annotations = {k: v.replace(summary, "14.29%") for k, v in
+                   _annotations(rendered, "GpustewardExtenderErrors").items()}
+    tests = {"rule_files": [str(rules)], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": flood, "alert_rule_test": [
+            {"eval_time": "25m", "alertname": "GpustewardExtenderErrors", "exp_alerts": []}]},
+        {"interval": "1m", "input_series": failing, "alert_rule_test": [
+            {"eval_time": "25m", "alertname": "GpustewardExtenderErrors", "exp_alerts": [{
+                "exp_labels": {"severity": "warning"}, "exp_annotations": annotations}]}]},
+    ]}
+    _promtool_test(tests, tmp_path / "errors_test.yaml")
+
+
 def _annotations(rendered: dict[str, list[dict[str, Any]]], alert: str,
                  **labels: str) -> dict[str, str]:
     [rule] = [r for g in _rule_groups(rendered) for r in g["rules"] if r.get("alert") == alert]

@@ -46,8 +46,10 @@ def test_the_extender_settings_carry_every_flag_checked() -> None:
     settings = ExtenderSettings.from_args(parsed(
         "extender", "--policy", EXAMPLE, "--max-body-mb", "4", "--listen", "127.0.0.1:7000",
         "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem",
-        "--prometheus-url", "http://prom:9090"), NO_PROMETHEUS)
+        "--prometheus-url", "http://prom:9090", "--first-byte-timeout", "3",
+        "--header-timeout", "2"), NO_PROMETHEUS)
     assert settings.max_body_bytes == 4 << 20
+    assert (settings.first_byte_timeout, settings.header_timeout) == (3, 2)
     assert settings.listen == ("127.0.0.1", 7000)
     assert (settings.tls.cert, settings.tls.key, settings.tls.client_ca) == (
         "c.pem", "k.pem", None)
