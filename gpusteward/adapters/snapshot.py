@@ -1,9 +1,16 @@
 """Read one reclaim Snapshot: a fixed set of LISTs from the API server and a fixed set of PromQL
-queries (1 freshness query + 2 per idle window), whatever the number of pods."""
+queries (2 freshness queries + 2 per idle window), whatever the number of pods.
+
+Evidence must reach the present: besides the fleet-wide probe (the newest sample of any GPU),
+each GPU's own newest sample is read, and a pod whose stalest GPU has not been sampled for
+longer than the rule allows (``Rule.fresh_within``) is unknown whatever its window's coverage:
+one node's exporter stopping leaves its GPUs' last minutes missing, and the pod may have started
+working in exactly those minutes."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -160,10 +167,13 @@ class SnapshotReader:
             age = await self._telemetry_age(now)
             if age > float(self.policy.telemetry.stale_after):
                 return {}, False, f"newest GPU sample is {age:.0f}s old"
-            found = await asyncio.gather(*(self._window(w, who) for w in needed))
+            newest, *answers = await asyncio.gather(self._newest(), *(
+                self._window(w) for w in needed))
         except TelemetryUnavailable as e:
             return {}, False, str(e)
-        return dict(zip(needed, found, strict=True)), True, ""
+        scrape = float(self.policy.telemetry.scrape_interval)
+        return {w: per_pod(w, peaks, counts, w / scrape, who, newest, now)
+                for w, (peaks, counts) in zip(needed, answers, strict=True)}, True, ""
 
     async def _telemetry_age(self, now: float) -> float:
         result = await self.prometheus.query(NEWEST_SAMPLE)
@@ -172,16 +182,37 @@ class SnapshotReader:
                                       "series (MIG) at all")
         return now - float(result[0]["value"][1])
 
-    async def _window(self, window: float, who: Attribution) -> dict[str, Evidence]:
+    async def _newest(self) -> dict[GpuKey, float]:
+        """Each GPU's newest sample time, keyed as the evidence series are."""
+        result = await self.prometheus.query(newest_query(self.policy.telemetry.node_labels))
+        return {_gpu_key(s["metric"]): float(s["value"][1]) for s in result}
+
+    async def _window(self, window: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         peak_q, count_q = evidence_queries(window, self.policy.telemetry.node_labels)
         peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
                                              self.prometheus.query(count_q))
-        expected = window / float(self.policy.telemetry.scrape_interval)
-        return per_pod(window, peaks, counts, expected, who)
+        return peaks, counts
 
 
 # The agent's per-pod readings of a shared GPU, marked like dcgm-exporter's per-pod copies.
 AGENT_POD_UTIL = "gpusteward_pod_gpu_util"
+
+
+def _agent(expr: str) -> str:
+    """The agent's per-pod series of shared GPUs, labelled ``vgpu="agent"``."""
+    return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
+
+
+def _by_gpu(node_labels: Sequence[str]) -> str:
+    return keeping(["UUID", *gpu_labels(node_labels)])
+
+
+def newest_query(node_labels: Sequence[str]) -> str:
+    """Each GPU's newest sample time (``timestamp`` inside the aggregation, so it is still each
+    sample's time), over the same series and labels as the evidence queries. A series whose
+    exporter stopped has no sample within Prometheus' lookback and is absent: no time at all."""
+    return _by_gpu(node_labels) + (f"(timestamp({WHOLE_GPU_UTIL}) or timestamp({ENGINE_ACTIVE}) "
+                                   f"or {_agent(f'timestamp({AGENT_POD_UTIL})')})")
 
 
 def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, str]:
@@ -189,10 +220,7 @@ def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, st
     pod: the same series in both, so per_pod can pair them by their whole label set. The agent's
     per-pod series of shared GPUs come along, labelled ``vgpu="agent"``."""
     w = f"{int(window)}s"
-    by = keeping(["UUID", *gpu_labels(node_labels)])
-
-    def agent(expr: str) -> str:
-        return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
+    by, agent = _by_gpu(node_labels), _agent
 
     peak = by + (f"({_checked_peak(WHOLE_GPU_UTIL, w)} or "
                  f"({_checked_peak(ENGINE_ACTIVE, w)} * 100) or "
@@ -217,8 +245,11 @@ GpuKey = tuple[tuple[str, str], ...]  # every label of an aggregated evidence se
 
 
 def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, Any]],
-            expected: float, who: Attribution) -> dict[str, Evidence]:
-    """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage.
+            expected: float, who: Attribution, newest: Mapping[GpuKey, float] | None = None,
+            now: float = 0.0) -> dict[str, Evidence]:
+    """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage, and (given
+    each series' ``newest`` sample time) the age of the stalest one at ``now``: a series with no
+    newest sample is infinitely old.
 
     Only series whose pod the API server shows holding GPUs on that node count. On a shared GPU
     a pod's own per-pod series stand for it, whatever else names it there (order-independent).
@@ -239,9 +270,11 @@ def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, A
         chosen = [kinds.get(True) or kinds[False] for kinds in gpus.values()]
         coverage = min(min(1.0, gpu_count.get(k, 0.0) / max(expected, 1.0))
                        for series in chosen for k in series)
+        age = 0.0 if newest is None else now - min(
+            newest.get(k, -math.inf) for series in chosen for k in series)
         out[pod] = Evidence(window=window,
                             peak_percent=peak_of(v for c in chosen for v in c.values()),
-                            coverage=coverage, gpus_seen=len(gpus))
+                            coverage=coverage, gpus_seen=len(gpus), age=age)
     return out
 
 

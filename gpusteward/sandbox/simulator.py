@@ -26,6 +26,10 @@ a 0. Like dcgm-exporter,
 `/metrics` keeps showing a GPU's last XID after the label goes (NVIDIA/dcgm-exporter#500); with
 ``--xid-count-window`` it also exports ``DCGM_EXP_XID_ERRORS_COUNT``, which does drop back.
 
+A node labelled ``sandbox.gpusteward.io/exporter: down`` has an exporter that answers 503 on its
+``/nodes/<node>/metrics`` (a crashed or hung dcgm-exporter pod): its scrape fails and Prometheus
+marks its series stale, while every other node keeps answering.
+
 A DRA pod's GPUs are the devices its claims were allocated, and carry its pod labels as
 dcgm-exporter's DRA mapping adds them; on a node labelled
 ``sandbox.gpusteward.io/exporter-dra-mapping: "off"`` they carry only their UUID.
@@ -69,6 +73,7 @@ from gpusteward.sandbox.scrape import simulator_path
 from gpusteward.sandbox.simgpu import Share, SimGpu, model_name_for_product, render_exposition
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
+EXPORTER_LABEL = "sandbox.gpusteward.io/exporter"  # "down": the node's exporter answers 503
 # `off`: the node's exporter runs without DRA pod mapping, so GPUs allocated through claims carry
 # no pod labels (only their UUID); on, they carry the pod's, as dcgm-exporter's DRA mapping does.
 EXPORTER_DRA_LABEL = "sandbox.gpusteward.io/exporter-dra-mapping"
@@ -246,6 +251,9 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
 
     async def metrics(request: web.Request) -> web.Response:
         """Every node's GPUs, or (``/nodes/{node}/metrics``) one node's, as its exporter."""
+        only = fleet.nodes.get(request.match_info.get("node", ""))
+        if only is not None and only.labels.get(EXPORTER_LABEL) == "down":
+            raise web.HTTPServiceUnavailable(text="exporter down (sandbox fault)")
         now = clock()
         gpus = xids.apply(simulate(fleet, assigner, now, request.match_info.get("node"), dra),
                           now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 
 from gpusteward.adapters.prometheus import PrometheusSource
@@ -32,6 +33,13 @@ def gpus_at(now: float, t: float, i: int) -> list[SimGpu]:
            gpu("n2", 0, "half", 0), gpu("n2", 1, "half", 95)]  # one GPU busy: the pod is busy
     if i % 4 == 0:
         out.append(gpu("n2", 2, "sparse", 0))  # a quarter of the expected samples
+    # Exporters that stopped answering near the window's end, the rest of the fleet still
+    # scraped: 5.5 min ago (past Prometheus' 5 min lookback, so no current sample at all) and
+    # 2 min ago. Their windows keep 82 % and 93 % coverage, above minCoverage 0.8.
+    if t <= now - 330:
+        out.append(gpu("n3", 0, "stopped-early", 0))
+    if t <= now - 120:
+        out.append(gpu("n3", 1, "stopped-late", 0))
     return out
 
 
@@ -49,7 +57,8 @@ def reader(url: str) -> SnapshotReader:
 
 
 def on_node(pod: str, gpus: int = 1):
-    return gpu_pod(pod, gpus=gpus, node="n2" if pod in ("half", "sparse") else "n1")
+    node = ("n2" if pod in ("half", "sparse") else "n3" if pod.startswith("stopped") else "n1")
+    return gpu_pod(pod, gpus=gpus, node=node)
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +80,9 @@ def prometheus(request, prometheus_factory, now):
         pytest.param("half", 2, "busy", id="one-busy-gpu-makes-the-pod-busy"),
         pytest.param("sparse", 1, "unknown", id="low-coverage-is-unknown"),
         pytest.param("missing", 1, "unknown", id="missing-series-is-unknown"),
+        # Evidence must reach the present, whatever the coverage (issue 26).
+        pytest.param("stopped-early", 1, "unknown", id="exporter-stopped-past-the-lookback"),
+        pytest.param("stopped-late", 1, "unknown", id="exporter-stopped-2-minutes-ago"),
     ],
 )
 async def test_evidence_over_the_window(prometheus, now, pod, gpus, state):
@@ -79,6 +91,22 @@ async def test_evidence_over_the_window(prometheus, now, pod, gpus, state):
     assert ok, problem
     rule = rule_for(pods[0], POLICY)
     assert judge(evidence[rule.window].get(f"ml/{pod}"), rule, gpus)[0] == state
+
+
+async def test_a_stopped_exporters_pod_keeps_its_coverage_and_is_held_back_by_its_age(
+        prometheus, now):
+    evidence, _, _ = await reader(prometheus.url).evidence(
+        (on_node("stopped-early"), on_node("stopped-late"), on_node("busy")), now)
+    early, late = evidence[1800.0]["ml/stopped-early"], evidence[1800.0]["ml/stopped-late"]
+    assert early.age == float("inf")  # no sample within the lookback
+    assert 119 <= late.age <= 120 + STEP  # its last sample, on the 15 s grid
+    assert evidence[1800.0]["ml/busy"].age <= 30
+    # judged by a rule their coverage passes (the module's minutes run on since `now`)
+    lenient = msgspec.structs.replace(rule_for(on_node("stopped-late"), POLICY), min_coverage=0.5)
+    for ev in (early, late):
+        assert ev.coverage > 0.6
+        state, why = judge(ev, lenient, 1)
+        assert state == "unknown" and "does not reach the present" in why
 
 
 async def test_peak_and_coverage_are_measured(prometheus, now):
@@ -106,7 +134,8 @@ async def test_queries_per_cycle_do_not_grow_with_the_pods(prometheus, now):
     await r.evidence((gpu_pod("idle"),), now)
     few = r.prometheus.queries_run
     await r.evidence(tuple(gpu_pod(f"p{i}") for i in range(500)), now)
-    assert r.prometheus.queries_run - few == few == 3  # freshness + peak + count, one window
+    # fleet freshness + each GPU's newest sample + peak + count, one window
+    assert r.prometheus.queries_run - few == few == 4
 
 
 @pytest.mark.parametrize(

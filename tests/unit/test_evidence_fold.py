@@ -39,3 +39,35 @@ def test_valid_readings_fold_to_their_peak():
     evidence = per_pod(1800, [series("0", "2"), series("1", "40")],
                        [series("0", "60"), series("1", "30")], expected=60, who=WHO)["ml/p"]
     assert (evidence.peak_percent, evidence.coverage, evidence.gpus_seen) == (40.0, 0.5, 2)
+
+
+def newest(times: dict[str, float]) -> dict:
+    """Each GPU's newest sample time, keyed by its series' labels as the freshness query
+    answers (``adapters.snapshot.newest_query``)."""
+    return {tuple(sorted(series(gpu, "0")["metric"].items())): t for gpu, t in times.items()}
+
+
+def judged(times: dict[str, float], now: float) -> tuple[str, str]:
+    peaks, counts = [series("0", "2"), series("1", "1")], [series("0", "60"), series("1", "60")]
+    evidence = per_pod(1800, peaks, counts, 60, WHO, newest(times), now)["ml/p"]
+    policy = parse_policy({"telemetry": {"scrapeInterval": "30s"}})
+    return judge(evidence, rule_for(pod("p", gpus=2), policy), 2)
+
+
+@pytest.mark.parametrize(("times", "state"), [
+    pytest.param({"0": T - 30, "1": T - 15}, "idle", id="both-gpus-sampled-a-scrape-ago"),
+    pytest.param({"0": T - 90, "1": T}, "idle", id="three-scrapes-old-is-still-fresh"),
+    pytest.param({"0": T - 91, "1": T}, "unknown", id="one-gpu-past-three-scrapes"),
+    pytest.param({"1": T}, "unknown", id="one-gpu-with-no-recent-sample"),
+])
+def test_full_coverage_is_no_evidence_when_one_gpu_stopped_being_sampled(times, state):
+    # Coverage 100 % and a 2 % peak: only the GPU's newest sample says its exporter stopped.
+    got, why = judged(times, now=T)
+    assert got == state, why
+    if state == "unknown":
+        assert "does not reach the present" in why
+
+
+def test_the_freshness_limit_is_never_longer_than_stale_after():
+    policy = parse_policy({"telemetry": {"scrapeInterval": "5m", "staleAfter": "2m"}})
+    assert rule_for(pod("p"), policy).fresh_within == 120

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from enum import StrEnum
 
@@ -89,12 +90,15 @@ class Evidence(msgspec.Struct, frozen=True):
     peak_percent: the highest utilization of any of the pod's GPUs in the window.
     coverage: samples present / samples expected, for the worst-covered GPU (0..1).
     gpus_seen: how many of the pod's GPUs have any series at all.
+    age: seconds since the newest sample of its stalest GPU (inf: one has no recent sample);
+    0 where the source does not say (a replayed history is judged at its own steps).
     """
 
     window: float
     peak_percent: float | None = None
     coverage: float = 0.0
     gpus_seen: int = 0
+    age: float = 0.0
 
 
 class Rule(msgspec.Struct, frozen=True):
@@ -104,6 +108,10 @@ class Rule(msgspec.Struct, frozen=True):
     window: float
     min_coverage: float
     grace: float
+    # Evidence whose stalest GPU was last sampled longer ago than this is unknown, whatever its
+    # coverage: it must reach the present (rules.rule_for: 3 scrape intervals, at most
+    # telemetry.staleAfter).
+    fresh_within: float = math.inf
 
 
 class Switch(msgspec.Struct, frozen=True):

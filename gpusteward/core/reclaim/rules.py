@@ -33,7 +33,19 @@ def rule_for(pod: Pod, policy: Policy) -> Rule:
     assert merged.threshold_percent is not None and merged.window is not None
     assert merged.min_coverage is not None and merged.grace is not None
     return Rule(merged.threshold_percent, float(merged.window), merged.min_coverage,
-                float(merged.grace))
+                float(merged.grace), fresh_within(policy))
+
+
+# A GPU is fresh while its newest sample is at most this many scrape intervals old: one missed
+# scrape is noise, three in a row are an exporter or a scrape that stopped.
+FRESH_SCRAPES = 3
+
+
+def fresh_within(policy: Policy) -> float:
+    """How old a GPU's newest sample may be for its evidence to count: FRESH_SCRAPES scrape
+    intervals, never more than telemetry.staleAfter."""
+    t = policy.telemetry
+    return min(FRESH_SCRAPES * float(t.scrape_interval), float(t.stale_after))
 
 
 def _pick(value, fallback):  # type: ignore[no-untyped-def]
@@ -72,6 +84,11 @@ def judge(evidence: Evidence | None, rule: Rule, gpus: int) -> tuple[VerdictStat
                           "in 0-100%: the exporter or its query is broken")
     if evidence.gpus_seen < gpus:
         return _UNKNOWN, f"telemetry covers {evidence.gpus_seen} of its {gpus} GPUs"
+    if evidence.age > rule.fresh_within:
+        old = "missing" if evidence.age == float("inf") else f"{evidence.age:.0f}s old"
+        return _UNKNOWN, (f"the newest sample of one of its GPUs is {old} (fresh within "
+                          f"{rule.fresh_within:.0f}s): its exporter or scrape stopped, so the "
+                          f"window does not reach the present")
     if evidence.coverage < rule.min_coverage:
         return _UNKNOWN, (f"sample coverage {evidence.coverage:.0%} below "
                           f"{rule.min_coverage:.0%}")
