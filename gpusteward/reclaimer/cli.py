@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser", "run_reclaimer"]
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+LEASE_NAME = "gpusteward-reclaimer"  # kustomize's, and the Helm chart's for a release "gpusteward"
 
 
 def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -43,9 +44,9 @@ def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
                    metavar="HOST:PORT", help="/healthz and /metrics")
     p.add_argument("--lease-namespace", help="namespace of the leader-election Lease "
                    "(default: the pod's namespace, else $POD_NAMESPACE, else default)")
-    p.add_argument("--lease-name", default="gpusteward-reclaimer",
+    p.add_argument("--lease-name", default=LEASE_NAME,
                    help="the leader-election Lease (its ConfigMap <name>-reclaims keeps the "
-                        "last hour's reclaims)")
+                        "last hour's reclaims, <name>-stops what gpusteward stopped)")
     # client-go's rule: the renew deadline (2/3 of it) must exceed 1.2 retry periods (>= 1 s)
     p.add_argument("--lease-duration", type=whole_number(2, "seconds"), default=15,
                    metavar="SECONDS",
@@ -73,10 +74,13 @@ class ReclaimerSettings:
     # None keeps them in this process only.
     snoozes: str | None = None
     notifications: str | None = None
+    # The stop record beside the Lease, which restore trusts: always in the cluster (restore
+    # runs in another process), so a test names its own or shares this one.
+    stops: str = f"{LEASE_NAME}-stops"
     once: bool = False
     metrics_listen: tuple[str, int] = ("0.0.0.0", 8080)
     lease_namespace: str = "default"  # the Lease's, and the ledger's
-    lease_name: str = "gpusteward-reclaimer"
+    lease_name: str = LEASE_NAME
     lease_duration: int = 15
     kubeconfig: str | None = None
     context: str | None = None
@@ -102,6 +106,7 @@ class ReclaimerSettings:
             ledger=ledger_name(args.lease_name),
             snoozes=records_name(args.lease_name, "snoozes"),
             notifications=records_name(args.lease_name, "notifications"),
+            stops=records_name(args.lease_name, "stops"),
             kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver)
 
 
@@ -142,8 +147,8 @@ def ledger_name(lease_name: str) -> str:
 
 
 def records_name(lease_name: str, records: str) -> str:
-    """A ConfigMap of the reclaimer's records beside its Lease (reclaims, snoozes, notifications):
-    RBAC names each one (deploy/)."""
+    """A ConfigMap of the reclaimer's records beside its Lease (reclaims, snoozes, notifications,
+    stops): RBAC names each one (deploy/)."""
     return f"{lease_name}-{records}"
 
 

@@ -34,6 +34,7 @@ from gpusteward.reclaimer.restore import Restorer
 from gpusteward.reclaimer.selfservice import SelfService
 from gpusteward.reclaimer.snoozes import SnoozeBook
 from gpusteward.reclaimer.stopped import stopped, table
+from gpusteward.reclaimer.stops import StopBook
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -54,17 +55,19 @@ def _metrics_app(reclaimer: Reclaimer) -> web.Application:
 def build_reclaimer(settings: ReclaimerSettings, api: client.ApiClient,
                     prometheus_attempts: int = 3, webhooks: Webhooks | None = None) -> Reclaimer:
     """The reclaimer wired to its adapters: snapshots from the API server and Prometheus,
-    actions through the Actor, the last hour's reclaims in the ledger, snoozes and restore
-    requests, and (given ``webhooks`` and sinks) the notification outbox."""
+    actions through the Actor, the last hour's reclaims in the ledger, each stop in the stop
+    record, snoozes and restore requests, and (given ``webhooks`` and sinks) the notification
+    outbox."""
     policy, namespace = settings.policy, settings.lease_namespace
     source = PrometheusSource(settings.prometheus, policy.telemetry, policy.health,
                               attempts=prometheus_attempts)
     ledger = ConfigMapLedger(api, namespace, settings.ledger) if settings.ledger else None
     snoozes = SnoozeBook(ConfigMapRecords(api, namespace, settings.snoozes, SnoozeRecord)
                          if settings.snoozes else None, ObjectEvents(api))
+    stops = StopBook(api, namespace, settings.stops, _catalog(policy))
     reclaimer = Reclaimer(policy, settings.mode,
                           SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
-                          Actor(api, policy), ledger=ledger, snoozes=snoozes,
+                          Actor(api, policy), ledger=ledger, snoozes=snoozes, stops=stops,
                           selfservice=SelfService(api, ObjectEvents(api), _catalog(policy)))
     if webhooks is not None and policy.notifications.sinks and settings.notifications:
         reclaimer.outbox = Outbox(policy.notifications, webhooks, ConfigMapRecords(

@@ -115,6 +115,7 @@ async def test_build_reclaimer_keeps_the_ledger_beside_the_lease(api) -> None:  
     assert reclaimer.mode == "warn"
     assert reclaimer.ledger is not None
     assert reclaimer.ledger.where == "ConfigMap gpu-ops/gpusteward-reclaimer-reclaims"
+    assert reclaimer.stops.where == "ConfigMap gpu-ops/gpusteward-reclaimer-stops"
     in_memory = build_reclaimer(dataclasses.replace(settings, ledger=None), api)
     assert in_memory.ledger is None
 
