@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpusteward.adapters.errors import ListenError
+from gpusteward.adapters.errors import AdapterError, ListenError
 from gpusteward.adapters.kube import connect
 from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.prometheus import PrometheusSource
@@ -68,7 +68,8 @@ def build_reclaimer(settings: ReclaimerSettings, api: client.ApiClient,
     reclaimer = Reclaimer(policy, settings.mode,
                           SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
                           Actor(api, policy), ledger=ledger, snoozes=snoozes, stops=stops,
-                          selfservice=SelfService(api, ObjectEvents(api), _catalog(policy)))
+                          selfservice=SelfService(api, ObjectEvents(api), stops,
+                                                  _catalog(policy)))
     if webhooks is not None and policy.notifications.sinks and settings.notifications:
         reclaimer.outbox = Outbox(policy.notifications, webhooks, ConfigMapRecords(
             api, namespace, settings.notifications, Entry), reclaimer.metrics)
@@ -153,15 +154,17 @@ async def _lead(reclaimer: Reclaimer, api: client.ApiClient, settings: Reclaimer
 
 async def restore(settings: RestoreSettings) -> int:
     api = await connect(settings.kubeconfig, settings.context)
+    catalog = _catalog(settings.policy)
+    stops = StopBook(api, settings.lease_namespace, settings.stops, catalog)
     if settings.list_stopped:
         async with api:
-            print(table(await stopped(api, _catalog(settings.policy))))
+            print(table(await stopped(api, catalog, stops)))
         return 0
     try:
-        print(await Restorer(api, time.time(), _catalog(settings.policy)).restore(
+        print(await Restorer(api, stops, time.time(), catalog).restore(
             settings.namespace, settings.kind, settings.name))
         return 0
-    except ValueError as e:
+    except (ValueError, AdapterError) as e:  # refused, or the stop record is unreadable
         log.error("%s", e)
         return 1
     except ApiException as e:

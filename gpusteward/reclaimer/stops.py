@@ -1,7 +1,7 @@
 """gpusteward's stop record: one entry per workload it stopped (``model.StopEntry``: which
 object, its uid, how, the replicas before a scale to zero, why and when), in the ConfigMap
-``<lease name>-stops`` beside the Lease, kept so that restore can trust it rather than the
-object's annotations, which anyone who can edit the object can write.
+``<lease name>-stops`` beside the Lease. ``restore`` and self-service restore trust it, not the
+object's annotations (core/reclaim/trust.py).
 
 Written ahead (``ahead``): the entry is stored before the stop is attempted, so no stop is made
 that restore could not vouch for; when it cannot be stored the stop is not attempted. An entry

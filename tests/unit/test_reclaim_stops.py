@@ -1,6 +1,6 @@
-"""The stop record restore is to trust (reclaimer/stops.py) through its own seams (the ConfigMap
-records, the object reads), and the loop writing each stop ahead of making it
-(reclaimer/loop.py)."""
+"""Restore trusts only what gpusteward itself recorded: the pure checks (core/reclaim/trust.py),
+the stop record (reclaimer/stops.py) through its own seams (the ConfigMap records, the object
+reads), and the loop writing each stop ahead of making it (reclaimer/loop.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.records import RecordsConflict
+from gpusteward.core.reclaim import trust
 from gpusteward.core.reclaim.model import (
+    RECLAIM_REASON,
+    REPLICAS_BEFORE,
     Action,
     ActionKind,
     How,
@@ -22,6 +25,7 @@ from gpusteward.reclaimer.stops import StopBook, StopRecordError
 from tests.unit.test_reclaim_decide import NOW, gpu_pod, warned
 from tests.unit.test_reclaim_loop import Writer, reclaimer
 
+WHAT = "Deployment ml/serve"
 WHERE = "ConfigMap gpusteward/gpusteward-reclaimer-stops"
 
 
@@ -29,6 +33,45 @@ def entry(name: str = "serve", uid: str = "uid-1", replicas: int | None = 2, kin
           "Deployment", group: str = "apps", how: str = How.SCALE) -> StopEntry:
     plural = {"Deployment": "deployments", "Job": "jobs"}.get(kind, kind.lower() + "s")
     return StopEntry("ml", group, kind, plural, name, uid, how, replicas, "idle", NOW)
+
+
+# --- the decision: which record vouches, which count comes back ------------------------------
+
+@pytest.mark.parametrize(("recorded", "uid", "refusal"), [
+    pytest.param(None, "uid-1", "is not in gpusteward's stop record (ConfigMap gpusteward/",
+                 id="hand-written-annotations-without-a-record"),
+    pytest.param(entry(), "uid-2", "is uid uid-2, but gpusteward stopped uid uid-1",
+                 id="deleted-and-created-again-under-the-same-name"),
+    pytest.param(entry(), "uid-1", "", id="the-object-gpusteward-stopped"),
+])
+def test_only_an_entry_for_this_very_object_vouches_for_a_restore(recorded, uid, refusal):
+    why = trust.unvouched(recorded, uid, WHAT, WHERE)
+    assert (refusal in why) if refusal else why == ""
+
+
+@pytest.mark.parametrize(("annotations", "back", "refusal"), [
+    pytest.param({REPLICAS_BEFORE: "2", RECLAIM_REASON: "idle: scaled from 2 to 0"}, 2, "",
+                 id="annotations-agree"),
+    pytest.param({}, 2, "", id="annotations-removed-the-record-still-says-2"),
+    pytest.param({REPLICAS_BEFORE: "100000", RECLAIM_REASON: "idle: scaled from 100000 to 0"},
+                 0, "'100000' disagrees with gpusteward's stop record (2 replicas)",
+                 id="forged-count-with-a-matching-reason"),
+    pytest.param({REPLICAS_BEFORE: "1"}, 0, "'1' disagrees", id="fewer-is-a-disagreement-too"),
+    pytest.param({REPLICAS_BEFORE: "٣"}, 0, "disagrees", id="arabic-indic-digit"),
+    pytest.param({REPLICAS_BEFORE: "+2"}, 0, "disagrees", id="sign"),
+    pytest.param({REPLICAS_BEFORE: "2", RECLAIM_REASON: "idle: scaled from 9 to 0"}, 0,
+                 "reclaim-reason='idle: scaled from 9 to 0' disagrees", id="reason-edited"),
+])
+def test_a_scale_down_comes_back_to_the_recorded_count_or_not_at_all(annotations, back,
+                                                                      refusal):
+    count, why = trust.replicas_back(entry(), annotations, WHAT)
+    assert count == back
+    assert (refusal in why and "not restored" in why) if refusal else why == ""
+
+
+def test_a_record_without_a_count_restores_no_replicas():
+    count, why = trust.replicas_back(entry(replicas=None), {REPLICAS_BEFORE: "2"}, WHAT)
+    assert count == 0 and "holds no replica count" in why
 
 
 # --- the record: the ConfigMap's semantics and the object reads, faked at the seams ---------
