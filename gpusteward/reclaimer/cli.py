@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser", "run_reclaimer"]
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+LEASE_NAME = "gpusteward-reclaimer"  # kustomize's, and the Helm chart's for a release "gpusteward"
 
 
 def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -41,11 +42,7 @@ def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--once", action="store_true", help="run one cycle and exit (no Lease)")
     p.add_argument("--metrics-listen", type=hostport, default="0.0.0.0:8080",
                    metavar="HOST:PORT", help="/healthz and /metrics")
-    p.add_argument("--lease-namespace", help="namespace of the leader-election Lease "
-                   "(default: the pod's namespace, else $POD_NAMESPACE, else default)")
-    p.add_argument("--lease-name", default="gpusteward-reclaimer",
-                   help="the leader-election Lease (its ConfigMap <name>-reclaims keeps the "
-                        "last hour's reclaims)")
+    add_lease_flags(p)
     # client-go's rule: the renew deadline (2/3 of it) must exceed 1.2 retry periods (>= 1 s)
     p.add_argument("--lease-duration", type=whole_number(2, "seconds"), default=15,
                    metavar="SECONDS",
@@ -57,8 +54,24 @@ def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     restore.add_argument("--list", action="store_true",
                          help="list every workload gpusteward stopped, when, why and how to "
                               "bring it back")
+    add_lease_flags(restore, after=True)
     add_kube_flags(restore)
     return p
+
+
+def add_lease_flags(parser: argparse.ArgumentParser, after: bool = False) -> None:
+    """The Lease and the records beside it: the reclaimer's, and where restore finds the stop
+    record (``<name>-stops``) that it trusts. ``after``: the same flags after ``restore``
+    (no defaults of their own there, so the ones given before it hold)."""
+    unset = argparse.SUPPRESS if after else None
+    parser.add_argument("--lease-namespace", default=unset,
+                        help="namespace of the reclaimer's leader-election Lease and its "
+                             "records (default: the pod's namespace, else $POD_NAMESPACE, else "
+                             "default)")
+    parser.add_argument("--lease-name", default=unset or LEASE_NAME,
+                        help="the leader-election Lease; ConfigMaps beside it: <name>-reclaims "
+                             "(the last hour's reclaims), <name>-stops (what gpusteward "
+                             f"stopped, which restore trusts) ... (default: {LEASE_NAME})")
 
 
 @dataclass(frozen=True)
@@ -73,10 +86,13 @@ class ReclaimerSettings:
     # None keeps them in this process only.
     snoozes: str | None = None
     notifications: str | None = None
+    # The stop record beside the Lease, which restore trusts: always in the cluster (restore
+    # runs in another process), so a test names its own or shares this one.
+    stops: str = f"{LEASE_NAME}-stops"
     once: bool = False
     metrics_listen: tuple[str, int] = ("0.0.0.0", 8080)
     lease_namespace: str = "default"  # the Lease's, and the ledger's
-    lease_name: str = "gpusteward-reclaimer"
+    lease_name: str = LEASE_NAME
     lease_duration: int = 15
     kubeconfig: str | None = None
     context: str | None = None
@@ -102,6 +118,7 @@ class ReclaimerSettings:
             ledger=ledger_name(args.lease_name),
             snoozes=records_name(args.lease_name, "snoozes"),
             notifications=records_name(args.lease_name, "notifications"),
+            stops=records_name(args.lease_name, "stops"),
             kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver)
 
 
@@ -114,17 +131,28 @@ class RestoreSettings:
     policy: Policy | None = None  # --policy: its ownerActions.kinds switches, where it has any
     kubeconfig: str | None = None
     context: str | None = None
+    # Where the reclaimer keeps its stop record, the only thing restore trusts (the Lease's
+    # namespace and name, as the reclaimer is given them).
+    lease_namespace: str = "default"
+    lease_name: str = LEASE_NAME
 
     @property
     def target(self) -> str:
         return f"{self.namespace}/{self.kind}/{self.name}"
 
+    @property
+    def stops(self) -> str:
+        return records_name(self.lease_name, "stops")
+
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RestoreSettings:
-        policy = load_policy(args.policy) if args.policy else None
+    def from_args(cls, args: argparse.Namespace,
+                  env: Mapping[str, str] = os.environ) -> RestoreSettings:
+        common = {"kubeconfig": args.kubeconfig, "context": args.context,
+                  "policy": load_policy(args.policy) if args.policy else None,
+                  "lease_namespace": args.lease_namespace or default_namespace(env),
+                  "lease_name": args.lease_name}
         if args.list:
-            return cls(list_stopped=True, kubeconfig=args.kubeconfig, context=args.context,
-                       policy=policy)
+            return cls(list_stopped=True, **common)
         try:
             namespace, kind, name = (args.target or "").split("/")
         except ValueError:
@@ -132,8 +160,7 @@ class RestoreSettings:
 
             raise SettingsError(f"expected NAMESPACE/KIND/NAME (KIND: {', '.join(known_kinds())})"
                                 f" or --list, got {args.target!r}") from None
-        return cls(namespace, kind, name, kubeconfig=args.kubeconfig, context=args.context,
-                   policy=policy)
+        return cls(namespace, kind, name, **common)
 
 
 def ledger_name(lease_name: str) -> str:
@@ -142,8 +169,8 @@ def ledger_name(lease_name: str) -> str:
 
 
 def records_name(lease_name: str, records: str) -> str:
-    """A ConfigMap of the reclaimer's records beside its Lease (reclaims, snoozes, notifications):
-    RBAC names each one (deploy/)."""
+    """A ConfigMap of the reclaimer's records beside its Lease (reclaims, snoozes, notifications,
+    stops): RBAC names each one (deploy/)."""
     return f"{lease_name}-{records}"
 
 

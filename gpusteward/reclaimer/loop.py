@@ -5,7 +5,9 @@ Lease), every write request the Lease's local deadline (a LeaseLost from inside 
 cycle's writes like a failed Fence), and every write is fenced by the API server on the
 resourceVersion it was derived from (reclaimer.actor). No decision older than ``decision_ttl`` is
 carried out, and a reclaim is recorded in the ledger as an intent before it is attempted
-(write-ahead), so a crash between the two still counts it against the per-hour limits.
+(write-ahead), so a crash between the two still counts it against the per-hour limits. The
+stop it makes is written ahead too, in gpusteward's stop record (``reclaimer.stops``), the only
+thing restore trusts: a stop that cannot be recorded is not made.
 
 A replica that has just taken the Lease re-derives every mark in a cycle of its own before it
 reclaims anything: its first cycle as leader marks, warns and clears, and holds its reclaims
@@ -23,7 +25,7 @@ from typing import Protocol
 
 import msgspec
 
-from gpusteward.adapters.errors import AdapterError, LeaseLost
+from gpusteward.adapters.errors import AdapterError, KubeError, LeaseLost
 from gpusteward.core.policy import Policy, ReclaimMode
 from gpusteward.core.reclaim import notice
 from gpusteward.core.reclaim.decide import plan
@@ -35,6 +37,7 @@ from gpusteward.core.reclaim.model import (
     PastState,
     Plan,
     Snapshot,
+    StopEntry,
     Verdict,
     VerdictState,
 )
@@ -69,6 +72,15 @@ class Ledger(Protocol):
     async def load(self) -> list[PastAction]: ...
 
     async def save(self, actions: list[PastAction]) -> None: ...
+
+
+class StopRecord(Protocol):
+    """What gpusteward stopped, for restore to trust (``reclaimer.stops.StopBook``); raises
+    AdapterError when it cannot be read or written."""
+
+    async def ahead(self, action: Action) -> StopEntry | None: ...
+
+    async def forget(self, entry: StopEntry) -> None: ...
 
 
 class DecisionLog:
@@ -130,6 +142,8 @@ class Reclaimer:
     snoozes: SnoozeBook = field(default_factory=SnoozeBook)
     selfservice: SelfService | None = None  # answers restore requests (none: they wait)
     outbox: Outbox | None = None  # notifications (none: not sent)
+    # Each stop, recorded before it is made (none: not recorded, and restore refuses it).
+    stops: StopRecord | None = None
 
     @property
     def decision_ttl(self) -> float:
@@ -230,13 +244,48 @@ class Reclaimer:
         try:
             if action.kind != ActionKind.RECLAIM:
                 return await self.writer.apply(action)
+            stop, unrecorded = await self._record_stop(action)
+            if unrecorded is not None:
+                return unrecorded
             intent = PastAction(self.clock(), action.team, action.pod.key, PastState.INTENT)
             await self._record(intent)
             result = await self.writer.apply(action)
         except LeaseLost as e:  # a write refused by the Lease's deadline: the intent counts
             raise Halt(ActResult.FENCED, str(e)) from e
         self._settle(intent, result)
+        await self._settle_stop(action, stop, result)
         return result
+
+    async def _record_stop(self, action: Action) -> tuple[StopEntry | None, ActResult | None]:
+        """Write ahead: the stop is in the stop record before it is made, or it is not made
+        (the result then says why)."""
+        if self.stops is None:
+            return None, None
+        try:
+            return await self.stops.ahead(action), None
+        except LeaseLost:
+            raise
+        except AdapterError as e:
+            forbidden = isinstance(e, KubeError) and e.status == 403
+            log.error("pod=%s reclaim not attempted: its stop could not be recorded for restore%s"
+                      ": %s", action.pod.key, " (grant the reclaimer's ServiceAccount what it "
+                      "names)" if forbidden else "", e, extra={"pod": action.pod.key})
+            return None, ActResult.FORBIDDEN if forbidden else ActResult.ERROR
+
+    async def _settle_stop(self, action: Action, stop: StopEntry | None,
+                           result: ActResult) -> None:
+        """Stale: nothing was written, so the entry goes. Any other result may have stopped the
+        owner, even half-way (a KEDA pause taken, its target not scaled): the entry stays."""
+        if stop is None or self.stops is None or result != ActResult.STALE:
+            return
+        try:
+            await self.stops.forget(stop)
+        except LeaseLost as e:
+            log.warning("pod=%s stop record keeps an entry for a stop not made (fenced): %s",
+                        action.pod.key, e)
+        except AdapterError as e:
+            log.warning("pod=%s stop record keeps an entry for a stop not made: %s",
+                        action.pod.key, e)
 
     async def _fenced(self) -> None:
         if self.fence is None:
@@ -252,6 +301,8 @@ class Reclaimer:
         if self.ledger is not None:
             try:
                 await self.ledger.save(ahead)
+            except LeaseLost:
+                raise
             except LedgerConflict as e:
                 self._ledger_read = False  # another writer: re-read and re-decide next cycle
                 raise Halt(ActResult.CONFLICT, f"per-hour ledger changed meanwhile: {e}") from e
@@ -286,7 +337,7 @@ class Reclaimer:
         try:
             await self._fenced()
             await self.ledger.save(self._last_hour(self.recent))
-        except Halt as h:
+        except (Halt, LeaseLost) as h:
             log.warning("per-hour ledger not written: %s", h)
             return
         except LedgerConflict as e:

@@ -1,6 +1,7 @@
 """Self-service restore at the edges: find the workloads whose owner set
 ``gpusteward.io/restore: "true"`` (from the snapshot's LISTs), and carry out the pure decision
-(core/reclaim/selfservice.py) through the same Restorer as ``gpusteward reclaimer restore``.
+(core/reclaim/selfservice.py) through the same Restorer as ``gpusteward reclaimer restore``,
+which trusts gpusteward's own stop record (reclaimer/stops.py), not the annotations.
 
 Each request is taken away (the annotation removed, only while it still says "true") before
 anything else, so it is answered once: restored, or refused with an Event saying why. Only
@@ -16,9 +17,11 @@ from typing import Protocol
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpusteward.adapters.errors import AdapterError
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import RESTORE, RestoreAsk
 from gpusteward.reclaimer.restore import Restorer, RestoreRefused
+from gpusteward.reclaimer.stops import StopBook
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -32,9 +35,9 @@ class Events(Protocol):
 
 
 class SelfService:
-    def __init__(self, api: client.ApiClient, events: Events,
+    def __init__(self, api: client.ApiClient, events: Events, stops: StopBook,
                  catalog: kinds.Catalog = kinds.DEFAULT) -> None:
-        self.restorer = Restorer(api, catalog=catalog)
+        self.restorer = Restorer(api, stops, catalog=catalog)
         self.events = events
         apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
         self.patch = {"Deployment": apps.patch_namespaced_deployment,
@@ -75,9 +78,9 @@ class SelfService:
         except RestoreRefused as e:
             await self.events.emit(ask.key, REFUSED, str(e), warning=True)
             return "refused", str(e)
-        except ApiException as e:
-            message = f"{ask.key} not restored: HTTP {e.status} {e.reason}; set {RESTORE}=true " \
-                      "again to retry"
+        except (ApiException, AdapterError) as e:
+            failed = f"HTTP {e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
+            message = f"{ask.key} not restored: {failed}; set {RESTORE}=true again to retry"
             await self.events.emit(ask.key, REFUSED, message, warning=True)
             return "error", message
         message = f"{done} at its owner's request ({RESTORE}=true)"

@@ -15,7 +15,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpusteward.adapters.errors import ListenError
+from gpusteward.adapters.errors import AdapterError, ListenError
 from gpusteward.adapters.kube import GatedClient, connect
 from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.prometheus import PrometheusSource
@@ -34,6 +34,7 @@ from gpusteward.reclaimer.restore import Restorer
 from gpusteward.reclaimer.selfservice import SelfService
 from gpusteward.reclaimer.snoozes import SnoozeBook
 from gpusteward.reclaimer.stopped import stopped, table
+from gpusteward.reclaimer.stops import StopBook
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -54,18 +55,21 @@ def _metrics_app(reclaimer: Reclaimer) -> web.Application:
 def build_reclaimer(settings: ReclaimerSettings, api: client.ApiClient,
                     prometheus_attempts: int = 3, webhooks: Webhooks | None = None) -> Reclaimer:
     """The reclaimer wired to its adapters: snapshots from the API server and Prometheus,
-    actions through the Actor, the last hour's reclaims in the ledger, snoozes and restore
-    requests, and (given ``webhooks`` and sinks) the notification outbox."""
+    actions through the Actor, the last hour's reclaims in the ledger, each stop in the stop
+    record, snoozes and restore requests, and (given ``webhooks`` and sinks) the notification
+    outbox."""
     policy, namespace = settings.policy, settings.lease_namespace
     source = PrometheusSource(settings.prometheus, policy.telemetry, policy.health,
                               attempts=prometheus_attempts)
     ledger = ConfigMapLedger(api, namespace, settings.ledger) if settings.ledger else None
     snoozes = SnoozeBook(ConfigMapRecords(api, namespace, settings.snoozes, SnoozeRecord)
                          if settings.snoozes else None, ObjectEvents(api))
+    stops = StopBook(api, namespace, settings.stops, _catalog(policy))
     reclaimer = Reclaimer(policy, settings.mode,
                           SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
-                          Actor(api, policy), ledger=ledger, snoozes=snoozes,
-                          selfservice=SelfService(api, ObjectEvents(api), _catalog(policy)))
+                          Actor(api, policy), ledger=ledger, snoozes=snoozes, stops=stops,
+                          selfservice=SelfService(api, ObjectEvents(api), stops,
+                                                  _catalog(policy)))
     if webhooks is not None and policy.notifications.sinks and settings.notifications:
         reclaimer.outbox = Outbox(policy.notifications, webhooks, ConfigMapRecords(
             api, namespace, settings.notifications, Entry), reclaimer.metrics)
@@ -152,15 +156,17 @@ async def _lead(reclaimer: Reclaimer, api: GatedClient, settings: ReclaimerSetti
 
 async def restore(settings: RestoreSettings) -> int:
     api = await connect(settings.kubeconfig, settings.context)
+    catalog = _catalog(settings.policy)
+    stops = StopBook(api, settings.lease_namespace, settings.stops, catalog)
     if settings.list_stopped:
         async with api:
-            print(table(await stopped(api, _catalog(settings.policy))))
+            print(table(await stopped(api, catalog, stops)))
         return 0
     try:
-        print(await Restorer(api, time.time(), _catalog(settings.policy)).restore(
+        print(await Restorer(api, stops, time.time(), catalog).restore(
             settings.namespace, settings.kind, settings.name))
         return 0
-    except ValueError as e:
+    except (ValueError, AdapterError) as e:  # refused, or the stop record is unreadable
         log.error("%s", e)
         return 1
     except ApiException as e:

@@ -55,7 +55,8 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         ("coordination.k8s.io", "leases", "update", "gpusteward-reclaimer"),
         ("", "configmaps", "create", "*"),
         *{("", "configmaps", verb, f"gpusteward-reclaimer-{records}")
-          for verb in ("get", "patch") for records in ("reclaims", "snoozes", "notifications")}},
+          for verb in ("get", "patch")
+          for records in ("reclaims", "snoozes", "notifications", "stops")}},
     "gpusteward-agent": {("", "pods", "list", "*"),
                          ("resource.k8s.io", "resourceslices", "list", "*")},
     "gpusteward-scheduler-lease": {
@@ -208,6 +209,9 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
         ("GET", f"{CONFIGMAPS}/gpusteward-reclaimer-reclaims", None, 200),
         ("PATCH", f"{CONFIGMAPS}/gpusteward-reclaimer-reclaims", {"data": {"reclaims": "[]"}},
          200),
+        # the stop record restore trusts: allowed (past authorization to a 404, not created)
+        ("GET", f"{CONFIGMAPS}/gpusteward-reclaimer-stops", None, 404),
+        ("PATCH", f"{CONFIGMAPS}/gpusteward-reclaimer-stops", {"data": {"stops": "[]"}}, 404),
         # refused: other ConfigMaps, secrets, deleting pods, other Leases, writing nodes,
         # creating pods
         ("GET", "/api/v1/secrets", None, 403),

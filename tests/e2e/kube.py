@@ -174,12 +174,32 @@ def reasons(ns, name: str) -> list[str]:
     return [reason for reason, _ in events(ns, name)]
 
 
+# Where the in-process reclaimers (tests/support/sandbox.py) keep their Lease and the records
+# beside it, the stop record restore trusts among them.
+RECLAIMER_NAMESPACE = "kube-system"
+
+
+def stop_entries(ns: Namespace) -> list[dict[str, Any]]:
+    """The stop record's entries for ``ns``'s workloads (reclaimer/stops.py)."""
+    try:
+        cm = ns.api.get(f"/api/v1/namespaces/{RECLAIMER_NAMESPACE}/configmaps/"
+                        "gpusteward-reclaimer-stops")
+    except KubeHTTPError as e:
+        if e.status == 404:
+            return []
+        raise
+    return [e for e in json.loads(cm.get("data", {}).get("stops") or "[]")
+            if e["namespace"] == ns.name]
+
+
 def restore(kubeconfig: Path, *args: str, policy: Path | None = None
             ) -> subprocess.CompletedProcess[str]:
-    """`gpusteward reclaimer [--policy] restore ARGS` against a sandbox."""
+    """`gpusteward reclaimer [--policy] restore ARGS` against a sandbox, reading the stop
+    record the sandbox's reclaimers keep."""
     flags = [f"--policy={policy}"] if policy else []
     return subprocess.run([sys.executable, "-m", "gpusteward", "reclaimer", *flags, "restore",
-                           *args, f"--kubeconfig={kubeconfig}"],
+                           *args, f"--kubeconfig={kubeconfig}",
+                           f"--lease-namespace={RECLAIMER_NAMESPACE}"],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -1,7 +1,8 @@
 """Faults injected into the reclaimer against the sandbox's real API server (issue 13): a leader
 paused between deciding and acting while a standby takes the Lease and the pod gets busy, the
 Lease deleted under a leader, a leader that cannot renew, a leader killed between recording
-its intent and acting, and `restore` fed annotations it must not trust.
+its intent and acting, and `restore` fed annotations it must not trust: it trusts only the stop
+record gpusteward wrote (issue 25).
 
 The Lease semantics are coordination.k8s.io/v1's (holderIdentity, renewTime,
 leaseDurationSeconds: "a duration that candidates for a lease need to wait to force acquire
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -26,7 +26,9 @@ from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.core.policy import load_policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_REASON, REPLICAS_BEFORE, Action
+from gpusteward.reclaimer.actor import scaled_reason
 from gpusteward.reclaimer.loop import Reclaimer
+from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 from tests.e2e.kube import (
     annotations,
@@ -36,8 +38,12 @@ from tests.e2e.kube import (
     gpu_pod,
     promql,
     reasons,
+    restore,
+    stop_entries,
 )
 from tests.e2e.scenarios import due_pod
+from tests.e2e.test_reclaim import deployment as idle_deployment
+from tests.e2e.test_reclaim import idle_job, running_pods
 
 DURATION = 6  # seconds: renew deadline 3 s, check margin 1.5 s
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases"
@@ -181,10 +187,10 @@ async def test_a_scale_down_rechecks_every_pod_of_the_workload(sandbox, ns, recl
     # Both replicas idle when decided; one gets busy (its marks cleared by another replica)
     # while the leader is held before the write: the Deployment keeps its replicas.
     path = deployment(ns, "serve", 2, {}, node="a100-1", util="0")
-    await until("2 replicas running", lambda: len(running(ns, "serve")) == 2, timeout=90)
+    await until("2 replicas running", lambda: len(running_pods(ns, "serve")) == 2, timeout=90)
     paused, other = await reclaimer("enforce"), await reclaimer("warn")
     gate = Gate()
-    first, second = sorted(p["metadata"]["name"] for p in running(ns, "serve"))
+    first, second = sorted(p["metadata"]["name"] for p in running_pods(ns, "serve"))
     paused.writer = HeldBeforeWrite(paused, None, gate)
     held = asyncio.create_task(cycle_until(paused, "the held cycle", gate.reached.is_set,
                                            timeout=120))
@@ -294,7 +300,9 @@ async def test_a_leader_killed_between_intent_and_action_still_counts_against_th
     assert states == ["done", "intent"]
 
 
-# --- restore refuses what gpusteward did not stop, or a record it cannot believe ------------
+# --- restore trusts only what gpusteward itself recorded (issue 25) --------------------------
+# Anyone who can edit a workload can write its annotations; the stop record lies in a
+# ConfigMap in the reclaimer's namespace (kube-system here), written by gpusteward alone.
 
 def deployment(ns, name: str, replicas: int, annotations: dict[str, str],  # noqa: ANN001
                node: str = "l4-2", util: str | None = None) -> str:
@@ -309,38 +317,26 @@ def deployment(ns, name: str, replicas: int, annotations: dict[str, str],  # noq
     return f"/apis/apps/v1/namespaces/{ns.name}/deployments/{name}"
 
 
-def running(ns, app: str) -> list[dict]:  # noqa: ANN001
-    return [p for p in ns.pods() if p["metadata"].get("labels", {}).get("app") == app
-            and p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]]
-
-
-def restore(sandbox, target: str) -> subprocess.CompletedProcess:  # noqa: ANN001
-    return subprocess.run([sys.executable, "-m", "gpusteward", "reclaimer", "restore", target,
-                           f"--kubeconfig={sandbox.kubeconfig}"],
-                          capture_output=True, text=True, timeout=90)
-
-
-STOPPED = {RECLAIM_REASON: "idle: scaled from 2 to 0"}
-
-
-@pytest.mark.parametrize(("replicas", "marks", "refusal"), [
-    pytest.param(0, {**STOPPED, REPLICAS_BEFORE: "100000"}, "does not match the count recorded",
-                 id="more-than-recorded"),
-    pytest.param(0, {**STOPPED, REPLICAS_BEFORE: "٣"}, "is not a plain integer",
-                 id="arabic-indic-digit"),
-    pytest.param(0, {**STOPPED, REPLICAS_BEFORE: "+2"}, "is not a plain integer", id="sign"),
-    pytest.param(4, {**STOPPED, REPLICAS_BEFORE: "1"}, "runs 4 replicas, not 0",
-                 id="scaled-up-since"),
-    pytest.param(0, {REPLICAS_BEFORE: "2"}, "was not stopped by gpusteward",
-                 id="no-reason-annotation"),
-])
-def test_restore_refuses_a_deployment_it_cannot_trust(sandbox, ns, replicas, marks, refusal):
-    path = deployment(ns, "serve", replicas, marks)
-    out = restore(sandbox, f"{ns.name}/Deployment/serve")
+def refused(out: subprocess.CompletedProcess, *words: str) -> None:
+    """Exit 1 and one ERROR line, saying all of ``words``."""
     assert out.returncode == 1, out.stderr
     errors = [line for line in out.stderr.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and refusal in errors[0], out.stderr
-    assert ns.api.get(path)["spec"]["replicas"] == replicas
+    assert len(errors) == 1 and all(w in errors[0] for w in words), out.stderr
+
+
+# The issue's forgery: a count and a reason that agree with each other, both hand-written.
+FORGED = {REPLICAS_BEFORE: "100000", RECLAIM_REASON: scaled_reason("idle", 100000)}
+
+
+@pytest.mark.parametrize(("marks", "refusal"), [
+    pytest.param(FORGED, "is not in gpusteward's stop record", id="self-consistent-forgery"),
+    pytest.param({REPLICAS_BEFORE: "2"}, "was not stopped by gpusteward",
+                 id="no-reason-annotation"),
+])
+def test_restore_refuses_a_deployment_gpusteward_never_recorded(sandbox, ns, marks, refusal):
+    path = deployment(ns, "serve", 0, marks)
+    refused(restore(sandbox.kubeconfig, f"{ns.name}/Deployment/serve"), refusal)
+    assert ns.api.get(path)["spec"]["replicas"] == 0
 
 
 def suspended_job(ns, name: str, annotations: dict[str, str]) -> str:  # noqa: ANN001
@@ -353,20 +349,65 @@ def suspended_job(ns, name: str, annotations: dict[str, str]) -> str:  # noqa: A
     return f"/apis/batch/v1/namespaces/{ns.name}/jobs/{name}"
 
 
-def test_restore_never_resumes_a_job_someone_else_suspended(sandbox, ns):
-    path = suspended_job(ns, "queued", {})  # a queue controller's suspension: no reason
-    out = restore(sandbox, f"{ns.name}/Job/queued")
-    assert out.returncode == 1
-    assert "was not stopped by gpusteward" in out.stderr
+@pytest.mark.parametrize(("marks", "refusal"), [
+    pytest.param({}, "was not stopped by gpusteward", id="a-queue-controllers-suspension"),
+    pytest.param({RECLAIM_REASON: "idle"}, "is not in gpusteward's stop record",
+                 id="given-a-hand-written-reason"),
+])
+def test_restore_never_resumes_a_job_someone_else_suspended(sandbox, ns, marks, refusal):
+    path = suspended_job(ns, "queued", marks)
+    refused(restore(sandbox.kubeconfig, f"{ns.name}/Job/queued"), refusal)
     assert ns.api.get(path)["spec"]["suspend"] is True
 
 
-def test_restore_resumes_a_job_gpusteward_suspended_once(sandbox, ns):
-    path = suspended_job(ns, "train", {RECLAIM_REASON: "idle"})
-    out = restore(sandbox, f"{ns.name}/Job/train")
+async def test_restore_brings_back_the_count_gpusteward_recorded_and_no_other(sandbox, ns,
+                                                                              reclaimer):
+    path = idle_deployment(ns, "serve", 2, "a100-0")
+    wait_for("2 replicas running", lambda: len(running_pods(ns, "serve")) == 2)
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "scaled to zero", lambda: ns.api.get(path)["spec"]["replicas"] == 0)
+    real = {k: ns.api.get(path)["metadata"]["annotations"][k]
+            for k in (REPLICAS_BEFORE, RECLAIM_REASON)}
+    target = f"{ns.name}/Deployment/serve"
+    for marks, words in (
+            (FORGED, ("'100000' disagrees with gpusteward's stop record (2 replicas)",)),
+            ({REPLICAS_BEFORE: "٣"}, ("'٣' disagrees", "(2 replicas)")),
+            ({REPLICAS_BEFORE: "1"}, ("'1' disagrees", "(2 replicas)"))):
+        ns.api.merge_patch(path, {"metadata": {"annotations": {**real, **marks}}})
+        refused(restore(sandbox.kubeconfig, target), *words)
+        assert ns.api.get(path)["spec"]["replicas"] == 0
+    ns.api.merge_patch(path, {"metadata": {"annotations": real}, "spec": {"replicas": 1}})
+    refused(restore(sandbox.kubeconfig, target), "runs 1 replicas, not 0")
+    ns.api.merge_patch(path, {"spec": {"replicas": 0}})
+    out = restore(sandbox.kubeconfig, target)
     assert out.returncode == 0, out.stderr
-    job = ns.api.get(path)
+    assert "scaled back to 2" in out.stdout
+    assert ns.api.get(path)["spec"]["replicas"] == 2
+    assert stop_entries(ns) == []
+
+
+async def test_restore_resumes_a_job_gpusteward_suspended_once_and_never_its_namesake(
+        sandbox, ns, reclaimer):
+    train, twin = idle_job(ns, "train", "h100-1"), idle_job(ns, "twin", "h100-1")
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "both Jobs suspended", lambda: all(
+        ns.api.get(p)["spec"].get("suspend") for p in (train, twin)))
+    assert sorted(e["name"] for e in stop_entries(ns)) == ["train", "twin"]
+    # twin deleted and created again, suspended, with gpusteward's reason written by hand
+    stopped_uid = ns.api.get(twin)["metadata"]["uid"]
+    ns.api.delete(twin, {"propagationPolicy": "Background"})
+    wait_for("twin to go", lambda: not any(
+        j["metadata"]["name"] == "twin" for j in ns.api.get(
+            f"/apis/batch/v1/namespaces/{ns.name}/jobs")["items"]))
+    suspended_job(ns, "twin", {RECLAIM_REASON: "idle"})
+    refused(restore(sandbox.kubeconfig, f"{ns.name}/Job/twin"),
+            f"but gpusteward stopped uid {stopped_uid}")
+    assert ns.api.get(twin)["spec"]["suspend"] is True
+    out = restore(sandbox.kubeconfig, f"{ns.name}/Job/train")
+    assert out.returncode == 0, out.stderr
+    job = ns.api.get(train)
     assert job["spec"]["suspend"] is False
     assert RECLAIM_REASON not in (job["metadata"].get("annotations") or {})
-    again = restore(sandbox, f"{ns.name}/Job/train")
-    assert again.returncode == 1 and "was not stopped by gpusteward" in again.stderr
+    assert [e["name"] for e in stop_entries(ns)] == ["twin"]  # only train's entry went
+    refused(restore(sandbox.kubeconfig, f"{ns.name}/Job/train"),
+            "was not stopped by gpusteward")

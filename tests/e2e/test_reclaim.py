@@ -8,8 +8,6 @@ sandbox policy (sandbox/policy.yaml) uses a 15 s window and a 4 s grace.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -33,6 +31,8 @@ from tests.e2e.kube import (
     gpu_pod,
     promql,
     reasons,
+    restore,
+    stop_entries,
     wait_for_gpu_samples,
 )
 from tests.e2e.scenarios import due_pod
@@ -219,14 +219,16 @@ async def test_an_idle_deployment_is_scaled_to_zero_and_restored(sandbox, ns, re
     rec = await reclaimer("enforce")
     await cycle_until(rec, "scaled to zero", lambda: ns.api.get(path)["spec"]["replicas"] == 0)
     assert ns.api.get(path)["metadata"]["annotations"][REPLICAS_BEFORE] == "2"
+    [recorded] = stop_entries(ns)  # gpusteward's own record, which restore trusts
+    assert (recorded["kind"], recorded["name"], recorded["replicas"], recorded["uid"]) == (
+        "Deployment", "serve", 2, ns.api.get(path)["metadata"]["uid"])
     wait_for("its pods to go away", lambda: not running_pods(ns, "serve"), timeout=60)
-    out = subprocess.run([sys.executable, "-m", "gpusteward", "reclaimer", "restore",
-                          f"{ns.name}/Deployment/serve", f"--kubeconfig={sandbox.kubeconfig}"],
-                         capture_output=True, text=True, timeout=60)
+    out = restore(sandbox.kubeconfig, f"{ns.name}/Deployment/serve")
     assert out.returncode == 0, out.stderr
     restored = ns.api.get(path)
     assert restored["spec"]["replicas"] == 2
     assert REPLICAS_BEFORE not in (restored["metadata"].get("annotations") or {})
+    assert stop_entries(ns) == []  # restored: its entry goes
     wait_for("replicas back", lambda: len(running_pods(ns, "serve")) == 2)
 
 

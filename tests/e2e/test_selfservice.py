@@ -1,18 +1,22 @@
 """Self-service restore against the sandbox's real API server and Deployment and Job
 controllers: ``gpusteward.io/restore: "true"`` on a workload the reclaimer stopped brings it
 back at the next cycle, within the team's quota, else an Event says why (docs/operations.md).
+Only what gpusteward's own stop record holds comes back: hand-written annotations never do.
 """
 
 from __future__ import annotations
 
+import time
+
 from gpusteward.adapters.webhook import Webhooks
 from gpusteward.core.policy import parse_policy
-from gpusteward.core.reclaim.model import RECLAIM_REASON, REPLICAS_BEFORE, RESTORE
+from gpusteward.core.reclaim.model import RECLAIM_REASON, REPLICAS_BEFORE, RESTORE, StopEntry
 from gpusteward.reclaimer.actor import scaled_reason
 from gpusteward.reclaimer.outbox import Outbox
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.receiver import Receiver
-from tests.e2e.kube import cycle_until, gpu_pod
+from tests.e2e.kube import cycle_until, gpu_pod, stop_entries
+from tests.e2e.test_faults import FORGED, suspended_job
 from tests.e2e.test_reclaim import deployment, idle_job, job_pods, running_pods
 
 
@@ -58,6 +62,25 @@ async def test_a_scaled_down_deployment_comes_back_when_its_owner_asks(ns, recla
     receiver.close()
     await rec.outbox.deliver.close()
     wait_for("replicas back", lambda: len(running_pods(ns, "serve")) == 2)
+    assert stop_entries(ns) == []
+
+
+async def test_forged_restore_requests_are_refused_and_change_nothing(ns, reclaimer):
+    # The issue's two forgeries, each asked for by its owner: a Deployment at zero with a count
+    # and reason written by hand, and a Job a queue suspended, given gpusteward's reason.
+    deploy = deployment(ns, "forged", 0, "a100-0")
+    ns.api.merge_patch(deploy, {"metadata": {"annotations": FORGED}})
+    job = suspended_job(ns, "queued", {RECLAIM_REASON: "idle"})
+    for path in (deploy, job):
+        ask_back(ns, path)
+    rec = await reclaimer("enforce")
+    await rec.cycle()
+    assert ns.api.get(deploy)["spec"]["replicas"] == 0
+    assert ns.api.get(job)["spec"]["suspend"] is True
+    for kind, name in (("Deployment", "forged"), ("Job", "queued")):
+        [message] = [m for r, m in object_events(ns, kind, name) if r == "GPURestoreRefused"]
+        assert "is not in gpusteward's stop record" in message
+    assert rec.metrics.restores.labels(ns.name, "refused")._value.get() == 2
 
 
 async def test_a_suspended_job_resumes_when_its_owner_asks(ns, reclaimer):
@@ -104,6 +127,10 @@ async def test_a_restore_that_loses_a_race_reads_again_and_still_restores(ns, re
     ns.api.merge_patch(path, {"metadata": {"annotations": {
         REPLICAS_BEFORE: "1", RECLAIM_REASON: scaled_reason("idle", 1)}}})
     rec = await reclaimer("enforce")
+    # as the reclaimer records its scale-down from 1 (not the race under test here)
+    await rec.stops.record(StopEntry(ns.name, "apps", "Deployment", "deployments", "racy",
+                                     ns.api.get(path)["metadata"]["uid"], "scale", 1, "idle",
+                                     time.time()))
     restorer = rec.selfservice.restorer
     real_read, reads = restorer.apps.read_namespaced_deployment, []
 

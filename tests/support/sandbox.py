@@ -23,7 +23,7 @@ from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.reclaimer.serve import build_reclaimer
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.kubehttp import KubeHTTP
-from tests.e2e.kube import Namespace
+from tests.e2e.kube import RECLAIMER_NAMESPACE, Namespace
 
 
 def started(tmp_path_factory: pytest.TempPathFactory, name: str,
@@ -87,7 +87,9 @@ async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
     kubeconfig=None) -> a Reclaimer wired to a sandbox by the command's own ``build_reclaimer``
     (``ledger``, ``snoozes``: ConfigMaps in kube-system, else the records live in memory;
     ``prometheus_url``: another Prometheus than the sandbox's; ``kubeconfig``: another way to
-    the API server, e.g. through tests.support.apiproxy); each test steps its cycles itself."""
+    the API server, e.g. through tests.support.apiproxy); each test steps its cycles itself.
+    Every one keeps its stops in the stop record kube-system/gpusteward-reclaimer-stops, where
+    ``tests.e2e.kube.restore`` reads it (tests keep apart by namespace)."""
     clients = []
 
     async def make(mode: str = "enforce", box: Sandbox = sandbox, policy: Policy | None = None,
@@ -96,7 +98,7 @@ async def reclaimer(sandbox: Sandbox) -> AsyncIterator[MakeReclaimer]:
         settings = ReclaimerSettings(
             policy=policy or load_policy(box.cfg.policy), mode=ReclaimMode(mode),
             prometheus=PrometheusConnection(prometheus_url or box.prometheus_url),
-            lease_namespace="kube-system", ledger=ledger, snoozes=snoozes,
+            lease_namespace=RECLAIMER_NAMESPACE, ledger=ledger, snoozes=snoozes,
             kubeconfig=str(kubeconfig or box.kubeconfig))
         api = await connect(settings.kubeconfig)
         clients.append(api)

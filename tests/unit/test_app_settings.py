@@ -109,6 +109,24 @@ def test_a_restore_target_is_split_or_refused() -> None:
         RestoreSettings.from_args(parsed("reclaimer", "restore", "train"))
 
 
+@pytest.mark.parametrize("argv", [
+    pytest.param(("reclaimer", "restore", "ml/Job/t", "--lease-namespace=gpu-ops",
+                  "--lease-name=r"), id="after-restore"),
+    pytest.param(("reclaimer", "--lease-namespace=gpu-ops", "--lease-name=r", "restore",
+                  "ml/Job/t"), id="before-restore-as-the-reclaimer-takes-them"),
+])
+def test_restore_finds_the_stop_record_beside_the_reclaimers_lease(argv) -> None:  # noqa: ANN001
+    settings = RestoreSettings.from_args(parsed(*argv), {})
+    assert (settings.lease_namespace, settings.stops) == ("gpu-ops", "r-stops")
+
+
+def test_restore_looks_for_the_stop_record_where_the_manifests_put_the_reclaimer() -> None:
+    settings = RestoreSettings.from_args(parsed("reclaimer", "restore", "--list"),
+                                         {"POD_NAMESPACE": "gpusteward"})
+    assert (settings.lease_namespace, settings.stops) == (
+        "gpusteward", "gpusteward-reclaimer-stops")
+
+
 async def test_build_reclaimer_keeps_the_ledger_beside_the_lease(api) -> None:  # noqa: ANN001
     settings = ReclaimerSettings.from_args(
         parsed("reclaimer", "--policy", EXAMPLE, "--prometheus-url", "http://prom:9090",
@@ -117,6 +135,8 @@ async def test_build_reclaimer_keeps_the_ledger_beside_the_lease(api) -> None:  
     assert reclaimer.mode == "warn"
     assert reclaimer.ledger is not None
     assert reclaimer.ledger.where == "ConfigMap gpu-ops/gpusteward-reclaimer-reclaims"
+    assert reclaimer.stops.where == "ConfigMap gpu-ops/gpusteward-reclaimer-stops"
+    assert reclaimer.selfservice.restorer.stops is reclaimer.stops  # one record, one truth
     in_memory = build_reclaimer(dataclasses.replace(settings, ledger=None), api)
     assert in_memory.ledger is None
 

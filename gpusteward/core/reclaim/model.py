@@ -199,6 +199,27 @@ class SnoozeRecord(msgspec.Struct, frozen=True):
         return not self.closed and self.outcome in ("snoozed", "capped")
 
 
+class StopEntry(msgspec.Struct, frozen=True):
+    """One workload gpusteward stopped, as its own stop record (``reclaimer/stops.py``) keeps
+    it: written before the stop, removed after a restore. Restore trusts this, not the
+    object's annotations, which anyone who can edit the object can write."""
+
+    namespace: str
+    group: str  # the object restore acts on: the owner, or its Kueue Workload / ScaledObject
+    kind: str
+    plural: str
+    name: str
+    uid: str  # a namesake created after a delete is another object
+    how: str  # How word: scale, suspend, stop, pause, deactivate
+    replicas: int | None = None  # before a scale to zero: the most restore brings back
+    reason: str = ""
+    at: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.kind}/{self.name}"
+
+
 class RestoreAsk(msgspec.Struct, frozen=True):
     """A stopped workload whose owner asked for it back (``RESTORE: "true"``)."""
 
