@@ -67,11 +67,12 @@ def add_lease_flags(parser: argparse.ArgumentParser, after: bool = False) -> Non
     parser.add_argument("--lease-namespace", default=unset,
                         help="namespace of the reclaimer's leader-election Lease and its "
                              "records (default: the pod's namespace, else $POD_NAMESPACE, else "
-                             "default)")
+                             "default) [$GPUSTEWARD_LEASE_NAMESPACE]")
     parser.add_argument("--lease-name", default=unset or LEASE_NAME,
                         help="the leader-election Lease; ConfigMaps beside it: <name>-reclaims "
                              "(the last hour's reclaims), <name>-stops (what gpusteward "
-                             f"stopped, which restore trusts) ... (default: {LEASE_NAME})")
+                             f"stopped, which restore trusts) ... (default: {LEASE_NAME}) "
+                             "[$GPUSTEWARD_LEASE_NAME]")
 
 
 @dataclass(frozen=True)
