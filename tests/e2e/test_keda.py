@@ -18,6 +18,7 @@ target scaled back up behind KEDA's back, which KEDA, paused, leaves alone).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from tests.e2e.kube import (
     kept_unless_wholly_idle,
     placed_then_restored,
 )
+from tests.support.apiproxy import ApiProxy, writes_to
 from tests.support.sandbox import fresh_namespace, started
 
 NODE = "h100-1"  # 8 GPUs: two 4-GPU replicas fill it
@@ -150,3 +152,28 @@ async def test_a_keda_deployment_not_wholly_idle_is_never_paused(keda_box, keda_
     wait_for("two replicas running", lambda: len(replicas(ns, "d")) == 2, timeout=120)
     await kept_unless_wholly_idle(await reclaimer("enforce", box=keda_box), ns, busy,
                                   lambda: pause_asked(ns, so), lambda: replicas(ns, "d"))
+
+
+async def test_the_pause_is_fenced_on_the_scaled_object_it_writes(keda_box, keda_ns, reclaimer,
+                                                                  tmp_path):
+    # The reclaimer's pause is held in a proxy in front of it while the ScaledObject is edited
+    # (tests/e2e/test_fencing.py does the same for every other owner's stop): the pause was
+    # derived from the object before the edit, and the API server refuses it.
+    ns = keda_ns
+    deployment, so = scaled_deployment(ns, "fenced", util="0")
+    wait_for("two replicas running", lambda: len(replicas(ns, "fenced")) == 2, timeout=120)
+    async with ApiProxy(keda_box.api_url).running() as p:
+        rec = await reclaimer("enforce", box=keda_box,
+                              kubeconfig=p.kubeconfig(keda_box.token, tmp_path / "proxied"))
+        path = so.removeprefix("/apis")
+        p.hold(writes_to(path, "PATCH"))
+        acting = asyncio.create_task(cycle_until(rec, "the pause held", p.reached.is_set,
+                                                 timeout=150))
+        await asyncio.wait_for(p.reached.wait(), 150)
+        ns.api.merge_patch(so, {"metadata": {"annotations": {"example.com/touched": "yes"}}})
+        p.release()
+        await asyncio.wait_for(acting, 60)
+        assert p.written_after_release(path) == [409]
+    assert KEDA_PAUSED_REPLICAS not in ns.api.get(so)["metadata"]["annotations"]
+    assert ns.api.get(deployment)["spec"]["replicas"] == 2
+    assert rec.metrics.fenced.labels("fenced")._value.get() == 1

@@ -60,6 +60,12 @@ class ApiProxy:
         """Answer every matching request ``seconds`` late."""
         self._slow.append((match, seconds))
 
+    def written_after_release(self, part: str) -> list[int]:
+        """What the API server answered to each write forwarded since the release whose path
+        holds ``part``."""
+        return [a.status for a in self.answers
+                if a.after_release and a.method != "GET" and part in a.path]
+
     def kubeconfig(self, token: str, path: Path) -> Path:
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "proxied",
