@@ -219,7 +219,8 @@ class Sandbox:
     def save(self) -> None:
         state = {"token": self.token, "ports": self.ports,
                  "pids": {name: p.pid for name, p in self.procs.items()},
-                 "kubeconfig": str(self.kubeconfig), "prometheus_url": self.prometheus_url}
+                 "kubeconfig": str(self.kubeconfig),
+                 "prometheus_url": self.prometheus_url if "prometheus" in self.ports else None}
         (self.dir / "state.json").write_text(json.dumps(state, indent=2))
 
     # --- components ---------------------------------------------------------------------
@@ -232,6 +233,7 @@ class Sandbox:
         proc = Proc(name, argv, self.dir / "logs" / f"{name}.log",
                     die_with_parent=not self.cfg.detach, env=env or {})
         self.procs[name] = proc.start()
+        self.save()  # on record at once: `sandbox down` stops what was started after `up` too
         proc.wait_ready(ready, timeout)
         return proc
 
@@ -457,6 +459,7 @@ class Sandbox:
         proc = self.procs.pop(name, None)
         if proc is not None:
             proc.stop()
+            self.save()
 
     def scheduler_config(self) -> dict[str, Any]:
         config = yaml.safe_load(SCHEDULER_CONFIG.read_text())

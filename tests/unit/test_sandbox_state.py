@@ -1,0 +1,34 @@
+"""`gpusteward sandbox down` stops every process the sandbox started, also those started after
+`up` finished: `KEEP=1 make demo` starts the reclaimer last, and `sandbox down` used to report
+"sandbox stopped" while that reclaimer ran on, orphaned, against an API server that was gone."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from gpusteward.sandbox.cluster import Sandbox, SandboxConfig, stop_from_state
+from gpusteward.sandbox.procs import pid_alive
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def test_a_process_started_after_up_is_on_record_and_stopped_by_sandbox_down(tmp_path):
+    box = Sandbox(SandboxConfig(state_dir=tmp_path, detach=True, log=lambda m: None))
+    box.run_process("apiserver", SLEEPER, lambda: True)
+    box.save()  # where `up` used to write the record, once
+    late = box.run_process("reclaimer", SLEEPER, lambda: True)  # what the demo starts last
+    pids = json.loads((tmp_path / "state.json").read_text())["pids"]
+    assert set(pids) == {"apiserver", "reclaimer"}
+    assert stop_from_state(tmp_path)
+    assert not any(pid_alive(p) for p in (late.pid, pids["apiserver"]))
+
+
+def test_a_component_stopped_on_its_own_leaves_the_record(tmp_path):
+    box = Sandbox(SandboxConfig(state_dir=tmp_path, detach=True, log=lambda m: None))
+    for name in ("extender", "scheduler"):
+        box.run_process(name, SLEEPER, lambda: True)
+    box.stop_component("extender")
+    assert set(json.loads((tmp_path / "state.json").read_text())["pids"]) == {"scheduler"}
+    box.stop()
+    assert not (tmp_path / "state.json").exists()
