@@ -18,7 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.kube import raw_get
 from gpusteward.core.reclaim import kinds
-from gpusteward.core.reclaim.model import REPLICAS_BEFORE, Owner
+from gpusteward.core.reclaim.model import FENCED_AT, REPLICAS_BEFORE, Owner
 
 CALL_TIMEOUT = 30
 MERGE = "application/merge-patch+json"
@@ -52,6 +52,8 @@ def switch_path(owner: Owner, catalog: kinds.Catalog) -> str:
 
 
 APPS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
+BUILT_IN_PLURALS = {**APPS, "Job": "jobs"}
+BUILT_IN_GROUPS = {"Deployment": "apps", "StatefulSet": "apps", "Job": "batch"}
 
 
 def replicas_path(owner: Owner, catalog: kinds.Catalog) -> str:
@@ -93,6 +95,15 @@ class Switches:
             if kinds.switched_off(k, obj):
                 raise Stale(f"{owner.key} was switched off by someone else since the decision")
             await self.patch(path, on_version(obj, kinds.stop_patch(k, reason, at)))
+
+    async def touch(self, owner: Owner, at: str) -> None:
+        """Move the resourceVersion of the object a stop of ``owner`` writes first (its switch,
+        else the owner), so a stop derived from an older read is refused (core.reclaim.takeover).
+        Deliberately unfenced: changing the version is the point."""
+        path = (switch_path(owner, self.catalog) if owner.how else
+                object_path(BUILT_IN_GROUPS[owner.kind], "v1", owner.namespace,
+                            BUILT_IN_PLURALS[owner.kind], owner.name))
+        await self.patch(path, {"metadata": {"annotations": {FENCED_AT: at}}})
 
     async def scale_to_zero(self, path: str, reason: str, at: str) -> None:
         """The count is recorded on the owner first, then the scale subresource set to zero,

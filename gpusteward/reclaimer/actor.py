@@ -62,7 +62,7 @@ log = logging.getLogger("gpusteward.reclaimer")
 
 EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
                 ActionKind.CLEAR: "GPUActive", ActionKind.RECLAIM: "GPUReclaimed",
-                ActionKind.BLOCK: "GPUReclaimBlocked"}
+                ActionKind.BLOCK: "GPUReclaimBlocked", ActionKind.FENCE: "GPUReclaimOwnerFenced"}
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
 FENCED_EVENT_REASON = "GPUReclaimFenced"
 PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs",
@@ -115,6 +115,10 @@ class Actor:
         return result
 
     async def _carry_out(self, action: Action) -> ActResult:
+        if action.kind == ActionKind.FENCE:  # whatever the pod is now: the owner must move
+            assert action.owner is not None
+            await self.switches.touch(action.owner, stamp(self.clock()))
+            return ActResult.DONE
         fresh = await self._recheck(action)
         if fresh is None:
             return ActResult.STALE

@@ -12,6 +12,8 @@ thing restore trusts: a stop that cannot be recorded is not made.
 A replica that has just taken the Lease re-derives every mark in a cycle of its own before it
 reclaims anything: its first cycle as leader marks, warns and clears, and holds its reclaims
 back (``deferred``), so nothing is stopped on the strength of marks it has not decided itself.
+That cycle first touches the owner of every reclaim another leader began and did not finish
+(core.reclaim.takeover), so an owner stop still on its way from that leader is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import msgspec
 
 from gpusteward.adapters.errors import AdapterError, KubeError, LeaseLost
 from gpusteward.core.policy import Policy, ReclaimMode
-from gpusteward.core.reclaim import notice
+from gpusteward.core.reclaim import notice, takeover
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import (
     Action,
@@ -54,7 +56,7 @@ log = logging.getLogger("gpusteward.reclaimer")
 _STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK}
 WRITES: dict[ReclaimMode, set[ActionKind]] = {
     ReclaimMode.OBSERVE: set(), ReclaimMode.WARN: _STAGES,
-    ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM}}
+    ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM, ActionKind.FENCE}}
 
 
 class Reader(Protocol):
@@ -170,6 +172,8 @@ class Reclaimer:
         snap = msgspec.structs.replace(snap, snoozes=await self.snoozes.current())
         decided = plan(snap, self.policy)
         logged = audit(decided, snap, self.decisions)
+        if self._new_leader:  # another leader's reclaims may still be on their way
+            await self._act_all(takeover.fences(snap), snap.now)
         results = await self._act_all(decided.actions, snap.now)
         self._new_leader = False
         if self.outbox is not None:

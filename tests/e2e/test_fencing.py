@@ -3,7 +3,9 @@ kube-apiserver: a leader whose write is already on its way when it stalls — he
 proxy in front of it (tests.support.apiproxy), as a write sent just before a GC pause, SIGSTOP or
 a throttled node — while a standby takes the Lease, the pod turns busy and the standby clears its
 marks. The write then reaches the server carrying the resourceVersion it was derived from and
-is refused with 409 Conflict.
+is refused with 409 Conflict. An owner's stop is fenced on the owner, which the pod's marks do
+not move: the new leader's first cycle touches the owner of every reclaim begun and not
+finished (core.reclaim.takeover), which does.
 
 The server-side guards are Kubernetes' own: a patch that carries ``metadata.resourceVersion`` is
 applied only to that version (apiserver's optimistic concurrency, "the object has been
@@ -23,7 +25,7 @@ import pytest
 
 from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.core.reclaim.kinds import KUEUE_JOB_UID, KUEUE_QUEUE, NOTEBOOK_STOPPED
-from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_REASON
+from gpusteward.core.reclaim.model import FENCED_AT, IDLE_SINCE, RECLAIM_REASON
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox import owner_crds
 from tests.e2e.kube import annotations, cycle_until, gone, gpu_pod, reasons
@@ -137,6 +139,41 @@ async def test_a_write_that_meets_a_change_is_fenced_said_in_an_event_and_decide
         await cycle_until(rec, "the pod evicted", lambda: gone(ns, "victim"), timeout=60)
     finally:
         renewing.cancel()
+
+
+async def test_a_new_leader_fences_the_owner_of_a_reclaim_another_leader_had_on_its_way(
+        sandbox, ns, reclaimer, proxy):
+    # The stalled leader's pod write landed; its owner write (the Job's suspend) is in flight.
+    # The pod's marks do not guard the owner; the new leader's first cycle touches the owner.
+    p, kubeconfig = proxy
+    path, stopped = idle_job(ns)
+    await until("the Job's pod running", lambda: any(
+        pod["status"].get("phase") == "Running" for pod in ns.pods()), timeout=90)
+    lease = f"e2e-{ns.name}"
+    stalled = await reclaimer("enforce", kubeconfig=kubeconfig)
+    old = leader(stalled, lease, "stalled-0", 6)
+    await old.acquire()
+    renewing = asyncio.create_task(old.hold())
+    p.hold(writes_to(path.removeprefix("/apis"), "PATCH"))
+    acting = asyncio.create_task(cycle_until(stalled, "the Job's suspend held",
+                                             p.reached.is_set, timeout=TIMEOUT))
+    await asyncio.wait_for(p.reached.wait(), TIMEOUT)
+    renewing.cancel()
+    standby = await reclaimer("enforce")
+    new = leader(standby, lease, "standby-1", 6)
+    await asyncio.wait_for(new.acquire(), 24)
+    standby.reread_ledger()  # what serve._lead does on taking the Lease
+    standing = asyncio.create_task(new.hold())
+    try:
+        await standby.cycle()  # its first cycle: fences, marks, reclaims nothing
+        assert FENCED_AT in (ns.api.get(path)["metadata"].get("annotations") or {})
+        p.release()
+        await asyncio.wait_for(acting, 60)
+    finally:
+        standing.cancel()
+    assert p.written_after_release(path.removeprefix("/apis")) == [409]
+    assert not stopped(ns.api.get(path))
+    assert standby.metrics.actions.labels("fence", "idle", ns.name, "done")._value.get() == 1
 
 
 # --- each owner-native stop, fenced on the object it writes ---------------------------------

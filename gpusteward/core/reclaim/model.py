@@ -16,6 +16,7 @@ IDLE_SINCE = "gpusteward.io/idle-since"
 RECLAIM_AT = "gpusteward.io/reclaim-at"
 RECLAIM_REASON = "gpusteward.io/reclaim-reason"
 RECLAIMED_AT = "gpusteward.io/reclaimed-at"  # on an owner stopped through its own switch
+FENCED_AT = "gpusteward.io/fenced-at"  # on an owner a new leader fenced (core/reclaim/takeover)
 RECLAIM_BLOCKED = "gpusteward.io/reclaim-blocked"  # on a due pod: why nothing was stopped
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
@@ -33,6 +34,7 @@ class ActionKind(StrEnum):
     CLEAR = "clear"  # busy again, or protected: remove the marks
     RECLAIM = "reclaim"  # due, or claimed by the queue: act on the owner
     BLOCK = "block"  # due, but no safe way to stop the owner: an Event says why
+    FENCE = "fence"  # a new leader touches the owner of a reclaim begun by another (takeover.py)
 
 
 class Reason(StrEnum):
