@@ -372,6 +372,38 @@ def whatif_section(wi: dict) -> list[str]:
     return lines + [""]
 
 
+def startup_section(st: dict) -> list[str]:
+    """The commands a CI job or a pre-commit hook runs, before the start-up work (the baseline)
+    and now, each measured in a run of its own."""
+    base, now = st.get("baseline"), st.get("current")
+    runs = [(label, r) for label, r in (("before", base), ("now", now)) if r]
+    first = runs[0][1]
+    said = "; ".join(f"{label}: revision {r['revision']}, {r['date']}, load "
+                     f"{r['load'][0]:.1f}-{r['load'][1]:.1f}" for label, r in runs)
+    lines = ["## Start-up (`python benchmarks/bench_startup.py`)", "",
+             f"{first['machine']}, Python {first['python']}; {said}. Each command in a fresh "
+             f"process, {first['runs']} times, the commands taking turns; wall time around the "
+             f"process, peak RSS from {first['rss_from']}; medians. `python -c pass` is the "
+             "interpreter's own start (with the editable install's path hook). Target: "
+             "<= 0.3 s and <= 40 MB each (issue 32).", ""]
+    head = ["command", *(f"{label} s" for label, _ in runs)]
+    head += ["ratio"] if len(runs) == 2 else []
+    head += [f"{label} peak RSS MB" for label, _ in runs]
+    head += ["ratio"] if len(runs) == 2 else []
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in first["results"]:
+        got = [r["results"][name] for _, r in runs if name in r["results"]]
+        if len(got) != len(runs):
+            continue
+        cells = [f"`{name}`", *(f"{g['median_s']:.2f}" for g in got)]
+        cells += [f"{got[0]['median_s'] / got[1]['median_s']:.1f}x"] if len(got) == 2 else []
+        cells += [f"{g['median_rss_mb']:.0f}" for g in got]
+        cells += ([f"{got[0]['median_rss_mb'] / got[1]['median_rss_mb']:.1f}x"]
+                  if len(got) == 2 else [])
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def main() -> None:
     ext, sched, rec, tel = (load(n) for n in ("extender", "scheduler", "reclaimer", "telemetry"))
     out = ["# Benchmark results", "",
@@ -402,6 +434,9 @@ def main() -> None:
     wi = load("whatif")
     if wi:
         out += whatif_section(wi)
+    st = load("startup")
+    if st:
+        out += startup_section(st)
     notes = HERE / "NOTES.md"
     if notes.exists():
         out += [notes.read_text()]
