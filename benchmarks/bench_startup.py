@@ -1,7 +1,7 @@
 """Start-up cost of the `gpusteward` command (issue 32): the commands a CI job or a pre-commit
 hook runs, `--version`, `--help` and `policy check FILE`, each in a fresh process, N times.
 
-    python benchmarks/bench_startup.py [--runs 20] [--before DIR] [--quick]
+    python benchmarks/bench_startup.py [--runs 20] [--before DIR] [--no-bytecode-cache] [--quick]
 
 Wall time is taken around each process (the console script next to this interpreter), peak RSS
 from GNU time's %M: the command's own high-water mark, where getrusage's would carry this
@@ -10,7 +10,11 @@ round, so load from other work on the shared cores falls on all of them alike; `
 on the same interpreter is the floor no command goes under. ``--before DIR``: also run each
 command from the source tree in DIR (an earlier revision: `git archive REV | tar -x -C DIR`),
 put first on PYTHONPATH, in the same rounds, so the two are compared under the same load.
-Medians of the runs; target <= 0.3 s and <= 40 MB each. Results: results/startup.json.
+Bytecode: cached, as an installed package has it (PYTHONPYCACHEPREFIX in a temporary directory,
+filled by one round that is not counted); ``--no-bytecode-cache`` compiles gpusteward's modules
+at every start instead, as a source tree does under PYTHONDONTWRITEBYTECODE=1 (the default of
+this machine's shells). Medians of the runs; target <= 0.3 s and <= 40 MB each. Results:
+results/startup.json, one entry per bytecode mode.
 """
 
 from __future__ import annotations
@@ -73,9 +77,11 @@ def once(argv: list[str], env: dict[str, str], gnu_time: str | None,
     return wall, int(out.read_text().split()[-1]) / 1024  # kB
 
 
-def measure(runs: int, before: Path | None) -> dict:
+def measure(runs: int, before: Path | None, cache: Path | None) -> dict:
     gnu_time = find_gnu_time()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSTEWARD_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSTEWARD_")
+           and k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    env |= {"PYTHONPYCACHEPREFIX": str(cache)} if cache else {"PYTHONDONTWRITEBYTECODE": "1"}
     sides = {"now": env}
     if before is not None:
         sides["before"] = {**env, "PYTHONPATH": os.pathsep.join(
@@ -85,6 +91,8 @@ def measure(runs: int, before: Path | None) -> dict:
     samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
     load_at_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
+        for side, _, argv in (plan if cache else []):  # fills the bytecode cache
+            once(argv, sides[side], gnu_time, Path(tmp) / "time.out")
         for _ in range(runs):
             for side, name, argv in plan:
                 samples.setdefault((side, name), []).append(
@@ -92,6 +100,7 @@ def measure(runs: int, before: Path | None) -> dict:
     report = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
               "command": " ".join(sys.argv), "runs": runs,
+              "bytecode": "cached" if cache else "compiled at each start",
               "rss_from": "GNU time %M" if gnu_time else "wait4 ru_maxrss (an upper bound)",
               # 1-minute load average: other work on the same cores slows every start
               "load": [load_at_start, os.getloadavg()[0]]}
@@ -123,8 +132,8 @@ def revision(tree: Path) -> str:
 
 def show(report: dict) -> None:
     print(f"# start-up — {report['machine']}, Python {report['python']}, {report['runs']} runs, "
-          f"load {report['load'][0]:.1f}-{report['load'][1]:.1f}, revision "
-          f"{report['now']['revision']}")
+          f"bytecode {report['bytecode']}, load {report['load'][0]:.1f}-{report['load'][1]:.1f}, "
+          f"revision {report['now']['revision']}")
     before = report.get("before", {}).get("results", {})
     for name, r in report["now"]["results"].items():
         line = (f"{name:<52} median {r['median_s'] * 1000:6.0f} ms "
@@ -145,13 +154,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="fresh processes per command")
     parser.add_argument("--before", type=Path, metavar="DIR",
                         help="an earlier revision's source tree to compare with, run alike")
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="compile gpusteward's modules at every start")
     parser.add_argument("--quick", action="store_true", help="CI: 2 runs, no figures written")
     args = parser.parse_args()
-    report = measure(2 if args.quick else args.runs, args.before)
+    with tempfile.TemporaryDirectory() as cache:
+        report = measure(2 if args.quick else args.runs, args.before,
+                         None if args.no_bytecode_cache else Path(cache))
     show(report)
     if not args.quick:
+        path = RESULTS / "startup.json"
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        saved[report["bytecode"]] = report
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "startup.json").write_text(json.dumps(report, indent=2) + "\n")
+        path.write_text(json.dumps(saved, indent=2) + "\n")
 
 
 if __name__ == "__main__":
