@@ -58,7 +58,8 @@ demo: setup
 bench-extender: venv
 	$(PY) benchmarks/bench_extender.py
 
-BENCHES := bench_extender bench_scheduler bench_reclaimer bench_telemetry bench_fleetview bench_whatif
+BENCHES := bench_extender bench_scheduler bench_reclaimer bench_telemetry bench_fleetview bench_whatif \
+  bench_startup
 
 # Every benchmark, then benchmarks/RESULTS.md and its plots: well over an hour on 2 cores (the
 # scheduler at 5,000 nodes took 26 minutes, the reclaimer's sandbox placing 20,000 pods 17.5);

@@ -372,6 +372,43 @@ def whatif_section(wi: dict) -> list[str]:
     return lines + [""]
 
 
+def startup_section(st: dict) -> list[str]:
+    """The commands a CI job or a pre-commit hook runs: before the start-up work (an earlier
+    source tree run in the same rounds) and now, one table per bytecode mode."""
+    lines = ["## Start-up (`python benchmarks/bench_startup.py`)", "",
+             "Each command in a fresh process, the commands (and the earlier revision's, where "
+             "measured) taking turns round after round; wall time around the process, peak RSS "
+             "of the process itself; medians. `python -c pass` is the interpreter's own start "
+             "(with the editable install's path hook). Target: <= 0.3 s and <= 40 MB each "
+             "(issue 32).", ""]
+    for run in st.values():
+        sides = [(label, run[label]) for label in ("before", "now") if label in run]
+        lines += [f"Bytecode {run['bytecode']}; {run['machine']}, Python {run['python']}, "
+                  f"{run['date']}, `python {run['command']}`, {run['runs']} runs, load "
+                  f"{run['load'][0]:.1f}-{run['load'][1]:.1f}, peak RSS from {run['rss_from']}; "
+                  + ", ".join(f"{label}: revision {side['revision']}" for label, side in sides)
+                  + ".", ""]
+        pair = len(sides) == 2
+        head = ["command", *(f"{label} s" for label, _ in sides), *(["ratio"] if pair else []),
+                *(f"{label} peak RSS MB" for label, _ in sides), *(["ratio"] if pair else [])]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for name in run["now"]["results"]:
+            got = [side["results"].get(name) for _, side in sides]
+            lines.append("| " + " | ".join([f"`{name}`", *_startup_cells(got, "median_s", 2),
+                                            *_startup_cells(got, "median_rss_mb", 0)]) + " |")
+        lines.append("")
+    return lines
+
+
+def _startup_cells(got: list[dict | None], key: str, digits: int) -> list[str]:
+    """One figure of a command per side, and before / now where both were measured."""
+    cells = [_num(g[key] if g else None, digits) for g in got]
+    if len(got) == 2:
+        before, now = got
+        cells.append(f"{before[key] / now[key]:.1f}x" if before and now else "")
+    return cells
+
+
 def main() -> None:
     ext, sched, rec, tel = (load(n) for n in ("extender", "scheduler", "reclaimer", "telemetry"))
     out = ["# Benchmark results", "",
@@ -402,6 +439,9 @@ def main() -> None:
     wi = load("whatif")
     if wi:
         out += whatif_section(wi)
+    st = load("startup")
+    if st:
+        out += startup_section(st)
     notes = HERE / "NOTES.md"
     if notes.exists():
         out += [notes.read_text()]

@@ -1,24 +1,17 @@
-"""Which gpusteward runs: the installed distribution's version, for ``--version`` and the
-``gpusteward_build_info`` metric every component serves (as kube-state-metrics and
-dcgm-exporter serve theirs), so a dashboard can tell a rollout half done."""
+"""The ``gpusteward_build_info`` metric every component serves (as kube-state-metrics and
+dcgm-exporter serve theirs), so a dashboard can tell a rollout half done; its version label is
+the one ``--version`` prints (``adapters.version``)."""
 
 from __future__ import annotations
 
 import platform
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as distribution_version
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from gpusteward.adapters.version import version
+
 NAME = "gpusteward_build_info"
 HELP = "Always 1; the labels say which gpusteward version and Python run."
-
-
-def version() -> str:
-    try:
-        return distribution_version("gpusteward")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
 
 
 def register(registry: CollectorRegistry) -> None:

@@ -12,14 +12,12 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from gpusteward.adapters.errors import PrometheusSettingsError
+from gpusteward.adapters.promconnection import PrometheusConnection, parse_header
 from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.typedconfig import Duration, duration_text
-
-if TYPE_CHECKING:  # the HTTP stack loads only for commands that query Prometheus
-    from gpusteward.adapters.promconnection import PrometheusConnection
 
 # flag dest -> environment variable (the flag wins when both are set)
 ENV = {
@@ -190,8 +188,6 @@ def prometheus_connection(args: argparse.Namespace, policy_url: str | None,
     """The checked connection settings, or None when no URL is configured anywhere.
 
     Raises PrometheusSettingsError (one line) for a bad value."""
-    from gpusteward.adapters.promconnection import PrometheusConnection, parse_header
-
     def setting(dest: str) -> str | None:
         flag = getattr(args, dest, None)
         return flag if flag is not None else env.get(ENV[dest]) or None

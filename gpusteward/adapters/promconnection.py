@@ -1,5 +1,7 @@
 """How to reach Prometheus (or Thanos, Mimir, a gateway in front of them): one typed settings
-object, checked once at start-up, that builds the HTTP session the telemetry source uses.
+object, checked once at start-up; ``promsession`` builds the HTTP session the telemetry source
+uses from it. No HTTP library here: every command's flags module reaches this one through
+``connectflags``, and ``gpusteward --help`` or ``policy check`` should not load requests.
 
 TLS is verified unless asked otherwise. Credentials are read from files so that Secrets and
 projected ServiceAccount tokens can rotate underneath a running process: a file is read again
@@ -15,10 +17,6 @@ import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import requests
-import urllib3
-from requests.auth import AuthBase, HTTPBasicAuth
 
 from gpusteward.adapters.errors import PrometheusSettingsError
 
@@ -56,7 +54,7 @@ class PrometheusConnection:
                                           "and --prometheus-basic-auth-password-file")
         for name, _ in self.headers:
             check_header_name(name)
-        self.credentials()  # reads the secret files once: unreadable or empty fails here
+        self.secrets()  # reads the secret files once: unreadable or empty fails here
 
     def describe(self) -> str:
         """For logs: where, how TLS is checked, which credentials (never their values)."""
@@ -75,21 +73,12 @@ class PrometheusConnection:
             parts.append("WARNING: credentials sent over plain http")
         return "; ".join(parts)
 
-    def session(self) -> requests.Session:
-        session = requests.Session()
-        if self.insecure_skip_verify:
-            # Asked for explicitly: say so once here rather than on every request.
-            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-            session.verify = False
-        elif self.ca_file:
-            session.verify = str(self.ca_file)
-        return session
-
-    def credentials(self) -> Credentials:
+    def secrets(self) -> tuple[SecretFile | None, SecretFile | None]:
+        """The bearer token's and the basic auth password's files, each read now."""
         token = SecretFile(self.bearer_token_file) if self.bearer_token_file else None
         password = (SecretFile(self.basic_auth_password_file)
                     if self.basic_auth_password_file else None)
-        return Credentials(dict(self.headers), token, self.basic_auth_user, password)
+        return token, password
 
 
 class SecretFile:
@@ -118,22 +107,6 @@ class SecretFile:
             log.warning("cannot re-read %s (%s); keeping the credential read before",
                         self.path, _reason(e))
         return self._value
-
-
-class Credentials(AuthBase):
-    """Adds the extra headers and the Authorization header to every request."""
-
-    def __init__(self, headers: dict[str, str], token: SecretFile | None,
-                 user: str | None, password: SecretFile | None):
-        self.headers, self.token, self.user, self.password = headers, token, user, password
-
-    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
-        request.headers.update(self.headers)
-        if self.token is not None:
-            request.headers["Authorization"] = f"Bearer {self.token.value()}"
-        elif self.user is not None and self.password is not None:
-            return HTTPBasicAuth(self.user, self.password.value())(request)
-        return request
 
 
 def parse_header(text: str) -> tuple[str, str]:

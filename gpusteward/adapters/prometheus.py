@@ -29,6 +29,7 @@ from urllib3.util.retry import Retry
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.promconnection import PrometheusConnection
+from gpusteward.adapters.promsession import credentials, session
 from gpusteward.core.attribution import (
     POD_LABELS,
     SCRAPE_NODE_LABELS,
@@ -151,8 +152,8 @@ class PrometheusSource:
         self.queries = queries(health, self.node_labels)
         self.clock = clock
         self.attempts = attempts
-        self._prom = PrometheusConnect(self.url, session=connection.session(),
-                                       auth=connection.credentials(), retry=Retry(total=0),
+        self._prom = PrometheusConnect(self.url, session=session(connection),
+                                       auth=credentials(connection), retry=Retry(total=0),
                                        timeout=self.timeout)
         self.queries_run = 0
         # reason -> series dropped by the last assemble (the extender counts them)

@@ -1,30 +1,23 @@
-"""``gpusteward agent``: flags, the missing-driver decision, and serving.
+"""``gpusteward agent``: its flags.
 
-Wired into the main command by ``gpusteward.cli`` through ``add_agent_parser`` and
-``run_agent``.
+Wired into the main command by ``gpusteward.cli`` through ``add_agent_parser``; it runs
+``serve.run_agent`` (the missing-driver decision, and serving). Flags only (argparse, no NVML,
+gRPC or aiohttp): every command builds this parser.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
-
-from aiohttp import web
 
 from gpusteward.adapters.connectflags import hostport
-from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.logs import add_log_flags
-from gpusteward.adapters.nvml import NvmlReader, NvmlUnavailable
-from gpusteward.adapters.podresources import DEFAULT_SOCKET
-from gpusteward.agent.app import AgentDeps, AgentSettings, create_app
 
-log = logging.getLogger("gpusteward.agent")
-
-EXIT_NO_DRIVER = 1
 ON_MISSING_DRIVER = ("exit", "serve-error")
+# adapters.podresources.DEFAULT_SOCKET, the kubelet's (a test holds the two equal; that module
+# loads gRPC, which a flag should not)
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
-__all__ = ["add_agent_parser", "run_agent"]
+__all__ = ["ON_MISSING_DRIVER", "add_agent_parser"]
 
 
 def _seconds(text: str) -> float:
@@ -50,8 +43,8 @@ def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     p.add_argument("--xid-hold", type=_seconds, default=300.0, metavar="SECONDS",
                    help="how long DCGM_FI_DEV_XID_ERRORS shows an XID after its last event "
                         "(default 300, dcgm-exporter's XID count window)")
-    p.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, metavar="PATH",
-                   help=f"kubelet PodResources socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--pod-resources-socket", default=POD_RESOURCES_SOCKET, metavar="PATH",
+                   help=f"kubelet PodResources socket (default {POD_RESOURCES_SOCKET})")
     p.add_argument("--kube-api", choices=("auto", "off"), default="auto",
                    help="name the pods sharing a GPU through the API server (list pods on this "
                         "node; default auto: when credentials exist) or only from HOSTNAME")
@@ -61,28 +54,3 @@ def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         "gpusteward_agent_nvml_up 0 and retry every interval")
     add_log_flags(p)
     return p
-
-
-def run_agent(args: argparse.Namespace) -> int:
-    if not args.node_name:
-        raise SettingsError("--node-name or $NODE_NAME is required "
-                            "(the Hostname label must be the Kubernetes node name)")
-    reader = NvmlReader(xid_hold=args.xid_hold)
-    try:
-        asyncio.run(reader.start())
-    except NvmlUnavailable as e:
-        if args.on_missing_driver == "exit":
-            log.error("NVML unavailable on %s (%s): %s; exiting", args.node_name, e.reason, e)
-            return EXIT_NO_DRIVER
-        log.error("NVML unavailable on %s (%s): %s; serving the error and retrying every %gs",
-                  args.node_name, e.reason, e, args.interval)
-    settings = AgentSettings(node=args.node_name, interval=args.interval,
-                             pod_resources_socket=args.pod_resources_socket,
-                             kube_api=args.kube_api == "auto", kubeconfig=args.kubeconfig)
-    host, port = args.listen
-    try:
-        web.run_app(create_app(settings, AgentDeps(nvml=reader)), host=host, port=port,
-                    print=None, access_log=None)
-    except OSError as e:
-        raise ListenError(host, port, e) from e
-    return 0

@@ -1,14 +1,13 @@
-"""``gpusteward extender``: its flags, the typed settings they make, and the run.
+"""``gpusteward extender``: its flags and the typed settings they make.
 
-Wired into the main command by ``gpusteward.cli`` through ``add_extender_parser`` and
-``run_extender``; ``serve.build_extender`` and ``serve.serve`` take the settings.
+Wired into the main command by ``gpusteward.cli`` through ``add_extender_parser``; it runs
+``serve.run_extender``, and ``serve.build_extender`` and ``serve.serve`` take the settings.
+Flags and settings only (argparse, the core's policy): every command builds this parser.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,7 +23,7 @@ from gpusteward.core.policy import Policy, load_policy
 if TYPE_CHECKING:
     from gpusteward.adapters.promconnection import PrometheusConnection
 
-__all__ = ["ExtenderSettings", "TlsFiles", "add_extender_parser", "run_extender"]
+__all__ = ["ExtenderSettings", "TlsFiles", "add_extender_parser"]
 
 
 def add_extender_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -98,10 +97,3 @@ class ExtenderSettings:
             kubeconfig=args.kubeconfig, context=args.context, dra_driver=args.dra_driver,
             shutdown_delay=args.shutdown_delay, first_byte_timeout=args.first_byte_timeout,
             header_timeout=args.header_timeout)
-
-
-def run_extender(args: argparse.Namespace) -> int:
-    settings = ExtenderSettings.from_args(args, os.environ)
-    from gpusteward.extender.serve import serve
-
-    return asyncio.run(serve(settings))

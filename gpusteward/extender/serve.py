@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -32,6 +33,10 @@ from gpusteward.extender.view import PlacementView
 
 log = logging.getLogger("gpusteward.extender")
 _AIOHTTP_SERVER_LOG = logging.getLogger("aiohttp.server")
+
+
+def run_extender(args: argparse.Namespace) -> int:
+    return asyncio.run(serve(ExtenderSettings.from_args(args, os.environ)))
 
 
 async def serve(settings: ExtenderSettings) -> int:

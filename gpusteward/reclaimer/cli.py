@@ -1,14 +1,14 @@
-"""``gpusteward reclaimer [restore]``: its flags, the typed settings they make, and the run.
+"""``gpusteward reclaimer [restore]``: its flags and the typed settings they make.
 
-Wired into the main command by ``gpusteward.cli`` through ``add_reclaimer_parser`` and
-``run_reclaimer``; ``serve.build_reclaimer``, ``serve.serve`` and ``serve.restore`` take the
-settings.
+Wired into the main command by ``gpusteward.cli`` through ``add_reclaimer_parser``; it runs
+``serve.run_reclaimer``, and ``serve.build_reclaimer``, ``serve.serve`` and ``serve.restore``
+take the settings. Flags and settings only (argparse, the core): every command builds this
+parser.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,11 +23,12 @@ from gpusteward.adapters.connectflags import (
 )
 from gpusteward.adapters.errors import SettingsError
 from gpusteward.core.policy import Policy, ReclaimMode, load_policy
+from gpusteward.core.reclaim.kinds import known_kinds
 
 if TYPE_CHECKING:
     from gpusteward.adapters.promconnection import PrometheusConnection
 
-__all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser", "run_reclaimer"]
+__all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser"]
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 LEASE_NAME = "gpusteward-reclaimer"  # kustomize's, and the Helm chart's for a release "gpusteward"
@@ -157,8 +158,6 @@ class RestoreSettings:
         try:
             namespace, kind, name = (args.target or "").split("/")
         except ValueError:
-            from gpusteward.reclaimer.restore import known_kinds
-
             raise SettingsError(f"expected NAMESPACE/KIND/NAME (KIND: {', '.join(known_kinds())})"
                                 f" or --list, got {args.target!r}") from None
         return cls(namespace, kind, name, **common)
@@ -181,15 +180,3 @@ def default_namespace(env: Mapping[str, str]) -> str:
             return f.read().strip()
     except OSError:
         return env.get("POD_NAMESPACE", "default")
-
-
-def run_reclaimer(args: argparse.Namespace) -> int:
-    if args.reclaimer_command == "restore":
-        restoring = RestoreSettings.from_args(args)
-        from gpusteward.reclaimer.serve import restore
-
-        return asyncio.run(restore(restoring))
-    settings = ReclaimerSettings.from_args(args, os.environ)
-    from gpusteward.reclaimer.serve import serve
-
-    return asyncio.run(serve(settings))

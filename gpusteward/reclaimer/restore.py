@@ -27,7 +27,7 @@ from gpusteward.core.times import stamp
 from gpusteward.reclaimer.actor import CALL_TIMEOUT, retry_on_conflict, workload_api
 from gpusteward.reclaimer.stops import StopBook
 
-__all__ = ["RestoreRefused", "Restorer", "known_kinds", "plain_count"]
+__all__ = ["RestoreRefused", "Restorer", "plain_count"]
 
 log = logging.getLogger("gpusteward.reclaimer")
 
@@ -100,8 +100,8 @@ class Restorer:
             found = self.catalog.by_kind(kind_name)
             if len(found) != 1:
                 raise RestoreRefused(f"{kind_name}: not a kind gpusteward stops (one of "
-                                     f"{', '.join(known_kinds(self.catalog))}; KIND.GROUP where "
-                                     "ambiguous)")
+                                     f"{', '.join(kinds.known_kinds(self.catalog))}; KIND.GROUP "
+                                     "where ambiguous)")
             k = found[0]
         what = f"{k.kind} {namespace}/{name}"
         version = await self.switches.served(k.group)
@@ -152,10 +152,6 @@ class Restorer:
             raise RestoreRefused(why)
         assert entry is not None
         return entry
-
-
-def known_kinds(catalog: kinds.Catalog = kinds.DEFAULT) -> list[str]:
-    return ["Job", "Deployment", "StatefulSet", "ScaledObject", *(k.kind for k in catalog.kinds)]
 
 
 def _recorded(entry: StopEntry, annotations: dict[str, str], what: str) -> int:

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import time
@@ -37,6 +39,12 @@ from gpusteward.reclaimer.stopped import stopped, table
 from gpusteward.reclaimer.stops import StopBook
 
 log = logging.getLogger("gpusteward.reclaimer")
+
+
+def run_reclaimer(args: argparse.Namespace) -> int:
+    if args.reclaimer_command == "restore":
+        return asyncio.run(restore(RestoreSettings.from_args(args)))
+    return asyncio.run(serve(ReclaimerSettings.from_args(args, os.environ)))
 
 
 def _metrics_app(reclaimer: Reclaimer) -> web.Application:

@@ -1,4 +1,7 @@
-"""`gpusteward sandbox up|down|status|env`: a local cluster of real Kubernetes components."""
+"""`gpusteward sandbox up|down|status|env`: a local cluster of real Kubernetes components.
+
+Flags only: every command builds this parser; ``sandbox.commands.run`` runs them.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +9,17 @@ import argparse
 
 from gpusteward.adapters.connectflags import whole_number
 
+# What `--with` offers: the keys of sandbox.controllers.CONTROLLERS, which builds them (a test
+# holds the two equal; that module loads the build machinery, which a flag should not).
+CONTROLLER_NAMES = ("kueue", "kuberay", "jobset", "trainer", "keda")
+
 
 def _controllers(text: str) -> tuple[str, ...]:
-    from gpusteward.sandbox.controllers import CONTROLLERS
-
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in CONTROLLERS]
+    unknown = [n for n in names if n not in CONTROLLER_NAMES]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown controller {', '.join(unknown)} (known: "
-                                         f"{', '.join(CONTROLLERS)})")
+                                         f"{', '.join(CONTROLLER_NAMES)})")
     return names
 
 
@@ -50,9 +55,3 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
         p = sb_sub.add_parser(name, help=text)
         p.add_argument("--state-dir", help="the sandbox's state directory")
     return sb
-
-
-def run_sandbox_command(args: argparse.Namespace) -> int:
-    from gpusteward.sandbox.commands import run
-
-    return run(args)

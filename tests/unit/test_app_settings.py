@@ -17,7 +17,8 @@ from gpusteward.extender.serve import build_extender
 from gpusteward.reclaimer import cli as reclaimer_cli
 from gpusteward.reclaimer.cli import ReclaimerSettings, RestoreSettings
 from gpusteward.reclaimer.serve import build_reclaimer
-from gpusteward.report.cli import ReportSettings, build_usage_reader
+from gpusteward.report.cli import ReportSettings
+from gpusteward.report.run import build_usage_reader
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml")
 NO_PROMETHEUS = {}  # no PROMETHEUS_URL and no GPUSTEWARD_PROMETHEUS_* variables

@@ -139,6 +139,11 @@ def _from_policy(name: str, switch: OwnerSwitch) -> Kind:
 DEFAULT = Catalog()
 
 
+def known_kinds(catalog: Catalog = DEFAULT) -> list[str]:
+    """The kinds ``gpusteward reclaimer restore`` brings back, as its usage names them."""
+    return ["Job", "Deployment", "StatefulSet", "ScaledObject", *(k.kind for k in catalog.kinds)]
+
+
 def stop_patch(k: Kind, reason: str, stamp: str) -> dict[str, Any]:
     """The merge patch that stops an owner of kind k, recording why and when."""
     body: dict[str, Any] = {"metadata": {"annotations": reclaim_record(reason, stamp)}}
