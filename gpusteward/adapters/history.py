@@ -18,9 +18,8 @@ from __future__ import annotations
 import re
 
 from gpusteward.adapters.historyfold import Facts, ksm_resource
-from gpusteward.adapters.prometheus import WHOLE_GPU_UTIL, PrometheusSource, keeping
+from gpusteward.adapters.prometheus import PrometheusSource, keeping, utilization
 from gpusteward.adapters.snapshot import evidence_queries
-from gpusteward.core.dcgm import ENGINE_ACTIVE
 from gpusteward.core.policy import Policy
 from gpusteward.core.times import HOUR
 from gpusteward.core.whatif.history import Grid, History
@@ -31,7 +30,8 @@ CHUNK = 6 * HOUR  # a range query's span: 360 points per series at a 60 s step
 def queries(policy: Policy, step: float, chunk: float) -> dict[str, str]:
     s, c = f"{int(step)}s", f"{int(chunk + step)}s"
     resources = "|".join(re.escape(ksm_resource(r)) for r in policy.resources)
-    peak, count = evidence_queries(step, policy.telemetry.node_labels)
+    words = policy.telemetry.vocabulary()
+    peak, count = evidence_queries(step, policy.telemetry.node_labels, words)
     return {
         "info": "max by (namespace, pod, uid, node, priority_class) "
                 f"(max_over_time(kube_pod_info[{s}]))",
@@ -48,8 +48,7 @@ def queries(policy: Policy, step: float, chunk: float) -> dict[str, str]:
         "labels": f"last_over_time(kube_pod_labels[{c}])",
         "created": f"max by (uid) (last_over_time(kube_pod_created[{c}]))",
         "model": keeping(["UUID", "gpu", "GPU_I_ID", "modelName", *policy.telemetry.node_labels])
-                 + f"(last_over_time({WHOLE_GPU_UTIL}[{c}])"
-                 + f" or last_over_time({ENGINE_ACTIVE}[{c}]))",
+                 + utilization(words, None, lambda m: f"last_over_time({m}[{c}])"),
     }
 
 

@@ -13,7 +13,7 @@ from operator import ne, sub
 from typing import Any
 
 from gpusteward.adapters.errors import AdapterError
-from gpusteward.adapters.prometheus import ENGINE_ACTIVE, Series
+from gpusteward.adapters.prometheus import Series
 from gpusteward.core.attribution import Attribution, is_per_pod, node_of
 from gpusteward.core.cards import TierTable
 from gpusteward.core.dcgm import gpu_id
@@ -185,7 +185,7 @@ class Facts:
                 "scraped by this Prometheus, and does its retention reach back that far?")
         if not any(self.telemetry):
             raise NoHistory(
-                f"no GPU telemetry (DCGM_FI_DEV_GPU_UTIL or {ENGINE_ACTIVE}) between "
+                f"no GPU telemetry (utilization or engine activity, under any name) between "
                 f"{stamp(self.grid.start)} and {stamp(self.grid.end)}: nothing to judge "
                 "idleness by")
         wanted = {ksm_resource(r): r for r in policy.resources}

@@ -39,9 +39,10 @@ from gpusteward.core.attribution import (
     is_per_pod,
     node_of,
 )
-from gpusteward.core.dcgm import ENGINE_ACTIVE, GPU_UTIL, XID_COUNT, gpu_id
+from gpusteward.core.dcgm import XID_COUNT, gpu_id
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import Health, TelemetryPolicy
+from gpusteward.core.vocabulary import Concept, Unit, Vocabulary, fallback
 
 log = logging.getLogger("gpusteward.telemetry")
 
@@ -49,10 +50,32 @@ log = logging.getLogger("gpusteward.telemetry")
 _GPU_KEY = ("gpu", "GPU_I_ID")
 # dcgm-exporter reports no GPU_UTIL for a MIG instance (series with GPU_I_ID/GPU_I_PROFILE),
 # or a 0 whatever it computes (NVIDIA/dcgm-exporter#50, #216, #430): an instance is only ever
-# read from the profiling engine-activity field, which `or` supplies where GPU_UTIL is left out.
-WHOLE_GPU_UTIL = f'{GPU_UTIL}{{GPU_I_ID=""}}'
-# The newest sample of any GPU or MIG instance (the reclaimer's freshness probe).
-NEWEST_SAMPLE = f"max(timestamp({WHOLE_GPU_UTIL}) or timestamp({ENGINE_ACTIVE}))"
+# read from the profiling engine-activity field, which ``fallback`` supplies where utilization
+# is left out.
+WHOLE_GPU = 'GPU_I_ID=""'
+
+
+def utilization(vocabulary: Vocabulary, unit: Unit | None,
+                body: Callable[[str], str] = lambda selector: selector) -> str:
+    """``body`` over each GPU's utilization, under any of its names, in ``unit``; engine
+    activity where a GPU (a MIG instance always) has no utilization series."""
+    return fallback(vocabulary.union(Concept.UTILIZATION, unit, body, WHOLE_GPU),
+                    vocabulary.union(Concept.ENGINE_ACTIVITY, unit, body))
+
+
+def sampled(vocabulary: Vocabulary) -> str:
+    """Each utilization (or engine-activity) series' newest sample time."""
+    return fallback(vocabulary.union(Concept.UTILIZATION, None, _timestamp, WHOLE_GPU),
+                    vocabulary.union(Concept.ENGINE_ACTIVITY, None, _timestamp))
+
+
+def _timestamp(selector: str) -> str:
+    return f"timestamp({selector})"
+
+
+def newest_sample(vocabulary: Vocabulary) -> str:
+    """The newest sample of any GPU or MIG instance (the reclaimer's fleet-wide probe)."""
+    return f"max({sampled(vocabulary)})"
 
 
 class _Transient(Exception):
@@ -105,9 +128,11 @@ def keeping(labels: Sequence[str]) -> str:
     return f"max by ({', '.join(labels)}) "
 
 
-def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
-    """The PromQL of one refresh. GR_ENGINE_ACTIVE stands in where GPU_UTIL is absent and
-    always reads MIG instances (see WHOLE_GPU_UTIL).
+def queries(health: Health, node_labels: Sequence[str],
+            vocabulary: Vocabulary | None = None) -> dict[str, str]:
+    """The PromQL of one refresh, each concept under all its names (core.vocabulary) in the
+    unit the readings use. Engine activity stands in where utilization is absent and always
+    reads MIG instances (see WHOLE_GPU).
 
     Each query keeps the labels ``assemble`` reads; ``timestamp`` goes inside the aggregation so
     that it is still each sample's time.
@@ -120,16 +145,19 @@ def queries(health: Health, node_labels: Sequence[str]) -> dict[str, str]:
     ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
     window = f"{int(health.xid_window)}s"
     step = f"{max(1, int(health.xid_window) // 40)}s"  # ~40 points per series and window
+    words = vocabulary or Vocabulary()
     labels = gpu_labels(node_labels)
     by = keeping(labels)
+    xid_window = f"[{window}:{step}]"
     counted = ['xid!=""'] + ([f'xid!~"{"|".join(str(x) for x in sorted(health.ignored_xids))}"']
                              if health.ignored_xids else [])
     return {
-        "util": by + f"(({WHOLE_GPU_UTIL} / 100) or {ENGINE_ACTIVE})",
-        "util_at": by + f"(timestamp({WHOLE_GPU_UTIL}) or timestamp({ENGINE_ACTIVE}))",
-        "temp": by + "(DCGM_FI_DEV_GPU_TEMP)",
-        "fb_used": by + "(DCGM_FI_DEV_FB_USED)",
-        "xid": by + f"(max_over_time((DCGM_FI_DEV_XID_ERRORS{ignored})[{window}:{step}]))",
+        "util": by + utilization(words, Unit.RATIO),
+        "util_at": by + sampled(words),
+        "temp": by + words.union(Concept.TEMPERATURE, Unit.CELSIUS),
+        "fb_used": by + words.union(Concept.MEMORY_USED, Unit.MIB),
+        "xid": by + words.union(Concept.XID, Unit.CODE,
+                                lambda x: f"max_over_time(({x}{ignored}){xid_window})"),
         "xid_nodes": f"count by ({', '.join([*node_labels, *_LOCATING])}) ({XID_COUNT})",
         "xid_counted": keeping([*labels, "xid"])
                        + f"(max_over_time({XID_COUNT}{{{', '.join(counted)}}}[{window}]) > 0)",
@@ -149,7 +177,8 @@ class PrometheusSource:
         self.locate = locate
         self._where: tuple[Collection[str], Mapping[str, str]] | None = None
         self.timeout = float(policy.query_timeout)
-        self.queries = queries(health, self.node_labels)
+        self.vocabulary = policy.vocabulary()
+        self.queries = queries(health, self.node_labels, self.vocabulary)
         self.clock = clock
         self.attempts = attempts
         self._prom = PrometheusConnect(self.url, session=session(connection),

@@ -24,15 +24,16 @@ from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.owners import Link, OwnerChains, link_of
 from gpusteward.adapters.prometheus import (
-    NEWEST_SAMPLE,
-    WHOLE_GPU_UTIL,
     PrometheusSource,
     gpu_labels,
     keeping,
+    newest_sample,
+    sampled,
+    utilization,
 )
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
-from gpusteward.core.dcgm import ENGINE_ACTIVE, gpu_id
+from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.dra import DEFAULT_DRIVER, DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
@@ -43,6 +44,7 @@ from gpusteward.core.reclaim.kinds import BUILT_IN
 from gpusteward.core.reclaim.model import Evidence, PastAction, Snapshot
 from gpusteward.core.reclaim.rules import peak_of, windows
 from gpusteward.core.reclaim.selfservice import restore_asks
+from gpusteward.core.vocabulary import SOURCE_LABEL, Concept, Unit, Vocabulary
 
 
 class Spec(msgspec.Struct):
@@ -176,19 +178,24 @@ class SnapshotReader:
                 for w, (peaks, counts) in zip(needed, answers, strict=True)}, True, ""
 
     async def _telemetry_age(self, now: float) -> float:
-        result = await self.prometheus.query(NEWEST_SAMPLE)
+        words = self.prometheus.vocabulary
+        result = await self.prometheus.query(newest_sample(words))
         if not result:
-            raise TelemetryUnavailable(f"no DCGM_FI_DEV_GPU_UTIL series and no {ENGINE_ACTIVE} "
-                                      "series (MIG) at all")
+            raise TelemetryUnavailable(
+                f"no utilization series ({' or '.join(words.names(Concept.UTILIZATION))}) and "
+                f"no engine activity ({' or '.join(words.names(Concept.ENGINE_ACTIVITY))}, "
+                "MIG) at all")
         return now - float(result[0]["value"][1])
 
     async def _newest(self) -> dict[GpuKey, float]:
         """Each GPU's newest sample time, keyed as the evidence series are."""
-        result = await self.prometheus.query(newest_query(self.policy.telemetry.node_labels))
+        result = await self.prometheus.query(newest_query(self.policy.telemetry.node_labels,
+                                                          self.prometheus.vocabulary))
         return {_gpu_key(s["metric"]): float(s["value"][1]) for s in result}
 
     async def _window(self, window: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        peak_q, count_q = evidence_queries(window, self.policy.telemetry.node_labels)
+        peak_q, count_q = evidence_queries(window, self.policy.telemetry.node_labels,
+                                           self.prometheus.vocabulary)
         peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
                                              self.prometheus.query(count_q))
         return peaks, counts
@@ -203,30 +210,29 @@ def _agent(expr: str) -> str:
     return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
 
 
-def _by_gpu(node_labels: Sequence[str]) -> str:
-    return keeping(["UUID", *gpu_labels(node_labels)])
+def _by_gpu(node_labels: Sequence[str], *more: str) -> str:
+    return keeping(["UUID", *gpu_labels(node_labels), *more])
 
 
-def newest_query(node_labels: Sequence[str]) -> str:
+def newest_query(node_labels: Sequence[str], vocabulary: Vocabulary) -> str:
     """Each GPU's newest sample time (``timestamp`` inside the aggregation, so it is still each
     sample's time), over the same series and labels as the evidence queries. A series whose
     exporter stopped has no sample within Prometheus' lookback and is absent: no time at all."""
-    return _by_gpu(node_labels) + (f"(timestamp({WHOLE_GPU_UTIL}) or timestamp({ENGINE_ACTIVE}) "
+    return _by_gpu(node_labels, SOURCE_LABEL) + (f"({sampled(vocabulary)} "
                                    f"or {_agent(f'timestamp({AGENT_POD_UTIL})')})")
 
 
-def evidence_queries(window: float, node_labels: Sequence[str]) -> tuple[str, str]:
-    """(peak utilization %, samples) per GPU over the window, keeping its UUID, node, index and
-    pod: the same series in both, so per_pod can pair them by their whole label set. The agent's
-    per-pod series of shared GPUs come along, labelled ``vgpu="agent"``."""
+def evidence_queries(window: float, node_labels: Sequence[str],
+                     vocabulary: Vocabulary) -> tuple[str, str]:
+    """(peak utilization %, samples) per GPU and metric name over the window, keeping its UUID,
+    node, index, pod and the name it came under: the same series in both, so per_pod can pair
+    them by their whole label set, and join a GPU's names. The agent's per-pod series of shared
+    GPUs come along, labelled ``vgpu="agent"``."""
     w = f"{int(window)}s"
-    by, agent = _by_gpu(node_labels), _agent
-
-    peak = by + (f"({_checked_peak(WHOLE_GPU_UTIL, w)} or "
-                 f"({_checked_peak(ENGINE_ACTIVE, w)} * 100) or "
+    by, agent = _by_gpu(node_labels, SOURCE_LABEL), _agent
+    peak = by + (f"({utilization(vocabulary, Unit.PERCENT, lambda m: _checked_peak(m, w))} or "
                  f"{agent(_checked_peak(AGENT_POD_UTIL, w))})")
-    count = by + (f"(count_over_time({WHOLE_GPU_UTIL}[{w}]) or "
-                  f"count_over_time({ENGINE_ACTIVE}[{w}]) or "
+    count = by + (f"({utilization(vocabulary, None, lambda m: f'count_over_time({m}[{w}])')} or "
                   f"{agent(f'count_over_time({AGENT_POD_UTIL}[{w}])')})")
     return peak, count
 
@@ -248,8 +254,12 @@ def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, A
             expected: float, who: Attribution, newest: Mapping[GpuKey, float] | None = None,
             now: float = 0.0) -> dict[str, Evidence]:
     """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage, and (given
-    each series' ``newest`` sample time) the age of the stalest one at ``now``: a series with no
-    newest sample is infinitely old.
+    each series' ``newest`` sample time) the age of the stalest GPU at ``now``.
+
+    A GPU read under two metric names (an exporter upgraded within the window: core.vocabulary)
+    is judged on both: its peak is the higher, its coverage the sum of each name's, its age
+    that of its newest series. Within one name a GPU's several series (e.g. two label sets)
+    cover it only as far as the least of them, and one with no newest sample is infinitely old.
 
     Only series whose pod the API server shows holding GPUs on that node count. On a shared GPU
     a pod's own per-pod series stand for it, whatever else names it there (order-independent).
@@ -268,14 +278,33 @@ def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, A
     out = {}
     for pod, gpus in found.items():
         chosen = [kinds.get(True) or kinds[False] for kinds in gpus.values()]
-        coverage = min(min(1.0, gpu_count.get(k, 0.0) / max(expected, 1.0))
-                       for series in chosen for k in series)
-        age = 0.0 if newest is None else now - min(
-            newest.get(k, -math.inf) for series in chosen for k in series)
         out[pod] = Evidence(window=window,
                             peak_percent=peak_of(v for c in chosen for v in c.values()),
-                            coverage=coverage, gpus_seen=len(gpus), age=age)
+                            coverage=min(_coverage(c, gpu_count, expected) for c in chosen),
+                            gpus_seen=len(gpus),
+                            age=0.0 if newest is None else max(now - _newest(c, newest)
+                                                               for c in chosen))
     return out
+
+
+def _by_name(series: Iterable[GpuKey]) -> dict[str, list[GpuKey]]:
+    """One GPU's series by the metric name each came under."""
+    out: dict[str, list[GpuKey]] = {}
+    for key in series:
+        out.setdefault(dict(key).get(SOURCE_LABEL, ""), []).append(key)
+    return out
+
+
+def _coverage(series: Iterable[GpuKey], counts: Mapping[GpuKey, float], expected: float) -> float:
+    """One GPU's coverage: each name's samples (the fewest of its series), summed over names."""
+    samples = sum(min(counts.get(k, 0.0) for k in keys) for keys in _by_name(series).values())
+    return min(1.0, samples / max(expected, 1.0))
+
+
+def _newest(series: Iterable[GpuKey], newest: Mapping[GpuKey, float]) -> float:
+    """One GPU's newest sample: under the name whose stalest series is newest."""
+    return max(min(newest.get(k, -math.inf) for k in keys)
+               for keys in _by_name(series).values())
 
 
 def _gpu_key(labels: Mapping[str, str]) -> GpuKey:

@@ -37,20 +37,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 __all__ = [
+    "DCGM47",
+    "DCGM47_FIELDS",
     "DCGM_FIELDS",
     "ENGINE_ACTIVE",
+    "GENERATIONS",
+    "LEGACY",
     "EXPORTER_LABELS",
     "GPU_UTIL",
     "MIB",
     "XID_COUNT",
+    "XID_ERROR",
     "XID_ERRORS",
     "XID_GPU_LOST",
     "ExportedGpu",
     "Family",
     "Field",
+    "Generation",
     "MigInstance",
     "PodRef",
     "Sample",
@@ -188,6 +194,45 @@ DCGM_FIELDS = (
     ),
 )
 
+# dcgm-exporter >= 4.9 (DCGM 4.7) prints the DCGM 4.7 names of the fields above, in their units
+# (DCGM's dcgm_fields.h; go-dcgm's alias table pkg/dcgm/fields.go): utilization and engine
+# activity as 0-1 ratios, framebuffer in bytes. The exact default counters file and HELP texts of
+# 4.9 could not be confirmed from here: the texts are DCGM's field descriptions, and nothing
+# reads them.
+GPU_UTIL_RATIO = "DCGM_FI_DEV_GPU_UTIL_RATIO"
+XID_ERROR = "DCGM_FI_DEV_XID_ERROR"
+DCGM47_FIELDS = (
+    Field("DCGM_FI_DEV_GPU_TEMP_CELSIUS", "GPU temperature (in C).",
+          lambda g: _go_int(g.temp_c)),
+    Field("DCGM_FI_DEV_BOARD_POWER_WATTS", "Board power draw (in W).",
+          lambda g: _go_double(g.power_w)),
+    Field(GPU_UTIL_RATIO, "GPU utilization (ratio 0-1).",
+          lambda g: _go_double(min(max(g.util_percent, 0.0), 100.0) / 100.0)),
+    Field(XID_ERROR, "Value of the last XID error encountered.", lambda g: _go_int(g.xid)),
+    Field("DCGM_FI_DEV_FB_FREE_BYTES", "Framebuffer memory free (in bytes).",
+          lambda g: _go_int(max(g.memory_mib - g.fb_used_mib, 0) * MIB)),
+    Field("DCGM_FI_DEV_FB_USED_BYTES", "Framebuffer memory used (in bytes).",
+          lambda g: _go_int(g.fb_used_mib * MIB)),
+    Field("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "Ratio of time the graphics engine is active.",
+          lambda g: _go_double(min(max(g.util_percent, 0.0), 100.0) / 100.0)),
+)
+
+
+class Generation(NamedTuple):
+    """What one generation of dcgm-exporter prints: its fields and the names of its node and
+    driver labels (4.8.3 renamed ``Hostname`` to ``hostname``; 4.9 the driver label)."""
+
+    fields: tuple[Field, ...]
+    node_label: str
+    driver_label: str
+
+
+LEGACY = Generation(DCGM_FIELDS, "Hostname", "DCGM_FI_DRIVER_VERSION")  # dcgm-exporter <= 4.8
+DCGM47 = Generation(DCGM47_FIELDS, "hostname", "DCGM_FI_SYSTEM_DRIVER_VERSION")  # >= 4.9
+GENERATIONS = {"4.8": LEGACY, "4.9": DCGM47}
+_UTIL_FIELDS = frozenset({GPU_UTIL, GPU_UTIL_RATIO})
+_XID_FIELDS = frozenset({XID_ERRORS, XID_ERROR})
+
 XID_COUNT_FIELD = Field(
     XID_COUNT,
     "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
@@ -195,9 +240,10 @@ XID_COUNT_FIELD = Field(
 )
 
 
-def fields(xid_count_window_ms: int | None = None) -> tuple[Field, ...]:
+def fields(xid_count_window_ms: int | None = None,
+           generation: Generation = LEGACY) -> tuple[Field, ...]:
     """The fields an exporter prints, with ``DCGM_EXP_XID_ERRORS_COUNT`` when it counts XIDs."""
-    return DCGM_FIELDS + ((XID_COUNT_FIELD,) if xid_count_window_ms else ())
+    return generation.fields + ((XID_COUNT_FIELD,) if xid_count_window_ms else ())
 
 
 # Texts from dcgm-exporter's xidErrCodeToText for the XIDs a GPU fleet commonly sees.
@@ -226,7 +272,8 @@ _XID_TEXT = {
 
 # Every label the exporter itself writes, but the node label (its name is a setting).
 EXPORTER_LABELS = frozenset(
-    {"gpu", "UUID", "pci_bus_id", "device", "modelName", "DCGM_FI_DRIVER_VERSION"}
+    {"gpu", "UUID", "pci_bus_id", "device", "modelName", "DCGM_FI_DRIVER_VERSION",
+     "DCGM_FI_SYSTEM_DRIVER_VERSION"}
     | {"GPU_I_PROFILE", "GPU_I_ID"}
     | {"container", "namespace", "pod", "vgpu", "err_code", "err_msg", "window_size_in_ms", "xid"}
 )
@@ -234,7 +281,7 @@ EXPORTER_LABELS = frozenset(
 
 def _labels(
     gpu: ExportedGpu, field: Field, driver_version: str, node_label: str,
-    xid_count_window_ms: int | None,
+    xid_count_window_ms: int | None, driver_label: str = LEGACY.driver_label,
 ) -> tuple[tuple[str, str], ...]:
     labels = [
         ("gpu", str(gpu.index)),
@@ -244,14 +291,14 @@ def _labels(
         ("modelName", gpu.model_name),
         *((("GPU_I_PROFILE", gpu.mig.profile), ("GPU_I_ID", str(gpu.mig.id))) if gpu.mig else ()),
         (node_label, gpu.node),
-        ("DCGM_FI_DRIVER_VERSION", driver_version),
+        (driver_label, driver_version),
     ]
     if field.name == XID_COUNT:
         labels.append(("window_size_in_ms", str(xid_count_window_ms)))
         if gpu.xid_count:
             labels.append(("xid", str(gpu.xid)))
     attributes: dict[str, str] = {}
-    if field.name == XID_ERRORS:
+    if field.name in _XID_FIELDS:
         attributes["err_code"] = str(gpu.xid)
         attributes["err_msg"] = _XID_TEXT.get(gpu.xid, "Unknown Error")
     if (pod := gpu.pod) is not None:
@@ -268,19 +315,21 @@ def sample(
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
+    generation: Generation = LEGACY,
 ) -> Sample | None:
     """The sample ``gpu`` prints for ``field``, or None where the exporter prints none.
 
     ``node_label`` is ``Hostname`` in released exporters and ``hostname`` on dcgm-exporter main
     since May 2026. ``xid_count_window_ms``: the exporter's ``--xid-count-window-size``.
     """
-    if gpu.mig is not None and field.name == GPU_UTIL:
+    if gpu.mig is not None and field.name in _UTIL_FIELDS:
         if gpu.mig.gpu_util == "absent":
             return None
         value = "0"
     else:
         value = field.value(gpu)
-    return Sample(_labels(gpu, field, driver_version, node_label, xid_count_window_ms), value)
+    return Sample(_labels(gpu, field, driver_version, node_label, xid_count_window_ms,
+                          generation.driver_label), value)
 
 
 def dcgm_families(
@@ -289,6 +338,7 @@ def dcgm_families(
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
+    generation: Generation = LEGACY,
 ) -> list[Family]:
     """Every family one scrape prints for these entities, each with their samples in order."""
     gpus = list(gpus)
@@ -296,9 +346,9 @@ def dcgm_families(
     def printed(f: Field) -> tuple[Sample, ...]:
         return tuple(s for g in gpus if (s := sample(
             f, g, driver_version=driver_version, node_label=node_label,
-            xid_count_window_ms=xid_count_window_ms)))
+            xid_count_window_ms=xid_count_window_ms, generation=generation)))
 
-    return [Family(f.name, f.help, printed(f)) for f in fields(xid_count_window_ms)]
+    return [Family(f.name, f.help, printed(f)) for f in fields(xid_count_window_ms, generation)]
 
 
 def gpu_id(labels: Mapping[str, str]) -> str:

@@ -19,6 +19,7 @@ from gpusteward.core import policyyaml
 from gpusteward.core.cards import CardPatternError, compile_patterns
 from gpusteward.core.times import DAY, HOUR, MINUTE
 from gpusteward.core.typedconfig import Between, Duration, FieldError, decode, without
+from gpusteward.core.vocabulary import CONCEPT_UNIT, Concept, Metric, Unit, Vocabulary, compatible
 
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Ratio = Annotated[float, msgspec.Meta(ge=0, le=1)]
@@ -43,6 +44,13 @@ def _factory(cls: type) -> Any:
     return msgspec.field(default_factory=cls)
 
 
+class MetricName(Config, frozen=True):
+    """One name a concept is read under, and the unit its values are in."""
+
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")]
+    unit: Unit
+
+
 class TelemetryPolicy(Config, frozen=True):
     source: Literal["prometheus"] = "prometheus"
     # Overridden by --prometheus-url or PROMETHEUS_URL.
@@ -65,6 +73,13 @@ class TelemetryPolicy(Config, frozen=True):
     # Whether the scrape keeps the exporter's pod labels over the target's (the ServiceMonitor's
     # honorLabels); `auto` reads both shapes. See core/attribution.py and docs/policy.md.
     honor_labels: bool | Literal["auto"] = "auto"
+    # Per concept, the names it is read under, replacing both dcgm-exporter generations' names
+    # (core/vocabulary.py): for exporters with a custom counters file or recording rules.
+    metrics: dict[str, list[MetricName]] = msgspec.field(default_factory=dict)
+
+    def vocabulary(self) -> Vocabulary:
+        return Vocabulary({Concept(c): [Metric(m.name, m.unit) for m in names]
+                           for c, names in self.metrics.items() if c in CONCEPT_UNIT})
 
 
 class Health(Config, frozen=True):
@@ -379,6 +394,7 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
         if getattr(p.reclaim.snooze, f.name) is None:
             yield FieldError(("reclaim", "snooze", f.encode_name),
                              "must be set: classes and teams inherit it from here")
+    yield from _metrics_errors(p.telemetry.metrics)
     if p.telemetry.stale_after < p.telemetry.refresh:
         yield FieldError(("telemetry", "staleAfter"), "must be at least telemetry.refresh")
     for kind, action in p.reclaim.owner_actions.kinds.items():
@@ -387,6 +403,19 @@ def _semantic_errors(p: Policy) -> Iterator[FieldError]:
             yield FieldError(where, "expected Kind.group, e.g. Trainer.example.com")
         if isinstance(action, OwnerSwitch):
             yield from _switch_errors(where, action)
+
+
+def _metrics_errors(metrics: dict[str, list[MetricName]]) -> Iterator[FieldError]:
+    for concept, named in metrics.items():
+        where = ("telemetry", "metrics", concept)
+        if concept not in CONCEPT_UNIT:
+            yield FieldError(where, f"unknown concept; one of {', '.join(CONCEPT_UNIT)}")
+            continue
+        if not named:
+            yield FieldError(where, "name at least one metric")
+        for i, m in enumerate(named):
+            if not compatible(m.unit, CONCEPT_UNIT[Concept(concept)]):
+                yield FieldError((*where, i, "unit"), f"{concept} is not measured in {m.unit}")
 
 
 def _switch_errors(where: tuple[str, ...], s: OwnerSwitch) -> Iterator[FieldError]:

@@ -10,22 +10,25 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpusteward.adapters.errors import TelemetryUnavailable
-from gpusteward.adapters.prometheus import WHOLE_GPU_UTIL, PrometheusSource
+from gpusteward.adapters.prometheus import PrometheusSource, utilization
 from gpusteward.adapters.snapshot import AGENT_POD_UTIL, SnapshotReader
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
-from gpusteward.core.dcgm import ENGINE_ACTIVE, gpu_id
+from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.policy import Policy
 from gpusteward.core.report.model import ReportInput, Series, Window
+from gpusteward.core.vocabulary import Unit, Vocabulary
 
 MAX_POINTS = 10_000  # Prometheus refuses more than 11,000 points per series in one query
 Progress = Callable[[int, int], None]  # (range queries done, range queries in all)
 
 
-def utilization_query(step: float, scrape_interval: float) -> str:
-    """Peak utilization per slot: the lookback spans two scrapes, so no slot falls between them."""
+def utilization_query(step: float, scrape_interval: float,
+                      vocabulary: Vocabulary | None = None) -> str:
+    """Peak utilization % per slot, under any of its names (a GPU's names joined by
+    ``series``): the lookback spans two scrapes, so no slot falls between them."""
     look = f"{int(max(step, 2 * scrape_interval))}s"
-    return (f"max_over_time({WHOLE_GPU_UTIL}[{look}]) or "
-            f"(max_over_time({ENGINE_ACTIVE}[{look}]) * 100) or "
+    return (utilization(vocabulary or Vocabulary(), Unit.PERCENT,
+                        lambda m: f"max_over_time({m}[{look}])") + " or "
             f'label_replace(max_over_time({AGENT_POD_UTIL}[{look}]), '
             f'"{VIRTUAL_GPU_LABEL}", "agent", "", "")')
 
@@ -49,7 +52,8 @@ class UsageReader:
         snap = await self.snapshots.read()
         end = float(math.floor(snap.now))
         grid = Window(start=end - window, end=end, step=step)
-        query = utilization_query(step, float(self.policy.telemetry.scrape_interval))
+        query = utilization_query(step, float(self.policy.telemetry.scrape_interval),
+                                  self.prometheus.vocabulary)
         parts = chunks(grid)
         results: list[dict[str, Any]] = []
         progress(0, len(parts))

@@ -27,10 +27,12 @@ class Exporter:
     service: str
     container: str
     endpoint: str
+    revision: str = ""  # another revision: the DaemonSet's pods after a rolling upgrade
 
     def pod(self, node: str) -> str:
-        """A DaemonSet pod name: the set's name and a 5-character suffix, stable per node."""
-        return f"{self.service}-{hashlib.sha256(node.encode()).hexdigest()[:5]}"
+        """A DaemonSet pod name: the set's name and a 5-character suffix, stable per node (and
+        revision)."""
+        return f"{self.service}-{hashlib.sha256((node + self.revision).encode()).hexdigest()[:5]}"
 
     def target_labels(self, node: str) -> dict[str, str]:
         return {"namespace": self.namespace, "service": self.service, "pod": self.pod(node),

@@ -23,6 +23,8 @@ from gpusteward.core.dcgm import (
     DEFAULT_DRIVER_VERSION,
     DEFAULT_NODE_LABEL,
     EXPORTER_LABELS,
+    LEGACY,
+    Generation,
     MigInstance,
     PodRef,
     dcgm_families,
@@ -36,6 +38,7 @@ __all__ = [
     "SimGpu",
     "model_name_for_product",
     "render_exposition",
+    "join_openmetrics",
     "render_openmetrics_history",
 ]
 
@@ -117,16 +120,19 @@ def render_exposition(
     driver_version: str = DEFAULT_DRIVER_VERSION,
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
+    generation: Generation = LEGACY,
 ) -> str:
     """One scrape of ``/metrics`` (text format 0.0.4) for the given GPUs.
 
-    ``node_label`` is ``Hostname`` in released exporters and ``hostname`` on
-    dcgm-exporter main since May 2026. ``xid_count_window_ms``: the exporter's
-    ``--xid-count-window-size`` with ``DCGM_EXP_XID_ERRORS_COUNT`` enabled.
+    ``node_label`` is ``Hostname`` in exporters up to 4.8.2 and ``hostname`` from 4.8.3.
+    ``xid_count_window_ms``: the exporter's ``--xid-count-window-size`` with
+    ``DCGM_EXP_XID_ERRORS_COUNT`` enabled. ``generation``: the field names and units (up to
+    4.8, or 4.9 and later: ``core.dcgm.DCGM47``).
     """
     return render_text(dcgm_families(_entities(gpus), driver_version=driver_version,
                                      node_label=node_label,
-                                     xid_count_window_ms=xid_count_window_ms))
+                                     xid_count_window_ms=xid_count_window_ms,
+                                     generation=generation))
 
 
 def render_openmetrics_history(
@@ -137,6 +143,7 @@ def render_openmetrics_history(
     extra_labels: dict[str, str] | None = None,
     xid_count_window_ms: int | None = None,
     scrape: Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]] | None = None,
+    generation: Generation = LEGACY,
 ) -> str:
     """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
@@ -147,6 +154,8 @@ def render_openmetrics_history(
     labels)``, if given, turns each series' labels into what Prometheus stores from that node's
     exporter (target labels, ``honor_labels``).
     Timestamps are written to the millisecond, the resolution Prometheus stores.
+    ``generation``: the exporter's field names and units (``core.dcgm``); the history of a fleet
+    upgraded mid-way is two of these joined (``join_openmetrics``): their families differ.
     """
     extra = sorted((extra_labels or {}).items())
     clash = {name for name, _ in extra} & (EXPORTER_LABELS | {node_label})
@@ -154,11 +163,12 @@ def render_openmetrics_history(
         raise ValueError(f"extra_labels would replace exporter labels: {sorted(clash)}")
     frames = [
         (ts, dcgm_families(_entities(gpus), driver_version=driver_version,
-                           node_label=node_label, xid_count_window_ms=xid_count_window_ms))
+                           node_label=node_label, xid_count_window_ms=xid_count_window_ms,
+                           generation=generation))
         for ts, gpus in sorted(samples, key=lambda frame: frame[0])
     ]
     lines: list[str] = []
-    for i, field in enumerate(fields(xid_count_window_ms)):
+    for i, field in enumerate(fields(xid_count_window_ms, generation)):
         lines += [f"# HELP {field.name} {field.help}", f"# TYPE {field.name} gauge"]
         by_series: dict[str, list[str]] = {}
         for ts, families in frames:
@@ -172,3 +182,8 @@ def render_openmetrics_history(
         lines += [line for series_lines in by_series.values() for line in series_lines]
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
+
+
+def join_openmetrics(*texts: str) -> str:
+    """OpenMetrics histories of disjoint families as one (a single ``# EOF``)."""
+    return "".join(t.removesuffix("# EOF\n") for t in texts) + "# EOF\n"

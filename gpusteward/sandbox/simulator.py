@@ -26,6 +26,11 @@ a 0. Like dcgm-exporter,
 `/metrics` keeps showing a GPU's last XID after the label goes (NVIDIA/dcgm-exporter#500); with
 ``--xid-count-window`` it also exports ``DCGM_EXP_XID_ERRORS_COUNT``, which does drop back.
 
+A node labelled ``sandbox.gpusteward.io/dcgm-exporter: "4.9"`` has an exporter of 4.9 or later:
+DCGM 4.7's field names and units, and ``hostname``/``DCGM_FI_SYSTEM_DRIVER_VERSION`` labels
+(``core.dcgm.DCGM47``); relabelling a node mid-run is its DaemonSet pod being upgraded. Any other
+value, or none, is 4.8 (``core.dcgm.LEGACY``).
+
 A node labelled ``sandbox.gpusteward.io/exporter: down`` has an exporter that answers 503 on its
 ``/nodes/<node>/metrics`` (a crashed or hung dcgm-exporter pod): its scrape fails and Prometheus
 marks its series stale, while every other node keeps answering.
@@ -55,7 +60,7 @@ from aiohttp import web
 from gpusteward.adapters.dra import start as start_dra_watches
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.core.addresses import parse_hostport
-from gpusteward.core.dcgm import MigInstance, PodRef
+from gpusteward.core.dcgm import GENERATIONS, MigInstance, PodRef
 from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
@@ -74,6 +79,7 @@ from gpusteward.sandbox.simgpu import Share, SimGpu, model_name_for_product, ren
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
 EXPORTER_LABEL = "sandbox.gpusteward.io/exporter"  # "down": the node's exporter answers 503
+GENERATION_LABEL = "sandbox.gpusteward.io/dcgm-exporter"  # "4.9": DCGM 4.7 names and units
 # `off`: the node's exporter runs without DRA pod mapping, so GPUs allocated through claims carry
 # no pod labels (only their UUID); on, they carry the pod's, as dcgm-exporter's DRA mapping does.
 EXPORTER_DRA_LABEL = "sandbox.gpusteward.io/exporter-dra-mapping"
@@ -242,6 +248,11 @@ class ExporterXids:
         return out
 
 
+def _generation(node: Node | None) -> str:
+    version = node.labels.get(GENERATION_LABEL, "4.8") if node else "4.8"
+    return version if version in GENERATIONS else "4.8"
+
+
 def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
                assigner: GpuAssigner | None = None,
                xids: ExporterXids | None = None, dra: DraFleet | None = None) -> web.Application:
@@ -257,7 +268,13 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
         now = clock()
         gpus = xids.apply(simulate(fleet, assigner, now, request.match_info.get("node"), dra),
                           now)
-        text = render_exposition(gpus, xid_count_window_ms=window_ms)
+        by_generation: dict[str, list[SimGpu]] = {"4.8": []}
+        for gpu in gpus:  # each node's exporter prints its own generation's families
+            by_generation.setdefault(_generation(fleet.nodes.get(gpu.node)), []).append(gpu)
+        text = "".join(render_exposition(group, xid_count_window_ms=window_ms,
+                                         generation=GENERATIONS[v],
+                                         node_label=GENERATIONS[v].node_label)
+                       for v, group in sorted(by_generation.items()) if group or v == "4.8")
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def health(request: web.Request) -> web.Response:

@@ -1,0 +1,133 @@
+"""A fleet whose dcgm-exporter is upgraded from 4.8 to 4.9 mid-history, read from a real
+Prometheus: every GPU's last 30 minutes hold the legacy series (percent, MiB, ``Hostname``) for
+their first half and DCGM 4.7's (ratio, bytes, ``hostname``) for the rest, from a new exporter
+pod (the DaemonSet's next revision), as a Prometheus Operator ServiceMonitor stores them.
+
+Sources: DCGM's field table (dcgm_fields.h: DCGM_FI_DEV_GPU_UTIL 203 in percent,
+DCGM_FI_DEV_GPU_UTIL_RATIO 1613 in 0-1), go-dcgm's alias table of deprecated names
+(pkg/dcgm/fields.go), dcgm-exporter's 4.8.3 (``hostname``) and 4.9 (DCGM 4.7 names) releases.
+A GPU busy only after the switch, read as a percent, would look idle: the one mistake the
+reclaimer must never make."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.attribution import Attribution
+from gpusteward.core.dcgm import DCGM47, LEGACY, PodRef
+from gpusteward.core.policy import parse_policy
+from gpusteward.core.reclaim.rules import judge, rule_for
+from gpusteward.report.usage import series, utilization_query
+from gpusteward.sandbox.scrape import DCGM_EXPORTER
+from gpusteward.sandbox.simgpu import SimGpu, join_openmetrics, render_openmetrics_history
+from tests.support.prometheus import PrometheusServer, servicemonitor
+from tests.unit.test_reclaim_decide import gpu_pod
+
+STEP = 15.0
+POLICY = parse_policy({"telemetry": {"scrapeInterval": "15s"}})
+# Profiles (before the switch, after it) in percent; the switch is 15 minutes ago.
+PODS = {
+    "idle-across": (1, 2),
+    "busy-after": (0, 90),  # read as a percent, 0.9 would be idle
+    "busy-before": (95, 0),
+    "idle-legacy": (3, None),  # on n2, whose exporter is not upgraded
+    "idle-new": (None, 4),  # on n3, upgraded before the window
+}
+NODES = {"idle-legacy": "n2", "idle-new": "n3"}
+ROLLED = dataclasses.replace(DCGM_EXPORTER, revision="2")  # the upgraded DaemonSet's pods
+
+
+def _gpus(t: float, switch: float, after: bool) -> list[SimGpu]:
+    out = []
+    for i, (pod, (before, later)) in enumerate(PODS.items()):
+        util = later if after else before
+        upgraded = later if before is None else before if later is None else None
+        if util is None or (upgraded is None and (t >= switch) != after):
+            continue  # no series under this name (then), or a node not upgraded mid-window
+        out.append(SimGpu(NODES.get(pod, "n1"), i, "NVIDIA H100 80GB HBM3", util_percent=util,
+                          fb_used_mib=1024 * (i + 1), temp_c=40 + i, pod=PodRef("ml", pod, "main")))
+    return out
+
+
+def history(now: float, honor: bool) -> str:
+    switch, times = now - 15 * 60, [now - 40 * 60 + k * STEP for k in range(int(40 * 60 / STEP))]
+    legacy = render_openmetrics_history(
+        [(t, _gpus(t, switch, after=False)) for t in times], scrape=servicemonitor(honor),
+        generation=LEGACY, node_label=LEGACY.node_label)
+    upgraded = render_openmetrics_history(
+        [(t, _gpus(t, switch, after=True)) for t in times], scrape=servicemonitor(honor, ROLLED),
+        generation=DCGM47, node_label=DCGM47.node_label)
+    return join_openmetrics(legacy, upgraded)
+
+
+@pytest.fixture(scope="module")
+def now() -> float:
+    return time.time()
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["honorLabels-false", "honorLabels-true"])
+def prometheus(request, tmp_path_factory, now):
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"),
+                              history_openmetrics=history(now, request.param))
+    server.start()
+    yield server
+    server.stop()
+
+
+def reader(url: str) -> SnapshotReader:
+    return SnapshotReader(None, PrometheusSource(url, POLICY.telemetry, POLICY.health), POLICY)
+
+
+def pods() -> tuple:
+    return tuple(gpu_pod(p, node=NODES.get(p, "n1")) for p in PODS)
+
+
+@pytest.mark.parametrize(("pod", "state"), [
+    pytest.param("idle-across", "idle", id="idle-on-both-names-is-idle"),
+    pytest.param("busy-after", "busy", id="busy-after-the-switch-is-busy"),
+    pytest.param("busy-before", "busy", id="busy-before-the-switch-is-busy"),
+    pytest.param("idle-legacy", "idle", id="a-4.8-node-alone"),
+    pytest.param("idle-new", "idle", id="a-4.9-node-alone"),
+])
+async def test_a_gpu_is_judged_on_both_names_across_the_switch(prometheus, now, pod, state):
+    evidence, ok, problem = await reader(prometheus.url).evidence(pods(), now)
+    assert ok, problem
+    ev = evidence[1800.0][f"ml/{pod}"]
+    assert judge(ev, rule_for(gpu_pod(pod), POLICY), 1)[0] == state, ev
+
+
+async def test_coverage_and_age_join_the_two_series(prometheus, now):
+    evidence, _, _ = await reader(prometheus.url).evidence(pods(), now)
+    across = evidence[1800.0]["ml/idle-across"]
+    assert across.coverage >= 0.95  # half a window under each name, summed
+    assert across.age <= 2 * STEP  # the new series reaches the present; the old one stopped
+    assert across.peak_percent == pytest.approx(2.0)  # the ratio 0.02 in percent
+    assert evidence[1800.0]["ml/busy-after"].peak_percent == pytest.approx(90.0)
+
+
+async def test_the_extender_reads_both_generations_in_its_units(prometheus, now):
+    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
+    readings = {(n, r.pod): r for n, rs in (await source.fetch()).nodes.items() for r in rs}
+    new, legacy = readings[("n3", "ml/idle-new")], readings[("n2", "ml/idle-legacy")]
+    assert new.util == pytest.approx(0.04) and legacy.util == pytest.approx(0.03)
+    assert new.fb_used_mib == pytest.approx(5 * 1024) and legacy.fb_used_mib == 4 * 1024
+    assert (new.temp_c, legacy.temp_c) == (44, 43)
+    assert readings[("n1", "ml/busy-after")].util == pytest.approx(0.9)
+    assert source.last_dropped == {}
+
+
+async def test_the_report_reads_one_series_per_gpu_across_the_switch(prometheus, now):
+    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health)
+    rows = await source.query_range(utilization_query(60.0, STEP, source.vocabulary),
+                                    now - 1800, now - 60, 60.0)
+    who = Attribution.of(POLICY.telemetry.node_labels, POLICY.telemetry.honor_labels,
+                         ["n1", "n2", "n3"], pods())
+    by_pod = {s.pod: s for s in series(rows, who)}
+    busy = [v for _, v in by_pod["ml/busy-after"].points]
+    assert len(busy) >= 28 and max(busy) == pytest.approx(90.0)  # percent on both sides
+    assert max(v for _, v in by_pod["ml/busy-before"].points) == pytest.approx(95.0)
