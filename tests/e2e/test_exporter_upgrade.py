@@ -1,0 +1,74 @@
+"""A mixed fleet mid-upgrade of dcgm-exporter (issue 26), against the sandbox's real Prometheus,
+API server and scheduler: node l4-1's exporter goes from 4.8 to 4.9 (DCGM 4.7 names, ratio
+utilization, ``hostname``) while its pods run; l4-2's stays on 4.8.
+
+Right after the switch an idle pod's window holds a few seconds under the new name and the rest
+under the legacy one: it is idle only if both are read, in their own units, and joined. A busy
+pod straddling the switch stays busy, and the extender's refresh reads both halves of the fleet
+in one unit. Sources: DCGM's dcgm_fields.h (DCGM_FI_DEV_GPU_UTIL_RATIO, id 1613, 0-1),
+dcgm-exporter 4.9's release notes (the DCGM 4.7 names).
+"""
+
+from __future__ import annotations
+
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.core.policy import load_policy
+from gpusteward.sandbox.simulator import GENERATION_LABEL, UTIL_ANNOTATION
+from tests.e2e.kube import cycle_until, gone, promql
+from tests.e2e.scenarios import due_pod
+from tests.e2e.test_faults import until
+
+LEGACY, NEW = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO"
+
+
+def samples(box, ns: str, pod: str, metric: str, within: str) -> float:  # noqa: ANN001
+    """The pod's samples under one metric name over the range (0 when none)."""
+    found = promql(box.prometheus_url, " or ".join(
+        f'count_over_time({metric}{{{p}namespace="{ns}",{p}pod="{pod}"}}[{within}])'
+        for p in ("exported_", "")))
+    return float(found[0]["value"][1]) if found else 0.0
+
+
+async def test_pods_straddling_the_exporter_upgrade_are_judged_on_both_names(
+        sandbox, ns, reclaimer):
+    policy = load_policy(sandbox.cfg.policy)
+    idle = policy.reclaim.idle
+    window = f"{int(idle.window)}s"
+    ns.create_pod(due_pod("idle-up", node="l4-1"))
+    ns.create_pod(due_pod("busy-up", node="l4-1"))
+    ns.api.merge_patch(ns.path("pods", "busy-up"), {"metadata": {"annotations": {
+        UTIL_ANNOTATION: "85"}}})
+    for name in ("idle-up", "busy-up"):
+        ns.running(name)
+    rec = await reclaimer("enforce")
+    await until("a full legacy window for both pods", lambda: all(
+        samples(sandbox, ns.name, p, LEGACY, window) >= float(idle.window) - 2
+        for p in ("idle-up", "busy-up")), timeout=90)
+    node = "/api/v1/nodes/l4-1"
+    ns.api.merge_patch(node, {"metadata": {"labels": {GENERATION_LABEL: "4.9"}}})
+    try:
+        await until("the new names scraped", lambda: all(
+            samples(sandbox, ns.name, p, NEW, "3s") > 0 for p in ("idle-up", "busy-up")),
+            timeout=30)
+        plan = await rec.cycle()
+        newer = samples(sandbox, ns.name, "idle-up", NEW, window)
+        # the new name alone is far from covering the window: the verdict needs both
+        assert newer < float(idle.min_coverage) * float(idle.window), newer
+        verdicts = {v.pod: v for v in plan.verdicts}
+        up, busy = verdicts[f"{ns.name}/idle-up"], verdicts[f"{ns.name}/busy-up"]
+        assert up.state == "idle", up
+        assert up.evidence is not None and up.evidence.coverage >= idle.min_coverage
+        assert busy.state == "busy" and busy.evidence is not None, busy
+        assert busy.evidence.peak_percent >= 80  # 0.85 read as a ratio, not 0.85 %
+        await cycle_until(rec, "the idle pod reclaimed", lambda: gone(ns, "idle-up"), timeout=20)
+        assert not gone(ns, "busy-up")
+
+        # The extender's refresh: l4-1 read under the new names, l4-2 under the old, one unit.
+        source = PrometheusSource(sandbox.prometheus_url, policy.telemetry, policy.health)
+        nodes = (await source.fetch()).nodes
+        busy_gpu = [r for r in nodes["l4-1"] if r.pod == f"{ns.name}/busy-up"]
+        assert busy_gpu and 0.8 <= busy_gpu[0].util <= 0.9, nodes["l4-1"]
+        assert nodes["l4-2"] and all(r.util is not None and r.util <= 1 for r in nodes["l4-2"])
+        assert source.last_dropped == {}
+    finally:
+        ns.api.merge_patch(node, {"metadata": {"labels": {GENERATION_LABEL: None}}})
