@@ -60,6 +60,18 @@ def _gpu(index: int, pod: str | None = None) -> list[tuple[str, str]]:
     return [("gpu", str(index)), ("UUID", f"GPU-{index}"), ("Hostname", "h100-0"), *held]
 
 
+def _as_dcgm47(series: Mapping[str, str]) -> dict[str, str]:
+    """The same fleet from dcgm-exporter 4.9 (DCGM 4.7): utilization as the 0-1
+    DCGM_FI_DEV_GPU_UTIL_RATIO (DCGM's dcgm_fields.h, field 1613)."""
+    def ratio(values: str) -> str:
+        start, _, rest = values.partition("+")
+        return f"{float(start) / 100:g}+{rest}"
+    return {(k.replace("DCGM_FI_DEV_GPU_UTIL{", "DCGM_FI_DEV_GPU_UTIL_RATIO{", 1)
+             if k.startswith("DCGM_FI_DEV_GPU_UTIL{") else k):
+            (ratio(v) if k.startswith("DCGM_FI_DEV_GPU_UTIL{") else v) for k, v in series.items()}
+
+
+@pytest.mark.parametrize("exporter", ["4.8", "4.9"], ids=["dcgm-exporter-4.8", "dcgm-exporter-4.9"])
 @pytest.mark.parametrize("honor", [pytest.param(False, id="honorLabels-false"),
                                    pytest.param(True, id="honorLabels-true")])
 @pytest.mark.parametrize(("metric", "labels", "value"), [
@@ -75,7 +87,7 @@ def _gpu(index: int, pod: str | None = None) -> list[tuple[str, str]]:
     pytest.param("gpusteward:team_gpus:idle", {"team": "share"}, 1, id="shared-idle-pod-idle"),
 ])
 def test_the_rules_compute_the_reports_figures_on_a_known_fleet(tmp_path, metric, labels, value,
-                                                                 honor):
+                                                                 honor, exporter):
     series = {
         **_pod("ml", "busy", 2, "vision"), **_pod("ml", "idle", 1, "vision"),
         **_pod("ml", "dark", 1, ""),  # no team label: its namespace; no DCGM samples: unknown
@@ -92,6 +104,8 @@ def test_the_rules_compute_the_reports_figures_on_a_known_fleet(tmp_path, metric
         _scraped("gpusteward_pod_gpu_util", _gpu(3, "sa"), honor, AGENT): "60+0x60",
         _scraped("gpusteward_pod_gpu_util", _gpu(3, "sb"), honor, AGENT): "0+0x60",
     }
+    if exporter == "4.9":
+        series = _as_dcgm47(series)
     _promtool_test(tmp_path, series, _labels(metric, labels), _labels(metric, labels), value)
 
 
