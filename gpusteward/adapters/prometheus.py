@@ -42,7 +42,7 @@ from gpusteward.core.attribution import (
 from gpusteward.core.dcgm import XID_COUNT, gpu_id
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import Health, TelemetryPolicy
-from gpusteward.core.vocabulary import Concept, Unit, Vocabulary, fallback
+from gpusteward.core.vocabulary import LOOKALIKE, Concept, Unit, Vocabulary, fallback
 
 log = logging.getLogger("gpusteward.telemetry")
 
@@ -76,6 +76,9 @@ def _timestamp(selector: str) -> str:
 def newest_sample(vocabulary: Vocabulary) -> str:
     """The newest sample of any GPU or MIG instance (the reclaimer's fleet-wide probe)."""
     return f"max({sampled(vocabulary)})"
+
+
+NAMES_EVERY = 300.0
 
 
 class _Transient(Exception):
@@ -187,12 +190,37 @@ class PrometheusSource:
         self.queries_run = 0
         # reason -> series dropped by the last assemble (the extender counts them)
         self.last_dropped: dict[str, int] = {}
+        # metric names like utilization's that no concept is read under (checked every
+        # NAMES_EVERY seconds: an index lookup, no samples)
+        self.unknown_names: list[str] = []
+        self._names_at = -NAMES_EVERY
 
     async def fetch(self) -> Telemetry:
         """One refresh; raises TelemetryUnavailable when Prometheus cannot answer."""
         names = list(self.queries)
         results = await asyncio.gather(*(self._query(self.queries[n]) for n in names))
+        if self.clock() - self._names_at >= NAMES_EVERY:
+            await self._check_names()
         return self.assemble(dict(zip(names, results, strict=True)))
+
+    async def _check_names(self) -> None:
+        now = self.clock()
+        try:
+            seen = await self._retry(self._label_values_once, "__name__", {
+                "match[]": f'{{__name__=~"{LOOKALIKE}"}}', "start": f"{now - NAMES_EVERY:.0f}"})
+        except TelemetryUnavailable as e:
+            log.warning("could not list telemetry metric names: %s", e)
+            return
+        self._names_at = now
+        self.unknown_names = self.vocabulary.unknown(seen)
+        if self.unknown_names:
+            log.warning("ignoring GPU metrics under names gpusteward does not read (a newer "
+                        "exporter, or a custom counters file: see telemetry.metrics): %s",
+                        ", ".join(self.unknown_names))
+
+    def _label_values_once(self, label: str, params: dict[str, str]) -> list[str]:
+        return self._mapped(f"label values of {label}",
+                            lambda: self._prom.get_label_values(label, params=params))
 
     async def query(self, promql: str) -> list[dict[str, Any]]:
         """Any instant query, with the same retries and error mapping (used by the reclaimer)."""

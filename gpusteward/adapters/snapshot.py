@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -31,6 +31,7 @@ from gpusteward.adapters.prometheus import (
     sampled,
     utilization,
 )
+from gpusteward.adapters.unitaudit import UnitAudit
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
 from gpusteward.core.dcgm import gpu_id
@@ -94,6 +95,9 @@ class SnapshotReader:
         self.catalog = kinds.Catalog.of(policy.reclaim.owner_actions.kinds)
         self.api_calls = 0
         self.who: Attribution | None = None  # the last read's attribution (the report's too)
+        self.audit = UnitAudit(prometheus, policy.telemetry.node_labels,
+                               float(policy.reclaim.idle.window or 0))
+        self.doubted = 0  # series the last evidence read doubted
 
     async def read(self, recent: Sequence[PastAction] = ()) -> Snapshot:
         now = self.clock()
@@ -121,7 +125,7 @@ class SnapshotReader:
             recent_actions=tuple(recent),
             tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
             restore_asks=restore_asks(owned, ns_labels, names),
-            kueue=queued,
+            kueue=queued, doubted_series=self.doubted,
         )
 
     async def _lists(self) -> tuple[list[WirePod], list[WireNode], dict[str, dict[str, str]],
@@ -169,12 +173,14 @@ class SnapshotReader:
             age = await self._telemetry_age(now)
             if age > float(self.policy.telemetry.stale_after):
                 return {}, False, f"newest GPU sample is {age:.0f}s old"
-            newest, *answers = await asyncio.gather(self._newest(), *(
-                self._window(w) for w in needed))
+            newest, doubted, *answers = await asyncio.gather(
+                self._newest(), self.audit.series(now), *(self._window(w) for w in needed))
         except TelemetryUnavailable as e:
             return {}, False, str(e)
+        self.doubted = len(doubted)
+        doubts = {(who.node(s) or "", gpu_id(s), s.get(SOURCE_LABEL, "")) for s in doubted}
         scrape = float(self.policy.telemetry.scrape_interval)
-        return {w: per_pod(w, peaks, counts, w / scrape, who, newest, now)
+        return {w: per_pod(w, peaks, counts, w / scrape, who, newest, now, doubts)
                 for w, (peaks, counts) in zip(needed, answers, strict=True)}, True, ""
 
     async def _telemetry_age(self, now: float) -> float:
@@ -252,9 +258,11 @@ GpuKey = tuple[tuple[str, str], ...]  # every label of an aggregated evidence se
 
 def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, Any]],
             expected: float, who: Attribution, newest: Mapping[GpuKey, float] | None = None,
-            now: float = 0.0) -> dict[str, Evidence]:
+            now: float = 0.0, doubts: Collection[tuple[str, str, str]] = ()
+            ) -> dict[str, Evidence]:
     """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage, and (given
-    each series' ``newest`` sample time) the age of the stalest GPU at ``now``.
+    each series' ``newest`` sample time) the age of the stalest GPU at ``now``. A series in
+    ``doubts`` ((node, GPU, metric name): a percent that reads as a ratio) is no reading.
 
     A GPU read under two metric names (an exporter upgraded within the window: core.vocabulary)
     is judged on both: its peak is the higher, its coverage the sum of each name's, its age
@@ -274,7 +282,9 @@ def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, A
         if pod is not None:
             gpu = (node or "", gpu_id(labels))
             kinds = found.setdefault(pod, {}).setdefault(gpu, {})
-            kinds.setdefault(is_per_pod(labels), {})[_gpu_key(labels)] = float(s["value"][1])
+            doubted = (*gpu, labels.get(SOURCE_LABEL, "")) in doubts
+            kinds.setdefault(is_per_pod(labels), {})[_gpu_key(labels)] = (
+                math.nan if doubted else float(s["value"][1]))
     out = {}
     for pod, gpus in found.items():
         chosen = [kinds.get(True) or kinds[False] for kinds in gpus.values()]

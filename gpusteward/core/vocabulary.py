@@ -18,7 +18,7 @@ joins them by GPU identity: a peak over both, coverage summed across names. The 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -89,6 +89,9 @@ DEFAULT_METRICS: Mapping[Concept, tuple[Metric, ...]] = {
 CONCEPT_UNIT = {c: names[0].unit for c, names in DEFAULT_METRICS.items()}
 # The driver version is a label on every series; renamed with the fields.
 DRIVER_VERSION_LABELS = ("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION")
+# Names that look like a concept gpusteward judges by (utilization, engine activity): one of them
+# outside the vocabulary is a rename or a custom field we do not read, ignored and counted.
+LOOKALIKE = r"DCGM_FI_DEV_GPU_UTIL.*|DCGM_FI_PROF_GR_ENGINE_.*"
 # Marks each series of a union with the metric it came from (see the module docstring).
 SOURCE_LABEL = "gpusteward_metric"
 
@@ -102,8 +105,10 @@ class Vocabulary:
     def names(self, concept: Concept) -> tuple[str, ...]:
         return tuple(m.name for m in self.metrics[concept])
 
-    def known(self) -> frozenset[str]:
-        return frozenset(m.name for names in self.metrics.values() for m in names)
+    def unknown(self, names: Iterable[str]) -> list[str]:
+        """Of these metric names (matching LOOKALIKE), those no concept is read under."""
+        known = {m.name for named in self.metrics.values() for m in named}
+        return sorted(set(names) - known)
 
     def union(self, concept: Concept, unit: Unit | None = None,
               body: Callable[[str], str] = lambda selector: selector, matchers: str = "") -> str:
@@ -116,8 +121,13 @@ class Vocabulary:
             scale = 1.0 if unit is None else factor(metric.unit, unit)
             if scale != 1.0:
                 expr = f"({expr}) * {scale!r}"  # repr: the exact double, 2**-20 included
-            parts.append(f'label_replace({expr}, "{SOURCE_LABEL}", "{metric.name}", "", "")')
+            parts.append(marked(expr, metric.name))
         return parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
+
+
+def marked(expr: str, name: str) -> str:
+    """``expr``'s series labelled with the metric name they came under."""
+    return f'label_replace({expr}, "{SOURCE_LABEL}", "{name}", "", "")'
 
 
 def fallback(primary: str, secondary: str) -> str:

@@ -64,6 +64,11 @@ class Extender:
     def ready(self) -> bool:
         return all(w.synced.is_set() for w in self.watches)
 
+    def _unknown_names(self, names: Sequence[str]) -> None:
+        self.metrics.unknown_metrics.clear()
+        for name in names:
+            self.metrics.unknown_metrics.labels(name).set(1)
+
     def telemetry_age(self) -> float:
         return self.view.clock() - self.last_ok if self.last_ok else float("inf")
 
@@ -80,6 +85,7 @@ class Extender:
                 # PrometheusSource counts what it dropped; other sources need not
                 for reason, count in getattr(self.telemetry, "last_dropped", {}).items():
                     self.metrics.series_dropped.labels(reason).inc(count)
+                self._unknown_names(getattr(self.telemetry, "unknown_names", ()))
         except TelemetryUnavailable as e:
             self.metrics.refresh_errors.inc()
             log.warning("telemetry unavailable, scoring load and health as neutral: %s", e)

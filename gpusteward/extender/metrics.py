@@ -38,6 +38,11 @@ class ExtenderMetrics:
             "gpusteward_telemetry_refresh_errors_total",
             "Telemetry refreshes that failed (Prometheus unreachable or garbage, or a bug).",
             registry=r)
+        self.unknown_metrics = Gauge(
+            "gpusteward_extender_telemetry_unknown_metrics",
+            "Metric names like utilization's that gpusteward does not read (1 per name, "
+            "checked every 5 minutes): a renamed field or a custom counters file; see "
+            "telemetry.metrics.", ["metric"], registry=r)
         self.series_dropped = Counter(
             "gpusteward_extender_telemetry_series_dropped_total",
             "Telemetry series left out of a refresh (their GPU reads as unknown), by reason: "

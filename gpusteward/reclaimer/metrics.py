@@ -43,6 +43,10 @@ class ReclaimerMetrics:
                                   registry=r)
         self.telemetry_ok = Gauge("gpusteward_reclaimer_telemetry_ok",
                                   "1 when telemetry was fresh in the last cycle.", registry=r)
+        self.doubted = Gauge("gpusteward_reclaimer_telemetry_series_doubted",
+                             "Utilization series named as percent that read as 0-1 ratios "
+                             "while their GPUs' engines are active: their GPUs are unknown.",
+                             registry=r)
         self.leader = Gauge("gpusteward_reclaimer_leader", "1 while this replica leads.",
                             registry=r)
         self.held_back = Counter("gpusteward_reclaimer_held_back_total",
@@ -79,6 +83,7 @@ class ReclaimerMetrics:
 
     def observe(self, snap: Snapshot, plan: Plan, interval: float) -> None:
         self.telemetry_ok.set(1 if snap.telemetry_ok else 0)
+        self.doubted.set(snap.doubted_series)
         self.held_back.inc(len(plan.held_back))
         self._pending(snap)
         if plan.halted:

@@ -19,7 +19,7 @@ import pytest
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.attribution import Attribution
-from gpusteward.core.dcgm import DCGM47, LEGACY, PodRef
+from gpusteward.core.dcgm import DCGM47, ENGINE_ACTIVE, GPU_UTIL, LEGACY, Field, Generation, PodRef
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.rules import judge, rule_for
 from gpusteward.report.usage import series, utilization_query
@@ -38,8 +38,19 @@ PODS = {
     "idle-legacy": (3, None),  # on n2, whose exporter is not upgraded
     "idle-new": (None, 4),  # on n3, upgraded before the window
 }
-NODES = {"idle-legacy": "n2", "idle-new": "n3"}
+NODES = {"idle-legacy": "n2", "idle-new": "n3", "busy-mislabelled": "n4"}
 ROLLED = dataclasses.replace(DCGM_EXPORTER, revision="2")  # the upgraded DaemonSet's pods
+# The design must not depend on guessing 4.9's counters (issue 26): an exporter (or a recording
+# rule) printing the legacy percent name with DCGM 4.7's 0-1 value, beside engine activity.
+MISLABELLED = Generation((
+    Field(GPU_UTIL, "GPU utilization (in %).", lambda g: f"{g.util_percent / 100:f}"),
+    Field(ENGINE_ACTIVE, "Ratio of time the graphics engine is active.",
+          lambda g: f"{g.util_percent / 100:f}"),
+), LEGACY.node_label, LEGACY.driver_label)
+# A name like utilization's that no concept is read under (a future rename, a custom field).
+UNHEARD = Generation((Field("DCGM_FI_DEV_GPU_UTIL_PERCENT", "GPU utilization (in %).",
+                            lambda g: f"{g.util_percent:.0f}"),),
+                     LEGACY.node_label, LEGACY.driver_label)
 
 
 def _gpus(t: float, switch: float, after: bool) -> list[SimGpu]:
@@ -62,7 +73,16 @@ def history(now: float, honor: bool) -> str:
     upgraded = render_openmetrics_history(
         [(t, _gpus(t, switch, after=True)) for t in times], scrape=servicemonitor(honor, ROLLED),
         generation=DCGM47, node_label=DCGM47.node_label)
-    return join_openmetrics(legacy, upgraded)
+    mislabelled = render_openmetrics_history(
+        [(t, [SimGpu("n4", 0, "NVIDIA H100 80GB HBM3", util_percent=90,
+                     pod=PodRef("ml", "busy-mislabelled", "main"))]) for t in times],
+        scrape=servicemonitor(honor, ROLLED), generation=MISLABELLED,
+        node_label=LEGACY.node_label)
+    unheard = render_openmetrics_history(
+        [(t, [SimGpu("n5", 0, "NVIDIA H100 80GB HBM3", util_percent=0,
+                     pod=PodRef("ml", "unheard", "main"))]) for t in times],
+        scrape=servicemonitor(honor), generation=UNHEARD, node_label=LEGACY.node_label)
+    return join_openmetrics(legacy, upgraded, mislabelled, unheard)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +104,7 @@ def reader(url: str) -> SnapshotReader:
 
 
 def pods() -> tuple:
-    return tuple(gpu_pod(p, node=NODES.get(p, "n1")) for p in PODS)
+    return tuple(gpu_pod(p, node=NODES.get(p, "n1")) for p in [*PODS, "busy-mislabelled"])
 
 
 @pytest.mark.parametrize(("pod", "state"), [
@@ -99,6 +119,17 @@ async def test_a_gpu_is_judged_on_both_names_across_the_switch(prometheus, now, 
     assert ok, problem
     ev = evidence[1800.0][f"ml/{pod}"]
     assert judge(ev, rule_for(gpu_pod(pod), POLICY), 1)[0] == state, ev
+
+
+async def test_a_ratio_under_a_percent_name_is_doubted_never_idle(prometheus, now):
+    snapshots = reader(prometheus.url)
+    evidence, ok, _ = await snapshots.evidence(pods(), now)
+    ev = evidence[1800.0]["ml/busy-mislabelled"]
+    state, why = judge(ev, rule_for(gpu_pod("busy-mislabelled"), POLICY), 1)
+    assert state == "unknown", (ev, why)  # read as a percent it would peak at 0.9 %: idle
+    assert snapshots.doubted == 1
+    assert judge(evidence[1800.0]["ml/idle-legacy"], rule_for(gpu_pod("x"), POLICY), 1)[0] \
+        == "idle"  # a real percent at 3 % beside no engine activity is not doubted
 
 
 async def test_coverage_and_age_join_the_two_series(prometheus, now):
@@ -119,6 +150,15 @@ async def test_the_extender_reads_both_generations_in_its_units(prometheus, now)
     assert (new.temp_c, legacy.temp_c) == (44, 43)
     assert readings[("n1", "ml/busy-after")].util == pytest.approx(0.9)
     assert source.last_dropped == {}
+
+
+async def test_a_series_under_an_unknown_name_is_ignored_and_counted(prometheus, now):
+    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
+    nodes = (await source.fetch()).nodes
+    assert "n5" not in nodes  # no reading: unknown, never idle
+    assert source.unknown_names == ["DCGM_FI_DEV_GPU_UTIL_PERCENT"]
+    evidence, _, _ = await reader(prometheus.url).evidence((gpu_pod("unheard", node="n5"),), now)
+    assert "ml/unheard" not in evidence[1800.0]
 
 
 async def test_the_report_reads_one_series_per_gpu_across_the_switch(prometheus, now):

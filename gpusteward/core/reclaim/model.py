@@ -254,6 +254,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     snoozes: tuple[SnoozeRecord, ...] = ()  # as recorded so far
     restore_asks: tuple[RestoreAsk, ...] = ()
     kueue: Demand | None = None  # Workloads waiting for quota, where Kueue is installed
+    # Utilization series named as percent that read as ratios (adapters/unitaudit.py)
+    doubted_series: int = 0
 
 
 class Action(msgspec.Struct, frozen=True):
