@@ -24,7 +24,12 @@ from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.rules import judge, rule_for
 from gpusteward.report.usage import series, utilization_query
 from gpusteward.sandbox.scrape import DCGM_EXPORTER
-from gpusteward.sandbox.simgpu import SimGpu, join_openmetrics, render_openmetrics_history
+from gpusteward.sandbox.simgpu import (
+    Share,
+    SimGpu,
+    join_openmetrics,
+    render_openmetrics_history,
+)
 from tests.support.prometheus import PrometheusServer, servicemonitor
 from tests.unit.test_reclaim_decide import gpu_pod
 
@@ -65,6 +70,15 @@ def _gpus(t: float, switch: float, after: bool) -> list[SimGpu]:
     return out
 
 
+def never_upgraded(now: float) -> str:
+    """The same GPUs and uses, all under the legacy names from one exporter revision."""
+    times = [now - 40 * 60 + k * STEP for k in range(int(40 * 60 / STEP))]
+    switch = now - 15 * 60
+    return render_openmetrics_history(
+        [(t, _gpus(t, switch, after=False) + _gpus(t, switch, after=True)) for t in times],
+        scrape=servicemonitor(False), generation=LEGACY, node_label=LEGACY.node_label)
+
+
 def history(now: float, honor: bool) -> str:
     switch, times = now - 15 * 60, [now - 40 * 60 + k * STEP for k in range(int(40 * 60 / STEP))]
     legacy = render_openmetrics_history(
@@ -78,11 +92,17 @@ def history(now: float, honor: bool) -> str:
                      pod=PodRef("ml", "busy-mislabelled", "main"))]) for t in times],
         scrape=servicemonitor(honor, ROLLED), generation=MISLABELLED,
         node_label=LEGACY.node_label)
+    # A time-sliced GPU under --kubernetes-virtual-gpus: one copy per pod, each its own use.
+    shared = render_openmetrics_history(
+        [(t, [SimGpu("n6", 0, "NVIDIA H100 80GB HBM3", shares=(
+            Share(PodRef("ml", "share-busy", "main"), "0", 80),
+            Share(PodRef("ml", "share-idle", "main"), "1", 0)))]) for t in times],
+        scrape=servicemonitor(honor, ROLLED), generation=DCGM47, node_label=DCGM47.node_label)
     unheard = render_openmetrics_history(
         [(t, [SimGpu("n5", 0, "NVIDIA H100 80GB HBM3", util_percent=0,
                      pod=PodRef("ml", "unheard", "main"))]) for t in times],
         scrape=servicemonitor(honor), generation=UNHEARD, node_label=LEGACY.node_label)
-    return join_openmetrics(legacy, upgraded, mislabelled, unheard)
+    return join_openmetrics(legacy, upgraded, mislabelled, unheard, shared)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +139,15 @@ async def test_a_gpu_is_judged_on_both_names_across_the_switch(prometheus, now, 
     assert ok, problem
     ev = evidence[1800.0][f"ml/{pod}"]
     assert judge(ev, rule_for(gpu_pod(pod), POLICY), 1)[0] == state, ev
+
+
+async def test_per_pod_copies_of_a_shared_gpu_work_under_the_new_names(prometheus, now):
+    shared = (gpu_pod("share-busy", node="n6"), gpu_pod("share-idle", node="n6"))
+    evidence, ok, problem = await reader(prometheus.url).evidence(shared, now)
+    assert ok, problem
+    busy, idle = evidence[1800.0]["ml/share-busy"], evidence[1800.0]["ml/share-idle"]
+    assert busy.peak_percent == pytest.approx(80.0) and idle.peak_percent == 0.0
+    assert judge(idle, rule_for(shared[1], POLICY), 1)[0] == "idle"
 
 
 async def test_a_ratio_under_a_percent_name_is_doubted_never_idle(prometheus, now):
@@ -171,3 +200,24 @@ async def test_the_report_reads_one_series_per_gpu_across_the_switch(prometheus,
     busy = [v for _, v in by_pod["ml/busy-after"].points]
     assert len(busy) >= 28 and max(busy) == pytest.approx(90.0)  # percent on both sides
     assert max(v for _, v in by_pod["ml/busy-before"].points) == pytest.approx(95.0)
+
+
+async def test_the_reports_figures_are_unchanged_by_the_switch(prometheus, now, tmp_path):
+    """The same fleet never upgraded gives the same per-pod series, slot by slot."""
+    legacy = PrometheusServer(tmp_path / "legacy", history_openmetrics=never_upgraded(now))
+    legacy.start()
+    try:
+        who = Attribution.of(POLICY.telemetry.node_labels, POLICY.telemetry.honor_labels,
+                             ["n1", "n2", "n3"], pods())
+        figures = []
+        for server in (prometheus, legacy):
+            source = PrometheusSource(server.url, POLICY.telemetry, POLICY.health)
+            rows = await source.query_range(utilization_query(60.0, STEP, source.vocabulary),
+                                            now - 1800, now - 60, 60.0)
+            figures.append({s.pod: [(t, round(v, 6)) for t, v in s.points]
+                            for s in series(rows, who) if s.pod.removeprefix("ml/") in PODS})
+    finally:
+        legacy.stop()
+    upgraded, never = figures
+    assert set(never) == {f"ml/{p}" for p in PODS}
+    assert upgraded == never
