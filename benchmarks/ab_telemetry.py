@@ -1,13 +1,17 @@
-"""Telemetry refresh, two revisions side by side against one Prometheus.
+"""Telemetry refresh and reclaim evidence, two revisions side by side against one Prometheus.
 
     python benchmarks/ab_telemetry.py --base REV [--nodes 1000] [--rounds 10]
+        [--what refresh evidence] [--prometheus BIN[:PROMTOOL] ...]
 
 One real Prometheus is loaded with the history bench_telemetry.py writes (1,000 nodes x 8
 GPUs by default); then a fresh process of the base revision (checked out with `git worktree`
 into a temporary folder) and one of the working tree take turns, each timing one
-PrometheusSource.fetch() per round after a warm-up. Alternating in one run is what makes the
-ratio mean something on a shared 2-core machine: drift hits both sides alike. Prints medians,
-the ratio and the bytes each side's queries return.
+PrometheusSource.fetch() (``refresh``) or one SnapshotReader.evidence() for the 4 pods of each
+node (``evidence``: the reclaimer's queries over two windows, 600 s and 630 s, that hold the
+whole 180 s history) per round after a warm-up. Alternating in one run is what makes the
+ratio mean something on a shared 2-core machine: drift hits both sides alike. Each
+``--prometheus`` (a 3.x and a 2.x, say) is loaded and measured in turn, in the same run. Prints
+medians, the ratio and, for the refresh, the bytes each side's queries return.
 """
 
 from __future__ import annotations
@@ -50,16 +54,46 @@ async def main():
                           "gpus": sum(len(r) for r in got.nodes.values())}), flush=True)
 asyncio.run(main())
 """
+# The same for the reclaimer's evidence read (every query of one cycle's evidence).
+EVIDENCE_PROBE = r"""
+import asyncio, json, sys, time
+from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.policy import parse_policy
+from tests.unit.test_reclaim_decide import gpu_pod
+# staleAfter: the history ends when it is built, a minute or two before the rounds
+policy = parse_policy({"telemetry": {"scrapeInterval": "15s", "staleAfter": "1h"},
+                       "reclaim": {"idle": {"window": "600s", "minCoverage": 0.1},
+                                   "withinQuotaWindow": "630s"}})
+source = PrometheusSource(sys.argv[1], policy.telemetry, policy.health)
+reader = SnapshotReader(None, source, policy)
+nodes = int(sys.argv[2])
+pods = tuple(gpu_pod(f"p-{n}-{i}", node=f"gpu-node-{n:05d}") for n in range(nodes)
+             for i in range(4))
+async def main():
+    now = time.time()
+    await reader.evidence(pods, now)
+    print(json.dumps({"bytes": 0, "queries": source.queries_run}), flush=True)
+    for line in sys.stdin:
+        t, before = time.perf_counter(), source.queries_run
+        got, ok, why = await reader.evidence(pods, time.time())
+        assert ok, why
+        print(json.dumps({"s": time.perf_counter() - t, "queries": source.queries_run - before,
+                          "gpus": len(next(iter(got.values())))}), flush=True)
+asyncio.run(main())
+"""
 
 
-def side(tree: Path, url: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", PROBE, url], cwd=tree, text=True,
+def side(tree: Path, url: str, what: str, nodes: int) -> subprocess.Popen[str]:
+    probe = [PROBE, url] if what == "refresh" else [EVIDENCE_PROBE, url, str(nodes)]
+    return subprocess.Popen([sys.executable, "-c", *probe], cwd=tree, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
 
 
-def measure(trees: dict[str, Path], url: str, rounds: int) -> dict[str, dict]:
-    procs = {name: side(tree, url) for name, tree in trees.items()}
+def measure(trees: dict[str, Path], url: str, rounds: int, what: str = "refresh",
+            nodes: int = 0) -> dict[str, dict]:
+    procs = {name: side(tree, url, what, nodes) for name, tree in trees.items()}
     out: dict[str, dict] = {}
     for name, proc in procs.items():
         assert proc.stdout is not None
@@ -72,6 +106,7 @@ def measure(trees: dict[str, Path], url: str, rounds: int) -> dict[str, dict]:
             got = json.loads(proc.stdout.readline())
             out[name]["times"].append(got["s"])
             out[name]["gpus"] = got["gpus"]
+            out[name]["per_round"] = got.get("queries")
     for proc in procs.values():
         assert proc.stdin is not None
         proc.stdin.close()
@@ -84,26 +119,51 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="the revision to compare against")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--what", nargs="+", choices=("refresh", "evidence"),
+                        default=["refresh"])
+    parser.add_argument("--prometheus", nargs="+", default=["prometheus:promtool"],
+                        help="Prometheus binaries to load and measure in turn, each "
+                             "BIN[:PROMTOOL]")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.base],
                        cwd=ROOT, check=True)
         try:
-            now = time.time() - 10
-            with PrometheusServer(Path(tmp) / "prom",
-                                  history_openmetrics=history(args.nodes, now)) as prom:
-                result = measure({"base": base, "new": ROOT}, prom.url, args.rounds)
+            for i, binaries in enumerate(args.prometheus):
+                prometheus, _, promtool = binaries.partition(":")
+                now = time.time() - 10
+                with PrometheusServer(Path(tmp) / f"prom-{i}", prometheus_bin=prometheus,
+                                      promtool_bin=promtool or "promtool",
+                                      history_openmetrics=history(range(args.nodes), now)
+                                      ) as prom:
+                    version = _version(prometheus)
+                    for what in args.what:
+                        result = measure({"base": base, "new": ROOT}, prom.url, args.rounds,
+                                         what, args.nodes)
+                        report(result, what, version, args)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
                            check=False)
+
+
+def _version(prometheus: str) -> str:
+    out = subprocess.run([prometheus, "--version"], capture_output=True, text=True, timeout=30)
+    return (out.stdout or out.stderr).split("\n")[0]
+
+
+def report(result: dict[str, dict], what: str, version: str, args: argparse.Namespace) -> None:
     med = {name: statistics.median(r["times"]) for name, r in result.items()}
-    print(f"{args.nodes * 8} GPUs, {args.rounds} alternating rounds, medians:")
+    print(f"{what} on {version}: {args.nodes * 8} GPUs, {args.rounds} alternating rounds, "
+          "medians:")
     for name, r in result.items():
-        print(f"  {name}: {r['queries']} queries, {1000 * med[name]:.0f} ms, "
-              f"{r['bytes'] / 1e6:.2f} MB, {r['gpus']} GPUs read")
-    print(f"  ratio new/base: time {med['new'] / med['base']:.2f}, "
-          f"bytes {result['new']['bytes'] / result['base']['bytes']:.2f}")
+        queries = r["per_round"] if what == "evidence" else r["queries"]
+        print(f"  {name}: {queries} queries, {1000 * med[name]:.0f} ms"
+              + (f", {r['bytes'] / 1e6:.2f} MB" if r["bytes"] else "")
+              + f", {r['gpus']} {'GPUs' if what == 'refresh' else 'pods'} read")
+    print(f"  ratio new/base: time {med['new'] / med['base']:.2f}"
+          + (f", bytes {result['new']['bytes'] / result['base']['bytes']:.2f}"
+             if result["base"]["bytes"] else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -56,17 +56,19 @@ WHOLE_GPU = 'GPU_I_ID=""'
 
 
 def utilization(vocabulary: Vocabulary, unit: Unit | None,
-                body: Callable[[str], str] = lambda selector: selector) -> str:
+                body: Callable[[str], str] = lambda selector: selector, mark: bool = True,
+                aggregate: str = "") -> str:
     """``body`` over each GPU's utilization, under any of its names, in ``unit``; engine
-    activity where a GPU (a MIG instance always) has no utilization series."""
-    return fallback(vocabulary.union(Concept.UTILIZATION, unit, body, WHOLE_GPU),
-                    vocabulary.union(Concept.ENGINE_ACTIVITY, unit, body))
+    activity where a GPU (a MIG instance always) has no utilization series. ``mark`` and
+    ``aggregate``: see Vocabulary.union."""
+    return fallback(
+        vocabulary.union(Concept.UTILIZATION, unit, body, WHOLE_GPU, mark, aggregate),
+        vocabulary.union(Concept.ENGINE_ACTIVITY, unit, body, mark=mark, aggregate=aggregate))
 
 
-def sampled(vocabulary: Vocabulary) -> str:
+def sampled(vocabulary: Vocabulary, mark: bool = True, aggregate: str = "") -> str:
     """Each utilization (or engine-activity) series' newest sample time."""
-    return fallback(vocabulary.union(Concept.UTILIZATION, None, _timestamp, WHOLE_GPU),
-                    vocabulary.union(Concept.ENGINE_ACTIVITY, None, _timestamp))
+    return utilization(vocabulary, None, _timestamp, mark, aggregate)
 
 
 def _timestamp(selector: str) -> str:
@@ -78,7 +80,7 @@ def newest_sample(vocabulary: Vocabulary) -> str:
     return f"max({sampled(vocabulary)})"
 
 
-NAMES_EVERY = 300.0
+NAMES_EVERY = 60.0
 
 
 class _Transient(Exception):
@@ -155,10 +157,12 @@ def queries(health: Health, node_labels: Sequence[str],
     counted = ['xid!=""'] + ([f'xid!~"{"|".join(str(x) for x in sorted(health.ignored_xids))}"']
                              if health.ignored_xids else [])
     return {
-        "util": by + utilization(words, Unit.RATIO),
-        "util_at": by + sampled(words),
-        "temp": by + words.union(Concept.TEMPERATURE, Unit.CELSIUS),
-        "fb_used": by + words.union(Concept.MEMORY_USED, Unit.MIB),
+        # instant readings: unmarked (see Vocabulary.union)
+        "util": by + utilization(words, Unit.RATIO, mark=False),
+        "util_at": by + sampled(words, mark=False),
+        "temp": by + words.union(Concept.TEMPERATURE, Unit.CELSIUS, mark=False),
+        "fb_used": by + words.union(Concept.MEMORY_USED, Unit.MIB, mark=False),
+        # an XID under either name within the window counts: marked, so both are kept
         "xid": by + words.union(Concept.XID, Unit.CODE,
                                 lambda x: f"max_over_time(({x}{ignored}){xid_window})"),
         "xid_nodes": f"count by ({', '.join([*node_labels, *_LOCATING])}) ({XID_COUNT})",
@@ -180,8 +184,12 @@ class PrometheusSource:
         self.locate = locate
         self._where: tuple[Collection[str], Mapping[str, str]] | None = None
         self.timeout = float(policy.query_timeout)
-        self.vocabulary = policy.vocabulary()
-        self.queries = queries(health, self.node_labels, self.vocabulary)
+        self.vocabulary = policy.vocabulary()  # every name each concept may come under
+        # Those with samples lately (all until checked): a name no series has still costs each
+        # query an `or` over the fleet's vectors (1.46x the utilization query at 8,000 GPUs)
+        self.present = self.vocabulary
+        self.health = health
+        self.queries = queries(health, self.node_labels, self.present)
         self.clock = clock
         self.attempts = attempts
         self._prom = PrometheusConnect(self.url, session=session(connection),
@@ -190,33 +198,45 @@ class PrometheusSource:
         self.queries_run = 0
         # reason -> series dropped by the last assemble (the extender counts them)
         self.last_dropped: dict[str, int] = {}
-        # metric names like utilization's that no concept is read under (checked every
-        # NAMES_EVERY seconds: an index lookup, no samples)
+        # metric names like utilization's that no concept is read under
         self.unknown_names: list[str] = []
         self._names_at = -NAMES_EVERY
+        self._names_lookback = 0.0
 
     async def fetch(self) -> Telemetry:
         """One refresh; raises TelemetryUnavailable when Prometheus cannot answer."""
+        await self.check_names()
         names = list(self.queries)
         results = await asyncio.gather(*(self._query(self.queries[n]) for n in names))
-        if self.clock() - self._names_at >= NAMES_EVERY:
-            await self._check_names()
         return self.assemble(dict(zip(names, results, strict=True)))
 
-    async def _check_names(self) -> None:
+    async def check_names(self, lookback: float = NAMES_EVERY) -> None:
+        """Which metric names have had samples within ``lookback`` (an index lookup, no
+        samples read), every NAMES_EVERY seconds or when asked to look further back: queries
+        then read only those (``present``), and ``unknown_names`` lists names like
+        utilization's that no concept is read under. A name that appears between two checks is
+        read from the next: until then its GPUs' evidence is too old to judge (never idle), and
+        a name that stops stays read while any window holds its samples."""
         now = self.clock()
+        if now - self._names_at < NAMES_EVERY and lookback <= self._names_lookback:
+            return
+        wanted = "|".join([LOOKALIKE, *sorted(self.vocabulary.known())])
         try:
             seen = await self._retry(self._label_values_once, "__name__", {
-                "match[]": f'{{__name__=~"{LOOKALIKE}"}}', "start": f"{now - NAMES_EVERY:.0f}"})
+                "match[]": f'{{__name__=~"{wanted}"}}', "start": f"{now - lookback:.0f}"})
         except TelemetryUnavailable as e:
-            log.warning("could not list telemetry metric names: %s", e)
-            return
-        self._names_at = now
-        self.unknown_names = self.vocabulary.unknown(seen)
-        if self.unknown_names:
-            log.warning("ignoring GPU metrics under names gpusteward does not read (a newer "
-                        "exporter, or a custom counters file: see telemetry.metrics): %s",
-                        ", ".join(self.unknown_names))
+            log.warning("could not list telemetry metric names; reading every known name: %s",
+                        e)
+            self.present = self.vocabulary
+        else:
+            self._names_at, self._names_lookback = now, lookback
+            self.unknown_names = self.vocabulary.unknown(seen)
+            self.present = self.vocabulary.narrowed(seen)
+            if self.unknown_names:
+                log.warning("ignoring GPU metrics under names gpusteward does not read (a "
+                            "newer exporter, or a custom counters file: see "
+                            "telemetry.metrics): %s", ", ".join(self.unknown_names))
+        self.queries = queries(self.health, self.node_labels, self.present)
 
     def _label_values_once(self, label: str, params: dict[str, str]) -> list[str]:
         return self._mapped(f"label values of {label}",

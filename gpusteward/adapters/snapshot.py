@@ -28,7 +28,6 @@ from gpusteward.adapters.prometheus import (
     gpu_labels,
     keeping,
     newest_sample,
-    sampled,
     utilization,
 )
 from gpusteward.adapters.unitaudit import UnitAudit
@@ -170,6 +169,9 @@ class SnapshotReader:
         needed = sorted(windows(self.policy, tuple(p for p in pods if p.node)))
         who = who or self.attribution({p.node for p in pods if p.node}, pods)
         try:
+            # names read: those with samples in the longest window (and a scrape's margin)
+            await self.prometheus.check_names(max(needed, default=0.0)
+                                              + float(self.policy.telemetry.scrape_interval))
             age = await self._telemetry_age(now)
             if age > float(self.policy.telemetry.stale_after):
                 return {}, False, f"newest GPU sample is {age:.0f}s old"
@@ -184,8 +186,8 @@ class SnapshotReader:
                 for w, (peaks, counts) in zip(needed, answers, strict=True)}, True, ""
 
     async def _telemetry_age(self, now: float) -> float:
-        words = self.prometheus.vocabulary
-        result = await self.prometheus.query(newest_sample(words))
+        result = await self.prometheus.query(newest_sample(self.prometheus.present))
+        words = self.prometheus.vocabulary  # every name looked for
         if not result:
             raise TelemetryUnavailable(
                 f"no utilization series ({' or '.join(words.names(Concept.UTILIZATION))}) and "
@@ -196,12 +198,12 @@ class SnapshotReader:
     async def _newest(self) -> dict[GpuKey, float]:
         """Each GPU's newest sample time, keyed as the evidence series are."""
         result = await self.prometheus.query(newest_query(self.policy.telemetry.node_labels,
-                                                          self.prometheus.vocabulary))
+                                                          self.prometheus.present))
         return {_gpu_key(s["metric"]): float(s["value"][1]) for s in result}
 
     async def _window(self, window: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         peak_q, count_q = evidence_queries(window, self.policy.telemetry.node_labels,
-                                           self.prometheus.vocabulary)
+                                           self.prometheus.present)
         peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
                                              self.prometheus.query(count_q))
         return peaks, counts
@@ -216,16 +218,15 @@ def _agent(expr: str) -> str:
     return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
 
 
-def _by_gpu(node_labels: Sequence[str], *more: str) -> str:
-    return keeping(["UUID", *gpu_labels(node_labels), *more])
+def _by_gpu(node_labels: Sequence[str]) -> str:
+    return keeping(["UUID", *gpu_labels(node_labels)])
 
 
 def newest_query(node_labels: Sequence[str], vocabulary: Vocabulary) -> str:
     """Each GPU's newest sample time (``timestamp`` inside the aggregation, so it is still each
     sample's time), over the same series and labels as the evidence queries. A series whose
     exporter stopped has no sample within Prometheus' lookback and is absent: no time at all."""
-    return _by_gpu(node_labels, SOURCE_LABEL) + (f"({sampled(vocabulary)} "
-                                   f"or {_agent(f'timestamp({AGENT_POD_UTIL})')})")
+    return _per_gpu(node_labels, vocabulary, _timestamp, None, f"timestamp({AGENT_POD_UTIL})")
 
 
 def evidence_queries(window: float, node_labels: Sequence[str],
@@ -235,12 +236,26 @@ def evidence_queries(window: float, node_labels: Sequence[str],
     them by their whole label set, and join a GPU's names. The agent's per-pod series of shared
     GPUs come along, labelled ``vgpu="agent"``."""
     w = f"{int(window)}s"
-    by, agent = _by_gpu(node_labels, SOURCE_LABEL), _agent
-    peak = by + (f"({utilization(vocabulary, Unit.PERCENT, lambda m: _checked_peak(m, w))} or "
-                 f"{agent(_checked_peak(AGENT_POD_UTIL, w))})")
-    count = by + (f"({utilization(vocabulary, None, lambda m: f'count_over_time({m}[{w}])')} or "
-                  f"{agent(f'count_over_time({AGENT_POD_UTIL}[{w}])')})")
-    return peak, count
+    return (_per_gpu(node_labels, vocabulary, lambda m: _checked_peak(m, w), Unit.PERCENT,
+                     _checked_peak(AGENT_POD_UTIL, w)),
+            _per_gpu(node_labels, vocabulary, lambda m: f"count_over_time({m}[{w}])", None,
+                     f"count_over_time({AGENT_POD_UTIL}[{w}])"))
+
+
+def _per_gpu(node_labels: Sequence[str], vocabulary: Vocabulary, body: Callable[[str], str],
+             unit: Unit | None, agent: str) -> str:
+    """``body`` over each GPU's utilization and the agent's per-pod series, one series per GPU
+    and name. Marked only while a concept is read under several names (an exporter upgrade in
+    the window): each name aggregated, then marked, which relabels the fewest series; with one
+    name each the query is as it was before names were joined (marking cost 1.13x)."""
+    by = _by_gpu(node_labels)
+    if vocabulary.several(Concept.UTILIZATION, Concept.ENGINE_ACTIVITY):
+        return f"({utilization(vocabulary, unit, body, aggregate=by)} or {by}({_agent(agent)}))"
+    return by + f"({utilization(vocabulary, unit, body, mark=False)} or {_agent(agent)})"
+
+
+def _timestamp(selector: str) -> str:
+    return f"timestamp({selector})"
 
 
 def _checked_peak(metric: str, w: str) -> str:

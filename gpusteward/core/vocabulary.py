@@ -18,6 +18,7 @@ joins them by GPU identity: a peak over both, coverage summed across names. The 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple
@@ -105,24 +106,49 @@ class Vocabulary:
     def names(self, concept: Concept) -> tuple[str, ...]:
         return tuple(m.name for m in self.metrics[concept])
 
+    def known(self) -> frozenset[str]:
+        return frozenset(m.name for named in self.metrics.values() for m in named)
+
     def unknown(self, names: Iterable[str]) -> list[str]:
-        """Of these metric names (matching LOOKALIKE), those no concept is read under."""
-        known = {m.name for named in self.metrics.values() for m in named}
-        return sorted(set(names) - known)
+        """Of these metric names, those like utilization's (LOOKALIKE) no concept is read
+        under."""
+        known = self.known()
+        return sorted(n for n in set(names) - known if re.fullmatch(LOOKALIKE, n))
+
+    def several(self, *concepts: Concept) -> bool:
+        """Whether any of these concepts is read under more than one name (then a GPU's series
+        under each must be told apart: marked)."""
+        return any(len(self.metrics[c]) > 1 for c in concepts)
+
+    def narrowed(self, present: Iterable[str]) -> Vocabulary:
+        """Each concept read under only its ``present`` names; one with none present keeps
+        every name (their selectors match nothing, and the queries stay whole)."""
+        seen = set(present)
+        return Vocabulary({c: [m for m in names if m.name in seen] or names
+                           for c, names in self.metrics.items()})
 
     def union(self, concept: Concept, unit: Unit | None = None,
-              body: Callable[[str], str] = lambda selector: selector, matchers: str = "") -> str:
+              body: Callable[[str], str] = lambda selector: selector, matchers: str = "",
+              mark: bool = True, aggregate: str = "") -> str:
         """PromQL: ``body`` over each of the concept's names (``matchers``: ``a="b"`` added to
-        each selector), converted to ``unit`` (None: not a value, e.g. a timestamp) and
-        labelled with its name, so that ``or`` keeps every name's series."""
+        each selector), aggregated by ``aggregate`` (``max by (...) ``), converted to ``unit``
+        (None: not a value, e.g. a timestamp) and, with ``mark``, labelled with its name so
+        that ``or`` keeps every name's series. Unmarked, a GPU with a series under an earlier
+        name keeps only that one: for instant readings, where both names are live together only
+        while an upgraded exporter's first samples overlap the old one's lookback, and marking
+        every series cost 40 % more evaluation. Marking after aggregating relabels the fewer,
+        shorter series: at 8,000 GPUs the evidence peak took 1.10x the unmarked query's time,
+        against 1.26x marked before."""
         parts = []
         for metric in self.metrics[concept]:
             expr = body(f"{metric.name}{{{matchers}}}" if matchers else metric.name)
+            if aggregate:
+                expr = f"{aggregate}({expr})"
             scale = 1.0 if unit is None else factor(metric.unit, unit)
             if scale != 1.0:
                 expr = f"({expr}) * {scale!r}"  # repr: the exact double, 2**-20 included
-            parts.append(marked(expr, metric.name))
-        return parts[0] if len(parts) == 1 else "(" + " or ".join(parts) + ")"
+            parts.append(marked(expr, metric.name) if mark else expr)
+        return "(" + " or ".join(parts) + ")"
 
 
 def marked(expr: str, name: str) -> str:

@@ -41,7 +41,7 @@ class ExtenderMetrics:
         self.unknown_metrics = Gauge(
             "gpusteward_extender_telemetry_unknown_metrics",
             "Metric names like utilization's that gpusteward does not read (1 per name, "
-            "checked every 5 minutes): a renamed field or a custom counters file; see "
+            "checked every minute): a renamed field or a custom counters file; see "
             "telemetry.metrics.", ["metric"], registry=r)
         self.series_dropped = Counter(
             "gpusteward_extender_telemetry_series_dropped_total",
