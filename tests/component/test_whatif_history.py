@@ -118,9 +118,12 @@ async def test_the_replay_reclaims_the_idle_pod_at_mark_warn_and_grace(prometheu
     history, _ = await read(prometheus, start, end)
     out = replay(history, POLICY, "short")
     (r,) = [r for r in out.reclaimed if r.pod == "ml/idle"]
-    # idle from the start: 4 of 5 cycles sampled (minCoverage 0.8) at cycle 3, so marked at 3,
-    # warned at 4, reclaimed at 4 + 5 (grace 300 s)
-    assert r.at == start + 9 * STEP
+    # idle from the start, sampled every 30 s from `start` on, each cycle counting the samples in
+    # (t - 60 s, t] on either Prometheus major: cycle 0 has 1 sample, the others 2; at cycle 4
+    # the window (cycles 0-4) holds 9 of 10 (minCoverage 0.8), so marked at 4, warned at 5,
+    # reclaimed at 5 + 5 (grace 300 s). (Counted left-closed, as 2.x's [60s] alone counts,
+    # the samples at cycle boundaries counted twice and it read 4 of 5 a cycle early.)
+    assert r.at == start + 10 * STEP
     assert r.gpus == 2 and r.team == "vision" and r.card == H100 and r.how == "evict"
     assert r.gpu_hours == pytest.approx(2 * (end - r.at) / 3600, rel=0.02)
     assert {x.pod for x in out.reclaimed} == {"ml/idle"}  # busy, back and queued kept
@@ -140,14 +143,14 @@ async def test_the_waiting_pod_would_have_started_on_the_reclaimed_gpus(promethe
     out = replay(history, POLICY)
     (e,) = out.earlier
     assert e.gpus == 2  # one request, though its series before and after binding differ
-    assert e.pod == "ml/queued" and e.could_start_at == start + 9 * STEP
+    assert e.pod == "ml/queued" and e.could_start_at == start + 10 * STEP  # the reclaim
     assert e.started_at == pytest.approx(start + 40 * 60, abs=STEP)
 
 
 async def test_queries_are_per_chunk_not_per_pod_or_step(prometheus, end):
     _, asked = await read(prometheus, end - MINUTES * 60, end, chunk=1800)
     chunks = 3  # 61 cycles (both ends included), 30 to a chunk
-    assert asked == chunks * len(queries(POLICY, STEP, 1800))
+    assert asked == 1 + chunks * len(queries(POLICY, STEP, 1800))  # 1: is_left_closed
 
 
 async def test_a_window_without_history_says_what_is_missing(prometheus, end):
