@@ -19,14 +19,24 @@ import pytest
 from gpusteward.sandbox.simgpu import SimGpu, render_exposition
 from tests.support.prometheus import PrometheusServer
 
-__all__ = ["DcgmEndpoint", "dcgm_endpoint", "prometheus_factory"]
+__all__ = ["DcgmEndpoint", "dcgm_endpoint", "prometheus_factory", "prometheus_major"]
 
 PrometheusFactory = Callable[..., PrometheusServer]
 
 
 @pytest.fixture
-def prometheus_factory(tmp_path: Path) -> Iterator[PrometheusFactory]:
-    """Start Prometheus servers under ``tmp_path``; all are stopped at teardown."""
+def prometheus_major() -> str | None:
+    """The Prometheus major ``prometheus_factory`` starts: None, the default
+    ($GPUSTEWARD_PROMETHEUS, else 3). tests/component/conftest.py runs each of its tests on
+    every major instead."""
+    return None
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path, prometheus_major: str | None
+                       ) -> Iterator[PrometheusFactory]:
+    """Start Prometheus servers (of ``prometheus_major``) under ``tmp_path``; all are stopped at
+    teardown."""
     servers: list[PrometheusServer] = []
 
     def start(
@@ -42,6 +52,7 @@ def prometheus_factory(tmp_path: Path) -> Iterator[PrometheusFactory]:
             scrape_targets=scrape_targets,
             scrape_interval=scrape_interval,
             scrape_configs=scrape_configs,
+            major=prometheus_major,
         )
         servers.append(server)  # before start(), so a half-started one is still stopped
         server.start()
