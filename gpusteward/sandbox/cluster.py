@@ -429,6 +429,9 @@ class Sandbox:
             f"--storage.tsdb.path={self.dir / 'prometheus-data'}",
             f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}",
             "--storage.tsdb.retention.time=2d", "--log.level=warn",
+            # new targets (a pool added, a SIGHUP) scraped after 1 s, not 5 s, on 3.x (a hidden
+            # flag, also accepted by 2.42; tests/support/prometheus.py)
+            "--scrape.discovery-reload-interval=1s",
         ], lambda: _http_ok(f"{self.prometheus_url}/-/ready"))
 
     def start_extender(self) -> None:

@@ -8,7 +8,8 @@ PromQL bugs. ``PrometheusServer`` backfills DCGM-shaped history with
 starting Prometheus, then scrapes the given targets (``honor_labels: true``, so
 the exporter's ``pod``/``namespace``/``container`` survive as they are).
 
-What we found about backfill and the head block (tried against 2.42, and holding on 3.16):
+What we found about backfill and the head block (tried against 2.42; the component tier's
+``[prometheus-3]`` runs show the head and lookback points hold on 3.16 too):
 
 * No flag is needed for backfilled blocks that reach up to "now".
   ``--storage.tsdb.allow-overlapping-blocks`` is still accepted (hidden, "This
