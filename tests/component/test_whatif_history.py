@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from gpusteward.adapters.history import HistoryReader, queries
+from gpusteward.adapters.history import HistoryReader, is_left_closed, queries
 from gpusteward.adapters.historyfold import NoHistory
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.dcgm import PodRef, label_set
@@ -96,15 +96,16 @@ def end() -> float:
     return float(int(time.time() // 60 * 60) - 60)
 
 
-@pytest.fixture
-def prometheus(prometheus_factory, end):
+@pytest.fixture(scope="module")
+def prometheus(module_prometheus_factory, end):  # read only
     start = end - MINUTES * 60
     cluster = Cluster(start)
     times = [start + i * SCRAPE for i in range(int(MINUTES * 60 / SCRAPE) + 1)]
     dcgm = render_openmetrics_history([(t, cluster.gpus(t)) for t in times],
                                       scrape=servicemonitor(False))
     ksm = ksm_openmetrics([(t, cluster.pods(t)) for t in times])
-    return prometheus_factory(history_openmetrics=dcgm.replace("# EOF\n", "") + ksm + "# EOF\n")
+    history = dcgm.replace("# EOF\n", "") + ksm + "# EOF\n"
+    return module_prometheus_factory(history_openmetrics=history)
 
 
 async def read(prometheus, start: float, end: float, chunk: float = 1800):
@@ -151,6 +152,13 @@ async def test_queries_are_per_chunk_not_per_pod_or_step(prometheus, end):
     _, asked = await read(prometheus, end - MINUTES * 60, end, chunk=1800)
     chunks = 3  # 61 cycles (both ends included), 30 to a chunk
     assert asked == 1 + chunks * len(queries(POLICY, STEP, 1800))  # 1: is_left_closed
+
+
+async def test_the_probe_tells_left_closed_windows_from_left_open_ones(prometheus,
+                                                                     prometheus_major):
+    # 2.x's windows include a sample at their start, 3.x's (subqueries from 3.0.1) do not
+    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health)
+    assert await is_left_closed(source) is (prometheus_major == "2")
 
 
 async def test_a_window_without_history_says_what_is_missing(prometheus, end):
