@@ -5,6 +5,11 @@ API server and Prometheus) with its API calls, PromQL queries and each sandbox p
 
     python benchmarks/bench_reclaimer.py [--pods 1000 10000 20000]
         [--floor-pods 1000 5000 10000 20000] [--e2e-pods 1000 5000 10000 20000] [--quick]
+        [--prometheus 3 2]
+
+The floor cycle (the evidence read) runs on each Prometheus major given (default: 3, built from
+its Go module, and Debian's 2.42), one row each, side by side; the sandbox cycle on the
+sandbox's Prometheus ($GPUSTEWARD_PROMETHEUS, default 3).
 
 Decision time is the median of 5 runs of `plan()` on a synthetic snapshot (1 node per 10 pods,
 a mix of bare pods, Deployments and Jobs, idle/busy/unknown evidence, marks, pending pods, team
@@ -40,6 +45,7 @@ from gpusteward.core.reclaim.model import (  # noqa: E402
     Snapshot,
 )
 from gpusteward.core.times import stamp  # noqa: E402
+from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NOW = 1_800_000_000.0
@@ -217,7 +223,7 @@ def _stored(pod: dict) -> dict:
     return pod
 
 
-def floor_cycle(pods: int) -> dict:
+def floor_cycle(pods: int, major: str | None = None) -> dict:
     """One read + decide in a fresh process with nothing else on the cores: the LISTs from
     benchmarks/listserver.py (paged as the API server pages them, without its cost) and the
     evidence from a real Prometheus loaded with the history (promtool backfill). Our CPU and
@@ -236,7 +242,8 @@ def floor_cycle(pods: int) -> dict:
             "reclaim": {"idle": {"window": "150s", "minCoverage": 0.1},
                         "withinQuotaWindow": "165s"},  # a second window, as in the sandbox
             "teams": {"ml": {"quotaGpus": pods // 2}}}))
-        prom = PrometheusServer(Path(tmp) / "prometheus", history_openmetrics=history)
+        prom = PrometheusServer(Path(tmp) / "prometheus", history_openmetrics=history,
+                                major=major)
         del history
         with ListServer(lists) as api, prom:
             before = cpu_seconds(prom.pid)
@@ -246,7 +253,8 @@ def floor_cycle(pods: int) -> dict:
             prometheus_cpu_s = cpu_seconds(prom.pid) - before
     if out.returncode:
         raise RuntimeError(f"the floor cycle at {pods} pods failed: {out.stderr[-3000:]}")
-    return {"pods": pods, **json.loads(out.stdout), "prometheus_cpu_s": prometheus_cpu_s}
+    return {"pods": pods, "prometheus": major or PROMETHEUS_MAJORS[0], **json.loads(out.stdout),
+            "prometheus_cpu_s": prometheus_cpu_s}
 
 
 async def cycle_only(kubeconfig: str, prometheus_url: str, policy_file: str) -> dict:
@@ -283,6 +291,9 @@ def main() -> None:
     parser.add_argument("--floor-pods", type=int, nargs="*", default=[1000, 5000, 10000, 20000])
     parser.add_argument("--e2e-pods", type=int, nargs="*", default=[1000, 5000, 10000, 20000])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--prometheus", nargs="+", choices=PROMETHEUS_MAJORS,
+                        default=list(PROMETHEUS_MAJORS),
+                        help="the Prometheus majors the floor cycle runs on, side by side")
     parser.add_argument("--decision-only", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cycle-only", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -300,13 +311,13 @@ def main() -> None:
     for d in report["decision"]:
         print(f"decision {d['pods']:>6} pods: {d['decision_ms']:8.1f} ms, peak RSS "
               f"{d['peak_rss_mb']:.0f} MB ({d['actions']} actions)", flush=True)
-    for n in args.floor_pods:
-        f = floor_cycle(n)
+    for n, major in ((n, m) for n in args.floor_pods for m in args.prometheus):
+        f = floor_cycle(n, major)
         report["floor"].append(f)
-        print(f"floor    {f['pods']:>6} pods: read {f['read_s']:.2f} s (our CPU "
-              f"{f['read_cpu_s']:.2f} s, Prometheus {f['prometheus_cpu_s']:.2f} s), decide "
-              f"{f['decide_s']:.3f} s, peak RSS {f['peak_rss_mb']:.0f} MB, {f['api_calls']} API "
-              f"calls, {f['promql_queries']} PromQL queries", flush=True)
+        print(f"floor    {f['pods']:>6} pods, Prometheus {major}: read {f['read_s']:.2f} s "
+              f"(our CPU {f['read_cpu_s']:.2f} s, Prometheus {f['prometheus_cpu_s']:.2f} s), "
+              f"decide {f['decide_s']:.3f} s, peak RSS {f['peak_rss_mb']:.0f} MB, "
+              f"{f['api_calls']} API calls, {f['promql_queries']} PromQL queries", flush=True)
     for n in args.e2e_pods:  # written after each size: the largest take many minutes
         c = e2e_cycle(n)
         report["cycle"].append(c)

@@ -2,6 +2,7 @@
 nodes x 8 GPUs (8,000 to 40,000 GPUs).
 
     python benchmarks/bench_telemetry.py [--nodes 1000 2000 3000 5000] [--no-thanos] [--quick]
+        [--prometheus 3 2]
 
 A real Prometheus is loaded with 3 minutes of dcgm-exporter history for every GPU (promtool
 backfill, 15 s steps), stored as a Prometheus Operator ServiceMonitor with dcgm-exporter's chart
@@ -10,6 +11,10 @@ docs/install.md recommends and one GPU in a hundred counting an XID; we time
 PrometheusSource.fetch() (median of 10) in a fresh process, whose peak RSS is the refresh's
 (the history text is built in another), and count the bytes each query returns. Results:
 benchmarks/results/telemetry.json.
+
+Each size runs on every Prometheus major given (default: 3, built from its Go module, and
+Debian's 2.42), side by side: a row's figures are the first major's, ``by_prometheus`` holds
+each major's.
 
 Unless --no-thanos (or --quick), the same refresh also runs against a horizontally scaled
 backend, as large fleets keep DCGM metrics: a Thanos querier over two Prometheus instances
@@ -41,7 +46,7 @@ from benchmarks.memory import cpu_seconds, peak_rss_mb  # noqa: E402
 from gpusteward.adapters.prometheus import PrometheusSource  # noqa: E402
 from gpusteward.core.dcgm import PodRef  # noqa: E402
 from gpusteward.core.policy import parse_policy  # noqa: E402
-from gpusteward.sandbox.controllers import ensure_controller  # noqa: E402
+from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS, ensure_controller  # noqa: E402
 from gpusteward.sandbox.procs import free_port  # noqa: E402
 from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history  # noqa: E402
 from tests.support.prometheus import PrometheusServer, servicemonitor  # noqa: E402
@@ -96,19 +101,23 @@ def fetched_from(url: str, runs: int, pids: dict[str, int]) -> tuple[dict, dict]
     return {**fetched, "cpu_s_per_refresh": cpu}, sizes
 
 
-def run(nodes: int, runs: int, thanos: bool) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        now = time.time() - 10
-        prom = PrometheusServer(Path(tmp), history_openmetrics=history(range(nodes), now))
-        with prom:
-            fetched, sizes = fetched_from(prom.url, runs, {"prometheus": prom.pid})
-    row = summary(nodes, fetched, sizes)
+def run(nodes: int, runs: int, thanos: bool, majors: list[str]) -> dict:
+    by_major = {}
+    for major in majors:
+        with tempfile.TemporaryDirectory() as tmp:
+            now = time.time() - 10
+            prom = PrometheusServer(Path(tmp), history_openmetrics=history(range(nodes), now),
+                                    major=major)
+            with prom:
+                fetched, sizes = fetched_from(prom.url, runs, {"prometheus": prom.pid})
+        by_major[major] = summary(nodes, fetched, sizes)
+    row = {**by_major[majors[0]], "prometheus": majors[0], "by_prometheus": by_major}
     if thanos:
-        row["thanos"] = run_thanos(nodes, runs)
+        row["thanos"] = run_thanos(nodes, runs, majors[0])
     return row
 
 
-def run_thanos(nodes: int, runs: int) -> dict:
+def run_thanos(nodes: int, runs: int, major: str) -> dict:
     """The refresh through a Thanos querier over two shards of half the fleet each."""
     binary = str(ensure_controller("thanos", log=lambda m: print(m, flush=True)))
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -117,7 +126,7 @@ def run_thanos(nodes: int, runs: int) -> dict:
         for shard, part in (("a", range(half)), ("b", range(half, nodes))):
             prom = stack.enter_context(PrometheusServer(
                 Path(tmp) / shard, history_openmetrics=history(part, now),
-                external_labels={"shard": shard}))
+                external_labels={"shard": shard}, major=major))
             grpc, http = free_port(), free_port()
             pids[f"prometheus-{shard}"] = prom.pid
             pids[f"sidecar-{shard}"] = stack.enter_context(thanos_process(
@@ -202,6 +211,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-thanos", dest="thanos", action="store_false",
                         help="skip the refresh through a Thanos querier over two shards")
+    parser.add_argument("--prometheus", nargs="+", choices=PROMETHEUS_MAJORS,
+                        default=list(PROMETHEUS_MAJORS),
+                        help="the Prometheus majors each size runs on, side by side (the first "
+                             "one's figures are the row's; Thanos reads through it)")
     parser.add_argument("--fetch-only", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.fetch_only:
@@ -211,9 +224,10 @@ def main() -> None:
     sizes, runs = ([20], 3) if args.quick else (args.nodes, 10)
     results = []
     for nodes in sizes:
-        r = run(nodes, runs, args.thanos and not args.quick)
+        r = run(nodes, runs, args.thanos and not args.quick, args.prometheus)
         results.append(r)
-        for where, row in (("one Prometheus", r), ("Thanos, 2 shards", r.get("thanos"))):
+        for where, row in (*((f"one Prometheus {m}", r["by_prometheus"][m])
+                             for m in args.prometheus), ("Thanos, 2 shards", r.get("thanos"))):
             if row is not None:
                 print(f"telemetry refresh at {row['gpus']} GPUs, {where}: "
                       f"{row['queries_per_refresh']} queries, p50 {row['refresh_p50_ms']:.0f} "

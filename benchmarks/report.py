@@ -176,10 +176,11 @@ def reclaimer_section(rec: dict) -> list[str]:
     lines += [f"| {d['pods']} | {d['decision_ms']:.0f} | {d['peak_rss_mb']:.0f} | {d['actions']} |"
               for d in rec["decision"]]
     if rec.get("floor"):
-        lines += ["", "| GPU pods, floor | read s | read, our CPU s | Prometheus CPU s | "
-                  "decide s | read + decide s | peak RSS MB | API calls | PromQL queries |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {f['pods']} | {f['read_s']:.2f} | {f['read_cpu_s']:.2f} | "
+        lines += ["", "| GPU pods, floor | Prometheus | read s | read, our CPU s | Prometheus CPU "
+                  "s | decide s | read + decide s | peak RSS MB | API calls | PromQL queries |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {f['pods']} | {f.get('prometheus', '2')} | {f['read_s']:.2f} | "
+                  f"{f['read_cpu_s']:.2f} | "
                   f"{f['prometheus_cpu_s']:.2f} | {f['decide_s']:.3f} | "
                   f"{f['read_s'] + f['decide_s']:.2f} | {f['peak_rss_mb']:.0f} | "
                   f"{f['api_calls']} | {f['promql_queries']} |" for f in rec["floor"]]
@@ -213,6 +214,7 @@ def plot_reclaimer(rec: dict) -> str:
     axes[0].plot(pods, [c["read_s"] + c["decide_s"] for c in cycle], "o-", label="read + decide")
     axes[0].plot(pods, [c["read_s"] for c in cycle], "s--", label="read")
     floor = sorted(rec.get("floor", []), key=lambda f: f["pods"])
+    floor = [f for f in floor if f.get("prometheus") == floor[0].get("prometheus")]  # one major
     if floor:
         axes[0].plot([f["pods"] for f in floor], [f["read_s"] + f["decide_s"] for f in floor],
                      "^-", label="read + decide, floor")
@@ -243,7 +245,25 @@ def telemetry_section(tel: dict) -> list[str]:
                      f"{', '.join(f'{k} {v / 1e6:.2f}' for k, v in top)} |")
     if tel.get("note"):
         lines += ["", f"Note: {tel['note']}."]
-    return [*lines, *thanos_table(tel), "", "![telemetry refresh](telemetry.png)", ""]
+    return [*lines, *majors_table(tel), *thanos_table(tel), "",
+            "![telemetry refresh](telemetry.png)", ""]
+
+
+def majors_table(tel: dict) -> list[str]:
+    """The same refresh on each Prometheus major of the run (``--prometheus 3 2``)."""
+    rows = [r for r in tel["results"] if len(r.get("by_prometheus", {})) > 1]
+    if not rows:
+        return []
+    majors = list(rows[0]["by_prometheus"])
+    head = " | ".join(f"Prometheus {m}: p50 ms | CPU s per refresh" for m in majors)
+    lines = ["", "The same refresh on each Prometheus major, in the same run (3: built from its "
+             "Go module; 2: Debian's 2.42).", "", f"| nodes | GPUs | {head} |",
+             "|---|---|" + "---|---|" * len(majors)]
+    for r in rows:
+        cells = " | ".join(f"{b['refresh_p50_ms']:.0f} | {b['cpu_s_per_refresh']['prometheus']:.2f}"
+                           for b in (r["by_prometheus"][m] for m in majors))
+        lines.append(f"| {r['nodes']} | {r['gpus']} | {cells} |")
+    return lines
 
 
 def thanos_table(tel: dict) -> list[str]:

@@ -24,6 +24,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from gpusteward.adapters.history import LEFT_CLOSED_PROBE
+
 STEP, SCRAPE = 60, 30
 HOUR_STEPS = 3600 // STEP
 MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
@@ -236,6 +238,10 @@ def serve(answers: Answers, port: int) -> None:
             if url.path == "/-/ready":
                 return self._send(b"ready")
             q = urllib.parse.parse_qs(url.query)
+            if url.path == "/api/v1/query":  # the left-closed probe: answered as 3.x would
+                assert q["query"][0] == LEFT_CLOSED_PROBE, q
+                return self._send(b'{"status":"success","data":{"resultType":"vector",'
+                                  b'"result":[{"metric":{},"value":[0,"1"]}]}}')
             a = round((float(q["start"][0]) - answers.start) / STEP)
             b = round((float(q["end"][0]) - answers.start) / STEP)
             series = answers.answer(q["query"][0], a, b)

@@ -4,10 +4,10 @@ series joined with the DCGM series by the one attribution rule (core/attribution
 Every query is a range query over a whole series set, one per kind of fact and time chunk, so
 the number of queries is ``len(QUERIES) * chunks`` whatever the number of pods, GPUs or steps:
 
-* per step (``[step]`` ranges, so a step covers ``(t - step, t]``): which pods existed and on
-  which node (``kube_pod_info``), their phase (``kube_pod_status_phase``), and each GPU's peak
-  and sample count, by the live reclaimer's own evidence PromQL at a window of one step
-  (``adapters.snapshot.evidence_queries``);
+* per step (ranges covering ``(t - step, t]`` on every Prometheus major, see ``step_range``):
+  which pods existed and on which node (``kube_pod_info``), their phase
+  (``kube_pod_status_phase``), and each GPU's peak and sample count, by the live reclaimer's
+  own evidence PromQL at a window of one step (``adapters.snapshot.evidence_queries``);
 * once per chunk (``last_over_time`` over the chunk): GPU requests
   (``kube_pod_container_resource_requests``), owners (``kube_pod_owner``), allow-listed labels
   (``kube_pod_labels``), creation times (``kube_pod_created``) and each GPU's model name.
@@ -26,12 +26,36 @@ from gpusteward.core.whatif.history import Grid, History
 
 CHUNK = 6 * HOUR  # a range query's span: 360 points per series at a 60 s step
 
+# Whether Prometheus's windows include a sample at their start. Prometheus 3 made range
+# selectors left-open: ``x[60s]`` at t holds the samples in (t - 60s, t], 2.x's holds
+# [t - 60s, t] (Prometheus 3.0 migration guide, "Range selectors and lookback exclude samples
+# coinciding with the left boundary"; CHANGELOG 3.0.0, #13904); subqueries followed in 3.0.1
+# (CHANGELOG 3.0.1, #15431: ``x[30m:1m]`` yields 30 points, not 31). This subquery of a 1 ms
+# window at a 1 ms resolution is evaluated at t and, left-closed, at t - 1 ms too: 2 on 2.x,
+# 1 from 3.0.1 on. (3.0.0 alone, left-open ranges but left-closed subqueries, reads as 2.x and
+# then misses a sample exactly 1 ms after a step's start.)
+LEFT_CLOSED_PROBE = "count_over_time(vector(1)[1ms:1ms])"
 
-def queries(policy: Policy, step: float, chunk: float) -> dict[str, str]:
-    s, c = f"{int(step)}s", f"{int(chunk + step)}s"
+
+def step_range(step: float, left_closed: bool) -> str:
+    """A range selector covering exactly (t - step, t] (timestamps are whole milliseconds): the
+    steps partition time, as core.whatif.history's sliding window sums require. On a
+    left-closed (2.x) Prometheus one millisecond shorter, so a sample at the start of a step,
+    which step-aligned scrapes put there, is counted once, in the step before, as on 3.x."""
+    return f"{int(step * 1000) - 1}ms" if left_closed else f"{int(step)}s"
+
+
+async def is_left_closed(prometheus: PrometheusSource) -> bool:
+    (sample,) = await prometheus.query(LEFT_CLOSED_PROBE)
+    return float(sample["value"][1]) > 1
+
+
+def queries(policy: Policy, step: float, chunk: float,
+            left_closed: bool = False) -> dict[str, str]:
+    s, c = step_range(step, left_closed), f"{int(chunk + step)}s"
     resources = "|".join(re.escape(ksm_resource(r)) for r in policy.resources)
     words = policy.telemetry.vocabulary()
-    peak, count = evidence_queries(step, policy.telemetry.node_labels, words)
+    peak, count = evidence_queries(step, policy.telemetry.node_labels, words, s)
     return {
         "info": "max by (namespace, pod, uid, node, priority_class) "
                 f"(max_over_time(kube_pod_info[{s}]))",
@@ -62,8 +86,13 @@ class HistoryReader:
         self.step = float(policy.reclaim.interval)
         self.chunk = max(chunk, self.step)
         self.queries = queries(policy, self.step, self.chunk)
+        self._probed = False
 
     async def read(self, start: float, end: float) -> History:
+        if not self._probed:
+            self.queries = queries(self.policy, self.step, self.chunk,
+                                   await is_left_closed(self.prometheus))
+            self._probed = True
         grid = Grid(start, self.step, int((end - start) // self.step) + 1)
         facts = Facts(grid, self.policy.telemetry.node_labels)
         for a in range(0, grid.steps, max(1, int(self.chunk // self.step))):

@@ -229,13 +229,14 @@ def newest_query(node_labels: Sequence[str], vocabulary: Vocabulary) -> str:
     return _per_gpu(node_labels, vocabulary, _timestamp, None, f"timestamp({AGENT_POD_UTIL})")
 
 
-def evidence_queries(window: float, node_labels: Sequence[str],
-                     vocabulary: Vocabulary) -> tuple[str, str]:
+def evidence_queries(window: float, node_labels: Sequence[str], vocabulary: Vocabulary,
+                     span: str | None = None) -> tuple[str, str]:
     """(peak utilization %, samples) per GPU and metric name over the window, keeping its UUID,
     node, index, pod and the name it came under: the same series in both, so per_pod can pair
     them by their whole label set, and join a GPU's names. The agent's per-pod series of shared
-    GPUs come along, labelled ``vgpu="agent"``."""
-    w = f"{int(window)}s"
+    GPUs come along, labelled ``vgpu="agent"``. ``span``: the range selector's text, where the
+    caller needs other than whole seconds (adapters.history.step_range)."""
+    w = span or f"{int(window)}s"
     return (_per_gpu(node_labels, vocabulary, lambda m: _checked_peak(m, w), Unit.PERCENT,
                      _checked_peak(AGENT_POD_UTIL, w)),
             _per_gpu(node_labels, vocabulary, lambda m: f"count_over_time({m}[{w}])", None,

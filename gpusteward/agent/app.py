@@ -37,8 +37,11 @@ from gpusteward.core.nodereadings import DeviceAssignment, NvmlSnapshot, PidOwne
 
 log = logging.getLogger("gpusteward.agent")
 
-CONTENT_TYPE = "text/plain"  # aiohttp adds the charset; version below
-EXPOSITION_VERSION = "0.0.4"
+# The text format's media type, version and charset as prometheus/common's expfmt writes it
+# (FmtText): Prometheus 3 fails a scrape whose Content-Type is missing or not one it knows,
+# where 2.x fell back to text (Prometheus 3.0 migration guide, "Scrape protocols"; CHANGELOG
+# 3.0.0, #15136).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUILD_INFO = buildinfo.exposition()
 
 
@@ -179,9 +182,8 @@ async def _collector(app: web.Application) -> AsyncIterator[None]:
 
 async def metrics(request: web.Request) -> web.Response:
     text = request.app[EXPORTED].text + BUILD_INFO
-    return web.Response(
-        text=text, content_type=CONTENT_TYPE, headers={"X-Exposition-Version": EXPOSITION_VERSION}
-    )
+    # body, not text=: aiohttp's content_type takes no parameters but the charset
+    return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -33,7 +33,7 @@ from gpusteward.core.model import CLASS_KEY, TEAM_LABEL
 from gpusteward.sandbox import dra
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.checkout import REPO
-from gpusteward.sandbox.controllers import STARTERS, with_needs
+from gpusteward.sandbox.controllers import STARTERS, prometheus_binaries, with_needs
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
@@ -423,11 +423,15 @@ class Sandbox:
 
     def start_prometheus(self) -> None:
         config = self._write_prometheus_config()
+        prometheus, _ = prometheus_binaries(log=self.cfg.log)  # 3 unless GPUSTEWARD_PROMETHEUS
         self._run("prometheus", [
-            "prometheus", f"--config.file={config}",
+            prometheus, f"--config.file={config}",
             f"--storage.tsdb.path={self.dir / 'prometheus-data'}",
             f"--web.listen-address=127.0.0.1:{self.ports['prometheus']}",
             "--storage.tsdb.retention.time=2d", "--log.level=warn",
+            # new targets (a pool added, a SIGHUP) scraped after 1 s, not 5 s, on 3.x (a hidden
+            # flag, also accepted by 2.42; tests/support/prometheus.py)
+            "--scrape.discovery-reload-interval=1s",
         ], lambda: _http_ok(f"{self.prometheus_url}/-/ready"))
 
     def start_extender(self) -> None:

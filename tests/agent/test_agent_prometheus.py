@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 
 from gpusteward.adapters.prometheus import PrometheusSource
@@ -87,3 +89,32 @@ async def test_a_lost_gpu_reaches_the_readings_as_xid_79(
     assert (readings["0"].util, readings["0"].xid) == (0.4, 0)
     assert (readings["1"].util, readings["1"].xid) == (None, 79)
     assert time.time() - 30 < readings["1"].sampled_at <= time.time()
+
+
+@pytest.mark.parametrize("prometheus_major", ["3"], ids=["prometheus-3"])
+async def test_prometheus_3_scrapes_the_agent(
+    fake_nvml: FakeNvml, kubelet: FakeKubelet, prometheus_factory: PrometheusFactory
+) -> None:
+    # Prometheus 3 fails a scrape without a valid exposition Content-Type, where 2.x fell back
+    # to text (Prometheus 3.0 migration guide, "Scrape protocols"): the target must be up and
+    # its series stored.
+    fake_nvml.write([FakeGpu(A, util_gpu=87)])
+    settings = AgentSettings(node="agent-node", interval=1.0,
+                             pod_resources_socket=str(kubelet.socket_path))
+    async with TestServer(create_app(settings), host="127.0.0.1") as agent:
+        target = f"127.0.0.1:{agent.port}"
+        async with aiohttp.ClientSession() as http, http.get(f"http://{target}/metrics") as r:
+            assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        prometheus = prometheus_factory(scrape_targets=[target])
+        up, stored = f'up{{instance="{target}"}}', (
+            f'count({{instance="{target}", __name__!~"up|scrape_.*"}})')
+        deadline = time.monotonic() + 40
+        while True:
+            ups = (await asyncio.to_thread(prometheus.api, "query", query=up))["result"]
+            counts = (await asyncio.to_thread(prometheus.api, "query", query=stored))["result"]
+            if ups and counts:
+                break
+            assert time.monotonic() < deadline, f"not scraped yet:\n{prometheus.log_tail()}"
+            await asyncio.sleep(0.5)
+    assert ups[0]["value"][1] == "1", prometheus.log_tail()
+    assert float(counts[0]["value"][1]) >= 1

@@ -30,7 +30,7 @@ from gpusteward.sandbox.simgpu import (
     join_openmetrics,
     render_openmetrics_history,
 )
-from tests.support.prometheus import PrometheusServer, servicemonitor
+from tests.support.prometheus import servicemonitor
 from tests.unit.test_reclaim_decide import gpu_pod
 
 STEP = 15.0
@@ -111,12 +111,8 @@ def now() -> float:
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["honorLabels-false", "honorLabels-true"])
-def prometheus(request, tmp_path_factory, now):
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"),
-                              history_openmetrics=history(now, request.param))
-    server.start()
-    yield server
-    server.stop()
+def prometheus(request, module_prometheus_factory, now):  # read only
+    return module_prometheus_factory(history_openmetrics=history(now, request.param))
 
 
 def reader(url: str) -> SnapshotReader:
@@ -202,22 +198,19 @@ async def test_the_report_reads_one_series_per_gpu_across_the_switch(prometheus,
     assert max(v for _, v in by_pod["ml/busy-before"].points) == pytest.approx(95.0)
 
 
-async def test_the_reports_figures_are_unchanged_by_the_switch(prometheus, now, tmp_path):
+async def test_the_reports_figures_are_unchanged_by_the_switch(prometheus, now,
+                                                                prometheus_factory):
     """The same fleet never upgraded gives the same per-pod series, slot by slot."""
-    legacy = PrometheusServer(tmp_path / "legacy", history_openmetrics=never_upgraded(now))
-    legacy.start()
-    try:
-        who = Attribution.of(POLICY.telemetry.node_labels, POLICY.telemetry.honor_labels,
-                             ["n1", "n2", "n3"], pods())
-        figures = []
-        for server in (prometheus, legacy):
-            source = PrometheusSource(server.url, POLICY.telemetry, POLICY.health)
-            rows = await source.query_range(utilization_query(60.0, STEP, source.vocabulary),
-                                            now - 1800, now - 60, 60.0)
-            figures.append({s.pod: [(t, round(v, 6)) for t, v in s.points]
-                            for s in series(rows, who) if s.pod.removeprefix("ml/") in PODS})
-    finally:
-        legacy.stop()
+    legacy = prometheus_factory(history_openmetrics=never_upgraded(now))
+    who = Attribution.of(POLICY.telemetry.node_labels, POLICY.telemetry.honor_labels,
+                         ["n1", "n2", "n3"], pods())
+    figures = []
+    for server in (prometheus, legacy):
+        source = PrometheusSource(server.url, POLICY.telemetry, POLICY.health)
+        rows = await source.query_range(utilization_query(60.0, STEP, source.vocabulary),
+                                        now - 1800, now - 60, 60.0)
+        figures.append({s.pod: [(t, round(v, 6)) for t, v in s.points]
+                        for s in series(rows, who) if s.pod.removeprefix("ml/") in PODS})
     upgraded, never = figures
     assert set(never) == {f"ml/{p}" for p in PODS}
     assert upgraded == never

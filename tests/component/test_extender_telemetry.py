@@ -77,14 +77,15 @@ def now() -> float:
     return time.time()
 
 
-@pytest.fixture(params=[False, True], ids=["honorLabels-false", "honorLabels-true"])
+@pytest.fixture(scope="module", params=[False, True],
+                ids=["honorLabels-false", "honorLabels-true"])
 def honor(request) -> bool:
     return bool(request.param)
 
 
-@pytest.fixture
-def prometheus(prometheus_factory, now, honor):
-    return prometheus_factory(history_openmetrics=history(now, honor=honor))
+@pytest.fixture(scope="module")
+def prometheus(module_prometheus_factory, now, honor):  # read only
+    return module_prometheus_factory(history_openmetrics=history(now, honor=honor))
 
 
 async def client_for(url: str, policy_data: dict | None = None):

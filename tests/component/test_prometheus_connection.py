@@ -31,6 +31,7 @@ from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender.app import Extender
 from gpusteward.extender.view import PlacementView
+from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS
 from tests.component.test_extender_telemetry import fleet, history
 from tests.factories import pod
 from tests.support.loopback import served
@@ -50,11 +51,16 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[PrometheusServer]:
+@pytest.fixture(scope="module", params=PROMETHEUS_MAJORS,
+                ids=[f"prometheus-{m}" for m in PROMETHEUS_MAJORS])
+def secured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+            pki: Pki) -> Iterator[PrometheusServer]:
+    """On each major, as every test here (tests/component/conftest.py); module-scoped, so one
+    server a major."""
     server = PrometheusServer(tmp_path_factory.mktemp("secured-prometheus"),
                               history_openmetrics=history(time.time()),
-                              web=WebConfig(tls=pki, users={USER: PASSWORD}))
+                              web=WebConfig(tls=pki, users={USER: PASSWORD}),
+                              major=request.param)
     with server:
         yield server
 

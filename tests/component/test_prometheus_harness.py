@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -266,9 +267,22 @@ def test_a_missing_binary_fails_loudly_and_names_the_package(
     server = PrometheusServer(tmp_path, **missing)
 
     with pytest.raises(
-        PrometheusError, match="`make test` installs the Debian package `prometheus`"
+        PrometheusError, match="the 2.x is the Debian package `prometheus` `make setup` installs"
     ):
         server.start()
+
+
+#: What each major's ``--version`` starts with: the module build stamps its release (gpusteward/
+#: sandbox/controllers.py VERSION_LDFLAGS), Debian's is bookworm's package.
+VERSIONS = {"3": "prometheus, version 3.16.0 ", "2": "prometheus, version 2.42."}
+
+
+def test_each_major_runs_the_release_it_names(tmp_path: Path, prometheus_major: str) -> None:
+    for binary in PrometheusServer(tmp_path, major=prometheus_major).binaries():
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+        name = Path(binary).name
+        assert out.returncode == 0 and (out.stdout + out.stderr).startswith(
+            VERSIONS[prometheus_major].replace("prometheus", name)), out.stdout + out.stderr
 
 
 def test_history_promtool_rejects_fails_with_promtools_output(

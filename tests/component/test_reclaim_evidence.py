@@ -66,9 +66,10 @@ def now() -> float:
     return time.time()
 
 
-@pytest.fixture(params=[False, True], ids=["honorLabels-false", "honorLabels-true"])
-def prometheus(request, prometheus_factory, now):
-    return prometheus_factory(history_openmetrics=history(now, now - 5, request.param))
+@pytest.fixture(scope="module", params=[False, True],
+                ids=["honorLabels-false", "honorLabels-true"])
+def prometheus(request, module_prometheus_factory, now):  # read only
+    return module_prometheus_factory(history_openmetrics=history(now, now - 5, request.param))
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ counts them (gpusteward/core/sharing.py)."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ import yaml
 from gpusteward.core.cards import PRODUCT_LABEL
 from gpusteward.core.model import Node
 from gpusteward.core.sharing import REPLICAS_LABEL, node_physical_gpus, physical
+from gpusteward.sandbox.controllers import PROMETHEUS_ENV, prometheus_binaries
 from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER
 from tests.support.prometheus import stored_labels
 
@@ -25,10 +25,14 @@ RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "recordi
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 
+@pytest.fixture(autouse=True)
+def _each_major(prometheus_major: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here on each Prometheus major's promtool (its rule engine is Prometheus's)."""
+    monkeypatch.setenv(PROMETHEUS_ENV, prometheus_major)
+
+
 def promtool() -> str:
-    found = shutil.which("promtool")
-    assert found, "promtool is missing: install Debian's `prometheus` package"
-    return found
+    return prometheus_binaries(log=lambda _: None)[1]
 
 
 def test_promtool_accepts_the_recording_rules():

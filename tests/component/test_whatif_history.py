@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from gpusteward.adapters.history import HistoryReader, queries
+from gpusteward.adapters.history import HistoryReader, is_left_closed, queries
 from gpusteward.adapters.historyfold import NoHistory
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.dcgm import PodRef, label_set
@@ -96,15 +96,16 @@ def end() -> float:
     return float(int(time.time() // 60 * 60) - 60)
 
 
-@pytest.fixture
-def prometheus(prometheus_factory, end):
+@pytest.fixture(scope="module")
+def prometheus(module_prometheus_factory, end):  # read only
     start = end - MINUTES * 60
     cluster = Cluster(start)
     times = [start + i * SCRAPE for i in range(int(MINUTES * 60 / SCRAPE) + 1)]
     dcgm = render_openmetrics_history([(t, cluster.gpus(t)) for t in times],
                                       scrape=servicemonitor(False))
     ksm = ksm_openmetrics([(t, cluster.pods(t)) for t in times])
-    return prometheus_factory(history_openmetrics=dcgm.replace("# EOF\n", "") + ksm + "# EOF\n")
+    history = dcgm.replace("# EOF\n", "") + ksm + "# EOF\n"
+    return module_prometheus_factory(history_openmetrics=history)
 
 
 async def read(prometheus, start: float, end: float, chunk: float = 1800):
@@ -118,9 +119,12 @@ async def test_the_replay_reclaims_the_idle_pod_at_mark_warn_and_grace(prometheu
     history, _ = await read(prometheus, start, end)
     out = replay(history, POLICY, "short")
     (r,) = [r for r in out.reclaimed if r.pod == "ml/idle"]
-    # idle from the start: 4 of 5 cycles sampled (minCoverage 0.8) at cycle 3, so marked at 3,
-    # warned at 4, reclaimed at 4 + 5 (grace 300 s)
-    assert r.at == start + 9 * STEP
+    # idle from the start, sampled every 30 s from `start` on, each cycle counting the samples in
+    # (t - 60 s, t] on either Prometheus major: cycle 0 has 1 sample, the others 2; at cycle 4
+    # the window (cycles 0-4) holds 9 of 10 (minCoverage 0.8), so marked at 4, warned at 5,
+    # reclaimed at 5 + 5 (grace 300 s). (Counted left-closed, as 2.x's [60s] alone counts,
+    # the samples at cycle boundaries counted twice and it read 4 of 5 a cycle early.)
+    assert r.at == start + 10 * STEP
     assert r.gpus == 2 and r.team == "vision" and r.card == H100 and r.how == "evict"
     assert r.gpu_hours == pytest.approx(2 * (end - r.at) / 3600, rel=0.02)
     assert {x.pod for x in out.reclaimed} == {"ml/idle"}  # busy, back and queued kept
@@ -140,14 +144,21 @@ async def test_the_waiting_pod_would_have_started_on_the_reclaimed_gpus(promethe
     out = replay(history, POLICY)
     (e,) = out.earlier
     assert e.gpus == 2  # one request, though its series before and after binding differ
-    assert e.pod == "ml/queued" and e.could_start_at == start + 9 * STEP
+    assert e.pod == "ml/queued" and e.could_start_at == start + 10 * STEP  # the reclaim
     assert e.started_at == pytest.approx(start + 40 * 60, abs=STEP)
 
 
 async def test_queries_are_per_chunk_not_per_pod_or_step(prometheus, end):
     _, asked = await read(prometheus, end - MINUTES * 60, end, chunk=1800)
     chunks = 3  # 61 cycles (both ends included), 30 to a chunk
-    assert asked == chunks * len(queries(POLICY, STEP, 1800))
+    assert asked == 1 + chunks * len(queries(POLICY, STEP, 1800))  # 1: is_left_closed
+
+
+async def test_the_probe_tells_left_closed_windows_from_left_open_ones(prometheus,
+                                                                     prometheus_major):
+    # 2.x's windows include a sample at their start, 3.x's (subqueries from 3.0.1) do not
+    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health)
+    assert await is_left_closed(source) is (prometheus_major == "2")
 
 
 async def test_a_window_without_history_says_what_is_missing(prometheus, end):

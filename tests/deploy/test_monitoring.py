@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from gpusteward.agent import exposition
 from gpusteward.agent.collect import unavailable_view
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
+from gpusteward.sandbox.controllers import prometheus_binaries
 from tests.deploy.conftest import REPO
 
 SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
@@ -44,7 +44,7 @@ def _rule_groups(rendered: dict[str, list[dict[str, Any]]]) -> list[dict[str, An
 
 def test_promtool_accepts_the_prometheusrule_groups(
         rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
-    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    promtool = prometheus_binaries(log=lambda _: None)[1]  # 3's (GPUSTEWARD_PROMETHEUS=2: 2's)
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": _rule_groups(rendered)}))
     result = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True,
@@ -209,7 +209,7 @@ def _annotations(rendered: dict[str, list[dict[str, Any]]], alert: str,
 def _promtool_test(tests: dict[str, Any], path: Path) -> None:
     """Run a promtool rule unit-test file (Prometheus's own rule engine)."""
     path.write_text(yaml.safe_dump(tests))
-    promtool = shutil.which("promtool") or "/usr/bin/promtool"
+    promtool = prometheus_binaries(log=lambda _: None)[1]  # 3's (GPUSTEWARD_PROMETHEUS=2: 2's)
     result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

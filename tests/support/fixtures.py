@@ -19,14 +19,37 @@ import pytest
 from gpusteward.sandbox.simgpu import SimGpu, render_exposition
 from tests.support.prometheus import PrometheusServer
 
-__all__ = ["DcgmEndpoint", "dcgm_endpoint", "prometheus_factory"]
+__all__ = ["DcgmEndpoint", "dcgm_endpoint", "module_prometheus_factory", "prometheus_factory",
+           "prometheus_major"]
 
 PrometheusFactory = Callable[..., PrometheusServer]
 
 
+@pytest.fixture(scope="module")
+def prometheus_major() -> str | None:
+    """The Prometheus major ``prometheus_factory`` starts: None, the default
+    ($GPUSTEWARD_PROMETHEUS, else 3). tests/component/conftest.py runs each of its tests on
+    every major instead (module-scoped, so a module's servers may be too)."""
+    return None
+
+
 @pytest.fixture
-def prometheus_factory(tmp_path: Path) -> Iterator[PrometheusFactory]:
-    """Start Prometheus servers under ``tmp_path``; all are stopped at teardown."""
+def prometheus_factory(tmp_path: Path, prometheus_major: str | None
+                       ) -> Iterator[PrometheusFactory]:
+    """Start Prometheus servers (of ``prometheus_major``) under ``tmp_path``; all are stopped at
+    teardown."""
+    yield from _servers(tmp_path, prometheus_major)
+
+
+@pytest.fixture(scope="module")
+def module_prometheus_factory(tmp_path_factory: pytest.TempPathFactory,
+                              prometheus_major: str | None) -> Iterator[PrometheusFactory]:
+    """``prometheus_factory`` for a module's servers that its tests only read: one backfill
+    for them all."""
+    yield from _servers(tmp_path_factory.mktemp("prometheus"), prometheus_major)
+
+
+def _servers(workdir: Path, major: str | None) -> Iterator[PrometheusFactory]:
     servers: list[PrometheusServer] = []
 
     def start(
@@ -37,11 +60,12 @@ def prometheus_factory(tmp_path: Path) -> Iterator[PrometheusFactory]:
         scrape_configs: Sequence[dict[str, Any]] = (),
     ) -> PrometheusServer:
         server = PrometheusServer(
-            tmp_path / f"prometheus-{len(servers)}",
+            workdir / f"prometheus-{len(servers)}",
             history_openmetrics=history_openmetrics,
             scrape_targets=scrape_targets,
             scrape_interval=scrape_interval,
             scrape_configs=scrape_configs,
+            major=major,
         )
         servers.append(server)  # before start(), so a half-started one is still stopped
         server.start()
