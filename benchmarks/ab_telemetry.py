@@ -1,7 +1,7 @@
 """Telemetry refresh and reclaim evidence, two revisions side by side against one Prometheus.
 
     python benchmarks/ab_telemetry.py --base REV [--nodes 1000] [--rounds 10]
-        [--what refresh evidence] [--prometheus BIN[:PROMTOOL] ...]
+        [--what refresh evidence] [--prometheus 3 2]
 
 One real Prometheus is loaded with the history bench_telemetry.py writes (1,000 nodes x 8
 GPUs by default); then a fresh process of the base revision (checked out with `git worktree`
@@ -10,7 +10,8 @@ PrometheusSource.fetch() (``refresh``) or one SnapshotReader.evidence() for the 
 node (``evidence``: the reclaimer's queries over two windows, 600 s and 630 s, that hold the
 whole 180 s history) per round after a warm-up. Alternating in one run is what makes the
 ratio mean something on a shared 2-core machine: drift hits both sides alike. Each
-``--prometheus`` (a 3.x and a 2.x, say) is loaded and measured in turn, in the same run. Prints
+``--prometheus`` major (3.16 built from its module, Debian's 2.42) is loaded and measured in
+turn, in the same run. Prints
 medians, the ratio and, for the refresh, the bytes each side's queries return.
 """
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_telemetry import history  # noqa: E402
+from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS, prometheus_binaries  # noqa: E402
 from tests.support.prometheus import PrometheusServer  # noqa: E402
 
 # Runs inside each side's tree: one warm-up, then ROUNDS timed fetches, one per line on stdin's
@@ -121,20 +123,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--what", nargs="+", choices=("refresh", "evidence"),
                         default=["refresh"])
-    parser.add_argument("--prometheus", nargs="+", default=["prometheus:promtool"],
-                        help="Prometheus binaries to load and measure in turn, each "
-                             "BIN[:PROMTOOL]")
+    parser.add_argument("--prometheus", nargs="+", choices=PROMETHEUS_MAJORS,
+                        default=list(PROMETHEUS_MAJORS),
+                        help="the Prometheus majors to load and measure in turn")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.base],
                        cwd=ROOT, check=True)
         try:
-            for i, binaries in enumerate(args.prometheus):
-                prometheus, _, promtool = binaries.partition(":")
+            for major in args.prometheus:
+                prometheus, _ = prometheus_binaries(major)
                 now = time.time() - 10
-                with PrometheusServer(Path(tmp) / f"prom-{i}", prometheus_bin=prometheus,
-                                      promtool_bin=promtool or "promtool",
+                with PrometheusServer(Path(tmp) / f"prom-{major}", major=major,
                                       history_openmetrics=history(range(args.nodes), now)
                                       ) as prom:
                     version = _version(prometheus)
