@@ -202,21 +202,28 @@ class PrometheusSource:
         self.unknown_names: list[str] = []
         self._names_at = -NAMES_EVERY
         self._names_lookback = 0.0
+        self._gpus_read = 0
 
     async def fetch(self) -> Telemetry:
         """One refresh; raises TelemetryUnavailable when Prometheus cannot answer."""
         await self.check_names()
         names = list(self.queries)
         results = await asyncio.gather(*(self._query(self.queries[n]) for n in names))
-        return self.assemble(dict(zip(names, results, strict=True)))
+        telemetry = self.assemble(dict(zip(names, results, strict=True)))
+        read = sum(len(r) for r in telemetry.nodes.values())
+        if read < self._gpus_read:  # GPUs gone: maybe renamed (an exporter upgrade); look now
+            self._names_at = -NAMES_EVERY
+        self._gpus_read = read
+        return telemetry
 
     async def check_names(self, lookback: float = NAMES_EVERY) -> None:
         """Which metric names have had samples within ``lookback`` (an index lookup, no
         samples read), every NAMES_EVERY seconds or when asked to look further back: queries
         then read only those (``present``), and ``unknown_names`` lists names like
         utilization's that no concept is read under. A name that appears between two checks is
-        read from the next: until then its GPUs' evidence is too old to judge (never idle), and
-        a name that stops stays read while any window holds its samples."""
+        read from the next (``fetch`` asks again at once when it reads fewer GPUs than the
+        last time): until then its GPUs' evidence is too old to judge (never idle), and a name
+        that stops stays read while any window holds its samples."""
         now = self.clock()
         if now - self._names_at < NAMES_EVERY and lookback <= self._names_lookback:
             return

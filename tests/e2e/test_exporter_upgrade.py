@@ -11,14 +11,29 @@ dcgm-exporter 4.9's release notes (the DCGM 4.7 names).
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.policy import load_policy
 from gpusteward.sandbox.simulator import GENERATION_LABEL, UTIL_ANNOTATION
-from tests.e2e.kube import cycle_until, gone, promql
+from tests.e2e.kube import cycle_until, gone, gpu_pod, promql
 from tests.e2e.scenarios import due_pod
 from tests.e2e.test_faults import until
 
 LEGACY, NEW = "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO"
+# The interactive class is placed by live load alone (sandbox/policy.yaml): its scores rank
+# the three L4 nodes by what each reads, whichever exporter generation it runs.
+PROBE = gpu_pod("probe-interactive", 1, cards="NVIDIA-L4", cls="interactive")
+L4S = ["l4-0", "l4-1", "l4-2"]
+
+
+def scores(box) -> dict[str, int]:  # noqa: ANN001
+    req = urllib.request.Request(f"{box.extender_url}/prioritize", method="POST",
+                                 data=json.dumps({"Pod": PROBE, "NodeNames": L4S}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return {h["Host"]: h["Score"] for h in json.load(resp)}
 
 
 def samples(box, ns: str, pod: str, metric: str, within: str) -> float:  # noqa: ANN001
@@ -38,7 +53,10 @@ async def test_pods_straddling_the_exporter_upgrade_are_judged_on_both_names(
     ns.create_pod(due_pod("busy-up", node="l4-1"))
     ns.api.merge_patch(ns.path("pods", "busy-up"), {"metadata": {"annotations": {
         UTIL_ANNOTATION: "85"}}})
-    for name in ("idle-up", "busy-up"):
+    # legacy nodes: l4-0 hot, l4-2 cool; the upgraded l4-1 in between (one GPU at 85 %)
+    ns.create_pod(gpu_pod("hot-old", 2, node="l4-0", util="95"))
+    ns.create_pod(gpu_pod("cool-old", 1, node="l4-2", util="5"))
+    for name in ("idle-up", "busy-up", "hot-old", "cool-old"):
         ns.running(name)
     rec = await reclaimer("enforce")
     await until("a full legacy window for both pods", lambda: all(
@@ -70,5 +88,10 @@ async def test_pods_straddling_the_exporter_upgrade_are_judged_on_both_names(
         assert busy_gpu and 0.8 <= busy_gpu[0].util <= 0.9, nodes["l4-1"]
         assert nodes["l4-2"] and all(r.util is not None and r.util <= 1 for r in nodes["l4-2"])
         assert source.last_dropped == {}
+
+        # Placement on both halves: the extender ranks the upgraded node by its real load,
+        # 85 % read as a ratio (read as 0.85 % it would rank first), and the legacy ones too.
+        await until("the extender ranks l4-2 > l4-1 > l4-0", lambda: (
+            (got := scores(sandbox))["l4-2"] > got["l4-1"] > got["l4-0"]), timeout=30)
     finally:
         ns.api.merge_patch(node, {"metadata": {"labels": {GENERATION_LABEL: None}}})
