@@ -18,7 +18,13 @@ from __future__ import annotations
 import re
 
 from gpusteward.adapters.historyfold import Facts, ksm_resource
-from gpusteward.adapters.prometheus import PrometheusSource, keeping, utilization
+from gpusteward.adapters.prometheus import (
+    PrometheusSource,
+    exact_range,
+    is_left_closed,
+    keeping,
+    utilization,
+)
 from gpusteward.adapters.snapshot import evidence_queries
 from gpusteward.core.policy import Policy
 from gpusteward.core.times import HOUR
@@ -26,33 +32,9 @@ from gpusteward.core.whatif.history import Grid, History
 
 CHUNK = 6 * HOUR  # a range query's span: 360 points per series at a 60 s step
 
-# Whether Prometheus's windows include a sample at their start. Prometheus 3 made range
-# selectors left-open: ``x[60s]`` at t holds the samples in (t - 60s, t], 2.x's holds
-# [t - 60s, t] (Prometheus 3.0 migration guide, "Range selectors and lookback exclude samples
-# coinciding with the left boundary"; CHANGELOG 3.0.0, #13904); subqueries followed in 3.0.1
-# (CHANGELOG 3.0.1, #15431: ``x[30m:1m]`` yields 30 points, not 31). This subquery of a 1 ms
-# window at a 1 ms resolution is evaluated at t and, left-closed, at t - 1 ms too: 2 on 2.x,
-# 1 from 3.0.1 on. (3.0.0 alone, left-open ranges but left-closed subqueries, reads as 2.x and
-# then misses a sample exactly 1 ms after a step's start.)
-LEFT_CLOSED_PROBE = "count_over_time(vector(1)[1ms:1ms])"
-
-
-def step_range(step: float, left_closed: bool) -> str:
-    """A range selector covering exactly (t - step, t] (timestamps are whole milliseconds): the
-    steps partition time, as core.whatif.history's sliding window sums require. On a
-    left-closed (2.x) Prometheus one millisecond shorter, so a sample at the start of a step,
-    which step-aligned scrapes put there, is counted once, in the step before, as on 3.x."""
-    return f"{int(step * 1000) - 1}ms" if left_closed else f"{int(step)}s"
-
-
-async def is_left_closed(prometheus: PrometheusSource) -> bool:
-    (sample,) = await prometheus.query(LEFT_CLOSED_PROBE)
-    return float(sample["value"][1]) > 1
-
-
 def queries(policy: Policy, step: float, chunk: float,
             left_closed: bool = False) -> dict[str, str]:
-    s, c = step_range(step, left_closed), f"{int(chunk + step)}s"
+    s, c = exact_range(step, left_closed), f"{int(chunk + step)}s"
     resources = "|".join(re.escape(ksm_resource(r)) for r in policy.resources)
     words = policy.telemetry.vocabulary()
     peak, count = evidence_queries(step, policy.telemetry.node_labels, words, s)

@@ -82,6 +82,31 @@ def newest_sample(vocabulary: Vocabulary) -> str:
 
 NAMES_EVERY = 60.0
 
+# Whether Prometheus's windows include a sample at their start. Prometheus 3 made range
+# selectors left-open: ``x[60s]`` at t holds the samples in (t - 60s, t], 2.x's holds
+# [t - 60s, t] (Prometheus 3.0 migration guide, "Range selectors and lookback exclude samples
+# coinciding with the left boundary"; CHANGELOG 3.0.0, #13904); subqueries followed in 3.0.1
+# (CHANGELOG 3.0.1, #15431: ``x[30m:1m]`` yields 30 points, not 31). This subquery of a 1 ms
+# window at a 1 ms resolution is evaluated at t and, left-closed, at t - 1 ms too: 2 on 2.x,
+# 1 from 3.0.1 on. (3.0.0 alone, left-open ranges but left-closed subqueries, reads as 2.x and
+# then misses a sample exactly 1 ms after a step's start.)
+LEFT_CLOSED_PROBE = "count_over_time(vector(1)[1ms:1ms])"
+
+
+def exact_range(seconds: float, left_closed: bool) -> str:
+    """A range covering exactly (t - seconds, t] (timestamps are whole milliseconds) on either
+    major: on a left-closed (2.x) Prometheus one millisecond shorter, so a sample at the
+    window's start is left out as 3.x leaves it out. The what-if's steps then partition time, as
+    core.whatif.history's sliding window sums require (step-aligned scrapes put samples exactly
+    there); the reclaimer's windows count the same samples, and the XID subquery yields the
+    same points, on both."""
+    return f"{int(seconds * 1000) - 1}ms" if left_closed else f"{int(seconds)}s"
+
+
+async def is_left_closed(prometheus: PrometheusSource) -> bool:
+    (sample,) = await prometheus.query(LEFT_CLOSED_PROBE)
+    return float(sample["value"][1]) > 1
+
 
 class _Transient(Exception):
     pass
@@ -134,7 +159,7 @@ def keeping(labels: Sequence[str]) -> str:
 
 
 def queries(health: Health, node_labels: Sequence[str],
-            vocabulary: Vocabulary | None = None) -> dict[str, str]:
+            vocabulary: Vocabulary | None = None, left_closed: bool = False) -> dict[str, str]:
     """The PromQL of one refresh, each concept under all its names (core.vocabulary) in the
     unit the readings use. Engine activity stands in where utilization is absent and always
     reads MIG instances (see WHOLE_GPU).
@@ -153,7 +178,7 @@ def queries(health: Health, node_labels: Sequence[str],
     words = vocabulary or Vocabulary()
     labels = gpu_labels(node_labels)
     by = keeping(labels)
-    xid_window = f"[{window}:{step}]"
+    xid_window = f"[{exact_range(health.xid_window, left_closed)}:{step}]"
     counted = ['xid!=""'] + ([f'xid!~"{"|".join(str(x) for x in sorted(health.ignored_xids))}"']
                              if health.ignored_xids else [])
     return {
@@ -203,6 +228,8 @@ class PrometheusSource:
         self._names_at = -NAMES_EVERY
         self._names_lookback = 0.0
         self._gpus_read = 0
+        # 2.x's windows include a sample at their start, 3.x's do not (exact_range)
+        self.left_closed: bool | None = None
 
     async def fetch(self) -> Telemetry:
         """One refresh; raises TelemetryUnavailable when Prometheus cannot answer."""
@@ -227,6 +254,11 @@ class PrometheusSource:
         now = self.clock()
         if now - self._names_at < NAMES_EVERY and lookback <= self._names_lookback:
             return
+        if self.left_closed is None:
+            try:
+                self.left_closed = await is_left_closed(self)
+            except TelemetryUnavailable as e:  # asked again at the next check
+                log.warning("could not tell Prometheus's window semantics: %s", e)
         wanted = "|".join([LOOKALIKE, *sorted(self.vocabulary.known())])
         try:
             seen = await self._retry(self._label_values_once, "__name__", {
@@ -243,7 +275,8 @@ class PrometheusSource:
                 log.warning("ignoring GPU metrics under names gpusteward does not read (a "
                             "newer exporter, or a custom counters file: see "
                             "telemetry.metrics): %s", ", ".join(self.unknown_names))
-        self.queries = queries(self.health, self.node_labels, self.present)
+        self.queries = queries(self.health, self.node_labels, self.present,
+                               bool(self.left_closed))
 
     def _label_values_once(self, label: str, params: dict[str, str]) -> list[str]:
         return self._mapped(f"label values of {label}",

@@ -25,6 +25,7 @@ from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.owners import Link, OwnerChains, link_of
 from gpusteward.adapters.prometheus import (
     PrometheusSource,
+    exact_range,
     gpu_labels,
     keeping,
     newest_sample,
@@ -202,8 +203,9 @@ class SnapshotReader:
         return {_gpu_key(s["metric"]): float(s["value"][1]) for s in result}
 
     async def _window(self, window: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        peak_q, count_q = evidence_queries(window, self.policy.telemetry.node_labels,
-                                           self.prometheus.present)
+        peak_q, count_q = evidence_queries(
+            window, self.policy.telemetry.node_labels, self.prometheus.present,
+            exact_range(window, bool(self.prometheus.left_closed)))
         peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
                                              self.prometheus.query(count_q))
         return peaks, counts
@@ -235,7 +237,7 @@ def evidence_queries(window: float, node_labels: Sequence[str], vocabulary: Voca
     node, index, pod and the name it came under: the same series in both, so per_pod can pair
     them by their whole label set, and join a GPU's names. The agent's per-pod series of shared
     GPUs come along, labelled ``vgpu="agent"``. ``span``: the range selector's text, where the
-    caller needs other than whole seconds (adapters.history.step_range)."""
+    caller needs other than whole seconds (adapters.prometheus.exact_range)."""
     w = span or f"{int(window)}s"
     return (_per_gpu(node_labels, vocabulary, lambda m: _checked_peak(m, w), Unit.PERCENT,
                      _checked_peak(AGENT_POD_UTIL, w)),

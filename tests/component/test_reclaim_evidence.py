@@ -136,9 +136,9 @@ async def test_queries_per_cycle_do_not_grow_with_the_pods(prometheus, now):
     few = r.prometheus.queries_run
     await r.evidence(tuple(gpu_pod(f"p{i}") for i in range(500)), now)
     # fleet freshness + each GPU's newest sample + peak + count, one window; the first cycle
-    # also lists the metric names present (every 5 minutes) and checks units
-    # (adapters/unitaudit.py, every 10)
-    assert (few, r.prometheus.queries_run - few) == (6, 4)
+    # also asks whether windows are left-closed (2.x), lists the metric names present (every
+    # minute) and checks units (adapters/unitaudit.py, every 10)
+    assert (few, r.prometheus.queries_run - few) == (7, 4)
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from gpusteward.adapters.history import HistoryReader, is_left_closed, queries
+from gpusteward.adapters.history import HistoryReader, queries
 from gpusteward.adapters.historyfold import NoHistory
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.prometheus import PrometheusSource, is_left_closed
 from gpusteward.core.dcgm import PodRef, label_set
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.whatif.replay import replay
