@@ -88,8 +88,6 @@ DEFAULT_METRICS: Mapping[Concept, tuple[Metric, ...]] = {
 }
 # The concept's unit family: a policy naming a metric in another is refused.
 CONCEPT_UNIT = {c: names[0].unit for c, names in DEFAULT_METRICS.items()}
-# The driver version is a label on every series; renamed with the fields.
-DRIVER_VERSION_LABELS = ("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION")
 # Names that look like a concept gpusteward judges by (utilization, engine activity): one of them
 # outside the vocabulary is a rename or a custom field we do not read, ignored and counted.
 LOOKALIKE = r"DCGM_FI_DEV_GPU_UTIL.*|DCGM_FI_PROF_GR_ENGINE_.*"
