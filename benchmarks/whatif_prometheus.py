@@ -228,7 +228,8 @@ class Answers:
 KINDS = [("info", "kube_pod_info"), ("phase", "kube_pod_status_phase"),
          ("gpus", "kube_pod_container_resource_requests"), ("owner", "kube_pod_owner"),
          ("labels", "kube_pod_labels"), ("created", "kube_pod_created"), ("model", "modelName"),
-         ("count", r"^max by \(UUID.*count_over_time"), ("peak", r"max_over_time\(DCGM")]
+         # by the DCGM selector inside, whatever wraps it (core/vocabulary.py's union)
+         ("count", r"count_over_time\(DCGM"), ("peak", r"max_over_time\(DCGM")]
 
 
 def serve(answers: Answers, port: int) -> None:
