@@ -254,6 +254,11 @@ class PrometheusSource:
         now = self.clock()
         if now - self._names_at < NAMES_EVERY and lookback <= self._names_lookback:
             return
+        # The longest lookback any caller asked for, always: the extender's refresh and its
+        # preempt verb's evidence share this source, and a refresh's minute must not drop a
+        # name the evidence window still holds samples of. (Prometheus answers label values
+        # per block, two hours or more, so it would not show there; a finer backend would.)
+        lookback = max(lookback, self._names_lookback)
         if self.left_closed is None:
             try:
                 self.left_closed = await is_left_closed(self)

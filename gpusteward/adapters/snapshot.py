@@ -173,21 +173,23 @@ class SnapshotReader:
             # names read: those with samples in the longest window (and a scrape's margin)
             await self.prometheus.check_names(max(needed, default=0.0)
                                               + float(self.policy.telemetry.scrape_interval))
-            age = await self._telemetry_age(now)
+            words = self.prometheus.present  # one set of names for every query of this read
+            age = await self._telemetry_age(now, words)
             if age > float(self.policy.telemetry.stale_after):
                 return {}, False, f"newest GPU sample is {age:.0f}s old"
             newest, doubted, *answers = await asyncio.gather(
-                self._newest(), self.audit.series(now), *(self._window(w) for w in needed))
+                self._newest(words), self.audit.series(now),
+                *(self._window(w, words) for w in needed))
         except TelemetryUnavailable as e:
             return {}, False, str(e)
         self.doubted = len(doubted)
-        doubts = {(who.node(s) or "", gpu_id(s), s.get(SOURCE_LABEL, "")) for s in doubted}
+        doubts = {(who.node(s) or "", gpu_id(s)) for s in doubted}
         scrape = float(self.policy.telemetry.scrape_interval)
         return {w: per_pod(w, peaks, counts, w / scrape, who, newest, now, doubts)
                 for w, (peaks, counts) in zip(needed, answers, strict=True)}, True, ""
 
-    async def _telemetry_age(self, now: float) -> float:
-        result = await self.prometheus.query(newest_sample(self.prometheus.present))
+    async def _telemetry_age(self, now: float, present: Vocabulary) -> float:
+        result = await self.prometheus.query(newest_sample(present))
         words = self.prometheus.vocabulary  # every name looked for
         if not result:
             raise TelemetryUnavailable(
@@ -196,15 +198,16 @@ class SnapshotReader:
                 "MIG) at all")
         return now - float(result[0]["value"][1])
 
-    async def _newest(self) -> dict[GpuKey, float]:
+    async def _newest(self, present: Vocabulary) -> dict[GpuKey, float]:
         """Each GPU's newest sample time, keyed as the evidence series are."""
         result = await self.prometheus.query(newest_query(self.policy.telemetry.node_labels,
-                                                          self.prometheus.present))
+                                                          present))
         return {_gpu_key(s["metric"]): float(s["value"][1]) for s in result}
 
-    async def _window(self, window: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    async def _window(self, window: float, present: Vocabulary
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         peak_q, count_q = evidence_queries(
-            window, self.policy.telemetry.node_labels, self.prometheus.present,
+            window, self.policy.telemetry.node_labels, present,
             exact_range(window, bool(self.prometheus.left_closed)))
         peaks, counts = await asyncio.gather(self.prometheus.query(peak_q),
                                              self.prometheus.query(count_q))
@@ -276,11 +279,12 @@ GpuKey = tuple[tuple[str, str], ...]  # every label of an aggregated evidence se
 
 def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, Any]],
             expected: float, who: Attribution, newest: Mapping[GpuKey, float] | None = None,
-            now: float = 0.0, doubts: Collection[tuple[str, str, str]] = ()
+            now: float = 0.0, doubts: Collection[tuple[str, str]] = ()
             ) -> dict[str, Evidence]:
     """Fold per-GPU series into per-pod evidence: max of peaks, min of coverage, and (given
     each series' ``newest`` sample time) the age of the stalest GPU at ``now``. A series in
-    ``doubts`` ((node, GPU, metric name): a percent that reads as a ratio) is no reading.
+    ``doubts`` ((node, GPU): one of its percent series reads as a ratio) give no reading,
+    under any name: the series come unmarked while a fleet runs one generation.
 
     A GPU read under two metric names (an exporter upgraded within the window: core.vocabulary)
     is judged on both: its peak is the higher, its coverage the sum of each name's, its age
@@ -300,7 +304,7 @@ def per_pod(window: float, peaks: list[dict[str, Any]], counts: list[dict[str, A
         if pod is not None:
             gpu = (node or "", gpu_id(labels))
             kinds = found.setdefault(pod, {}).setdefault(gpu, {})
-            doubted = (*gpu, labels.get(SOURCE_LABEL, "")) in doubts
+            doubted = gpu in doubts
             kinds.setdefault(is_per_pod(labels), {})[_gpu_key(labels)] = (
                 math.nan if doubted else float(s["value"][1]))
     out = {}

@@ -79,6 +79,15 @@ def never_upgraded(now: float) -> str:
         scrape=servicemonitor(False), generation=LEGACY, node_label=LEGACY.node_label)
 
 
+def mislabelled_only(times: list[float], honor: bool) -> str:
+    """A busy GPU (90 %) whose exporter prints the legacy percent name with a 0-1 value."""
+    return render_openmetrics_history(
+        [(t, [SimGpu("n4", 0, "NVIDIA H100 80GB HBM3", util_percent=90,
+                     pod=PodRef("ml", "busy-mislabelled", "main"))]) for t in times],
+        scrape=servicemonitor(honor, ROLLED), generation=MISLABELLED,
+        node_label=LEGACY.node_label)
+
+
 def history(now: float, honor: bool) -> str:
     switch, times = now - 15 * 60, [now - 40 * 60 + k * STEP for k in range(int(40 * 60 / STEP))]
     legacy = render_openmetrics_history(
@@ -87,11 +96,7 @@ def history(now: float, honor: bool) -> str:
     upgraded = render_openmetrics_history(
         [(t, _gpus(t, switch, after=True)) for t in times], scrape=servicemonitor(honor, ROLLED),
         generation=DCGM47, node_label=DCGM47.node_label)
-    mislabelled = render_openmetrics_history(
-        [(t, [SimGpu("n4", 0, "NVIDIA H100 80GB HBM3", util_percent=90,
-                     pod=PodRef("ml", "busy-mislabelled", "main"))]) for t in times],
-        scrape=servicemonitor(honor, ROLLED), generation=MISLABELLED,
-        node_label=LEGACY.node_label)
+    mislabelled = mislabelled_only(times, honor)
     # A time-sliced GPU under --kubernetes-virtual-gpus: one copy per pod, each its own use.
     shared = render_openmetrics_history(
         [(t, [SimGpu("n6", 0, "NVIDIA H100 80GB HBM3", shares=(
@@ -155,6 +160,19 @@ async def test_a_ratio_under_a_percent_name_is_doubted_never_idle(prometheus, no
     assert snapshots.doubted == 1
     assert judge(evidence[1800.0]["ml/idle-legacy"], rule_for(gpu_pod("x"), POLICY), 1)[0] \
         == "idle"  # a real percent at 3 % beside no engine activity is not doubted
+
+
+async def test_a_fleet_on_one_ratio_under_a_percent_name_is_doubted_too(prometheus_factory, now):
+    """No other name present: the queries come unmarked, and the doubt still applies."""
+    times = [now - 40 * 60 + k * STEP for k in range(int(40 * 60 / STEP))]
+    alone = prometheus_factory(history_openmetrics=mislabelled_only(times, False))
+    snapshots = reader(alone.url)
+    evidence, ok, problem = await snapshots.evidence((gpu_pod("busy-mislabelled", node="n4"),),
+                                                     now)
+    assert ok, problem
+    ev = evidence[1800.0]["ml/busy-mislabelled"]
+    assert judge(ev, rule_for(gpu_pod("busy-mislabelled"), POLICY), 1)[0] == "unknown", ev
+    assert snapshots.doubted == 1
 
 
 async def test_coverage_and_age_join_the_two_series(prometheus, now):
