@@ -77,7 +77,7 @@ def _timestamp(selector: str) -> str:
 
 def newest_sample(vocabulary: Vocabulary) -> str:
     """The newest sample of any GPU or MIG instance (the reclaimer's fleet-wide probe)."""
-    return f"max({sampled(vocabulary)})"
+    return f"max({sampled(vocabulary, mark=False)})"  # one number: no series to tell apart
 
 
 NAMES_EVERY = 60.0
