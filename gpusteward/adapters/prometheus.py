@@ -423,13 +423,17 @@ class PrometheusSource:
         for key, fields in sorted(gpus.items()):  # GPU order, not series order
             if key in bad:
                 continue
+            then = fields.pop("held_then", None)
             counted = fields.pop("counted_xid", 0)
             if fields["node"] in counting:  # the windowed count, not the sticky gauge
                 fields["xid"] = counted
             if "sampled_at" not in fields and fields.get("xid"):
                 # A GPU that stopped reporting utilization (lost: NVML gives none, the agent
-                # exports its XID alone) but had an XID within the window is current now.
+                # exports its XID alone) but had an XID within the window is current now,
+                # held by the pod its XID series name (no instant one can).
                 fields["sampled_at"] = now
+                if then is not None:
+                    fields.setdefault("pod", then)
             if "sampled_at" in fields:
                 by_node.setdefault(fields["node"], []).append(GpuReading(**fields))
         return Telemetry(nodes={n: tuple(r) for n, r in by_node.items()}, fetched_at=now)
@@ -468,17 +472,22 @@ class PrometheusSource:
 
     def _merge(self, gpus: dict[tuple[str, ...], dict[str, Any]], key: tuple[str, ...],
                name: str, labels: dict[str, str], value: float) -> bool:
-        """Fold one series into its GPU; True when the GPU already had this reading."""
+        """Fold one series into its GPU; True when it repeats an instant reading the GPU had.
+
+        A windowed series (``_WINDOWED``) is one of those its GPU had over the window, one per
+        label set: the pod that held it then, the name before an exporter upgrade. Their
+        highest is the reading, and they name a holder only where no instant series does."""
         gpu = gpus.get(key)
         if gpu is None:
             gpu = gpus[key] = {"node": key[0], "gpu": gpu_id(labels)}
         pod = claimed_pod(labels, self.honor)
-        if pod and pod < gpu.get("pod", "\uffff"):  # copies of a shared GPU: the same one always
-            gpu["pod"] = pod
+        holder = "held_then" if name in _WINDOWED else "pod"
+        if pod and pod < gpu.get(holder, "\uffff"):  # copies of a shared GPU: the same one always
+            gpu[holder] = pod
         field = _FIELDS.get(name)
         if field is None:
             return False
-        if name == "xid_counted":  # one series per XID seen in the window: not duplicates
+        if name == "xid_counted":  # one series per XID seen in the window
             gpu[field] = max(gpu.get(field, 0), int(labels["xid"]))
             return False
         old = gpu.get(field)
@@ -487,7 +496,7 @@ class PrometheusSource:
         elif name == "util":
             value = min(1.0, value)  # engine activity may overshoot by rounding
         gpu[field] = value if old is None else max(old, value)  # order-independent
-        return old is not None
+        return old is not None and name not in _WINDOWED
 
 
 class BadSeries(ValueError):
@@ -508,5 +517,6 @@ _RANGE = {"util": (0.0, 1.0 + 1e-6), "util_at": (0.0, 1e11), "temp": (-50.0, 200
           "xid_nodes": (0.0, 1e12)}
 _ANY = (-1e300, 1e300)
 _WHOLE = frozenset({"xid", "xid_counted"})
+_WINDOWED = _WHOLE  # read over health.xid_window, not at an instant
 _FIELDS = {"util": "util", "util_at": "sampled_at", "temp": "temp_c", "fb_used": "fb_used_mib",
            "xid": "xid", "xid_counted": "counted_xid"}

@@ -195,6 +195,32 @@ async def test_the_extender_reads_both_generations_in_its_units(prometheus, now)
     assert source.last_dropped == {}
 
 
+async def test_an_xid_under_both_names_in_its_window_is_one_reading(prometheus_factory, now):
+    """A GPU's sticky XID gauge (dcgm-exporter keeps the last XID: NVIDIA/dcgm-exporter#500)
+    is in the health window under DCGM_FI_DEV_XID_ERRORS (``Hostname``) until the switch and
+    DCGM_FI_DEV_XID_ERROR (``hostname``) after it: one GPU, one XID, no duplicate. (The
+    switch is past instant queries' 5-minute lookback: a backfilled history has no staleness
+    markers, which a live scrape writes when the old exporter's target goes.)"""
+    times = [now - 20 * 60 + k * STEP for k in range(int(20 * 60 / STEP))]
+    switch = now - 6 * 60  # within the 10-minute XID window
+
+    def faulty(t: float) -> list[SimGpu]:
+        return [SimGpu("n7", 0, "NVIDIA H100 80GB HBM3", util_percent=0, xid=48,
+                       pod=PodRef("ml", "faulty", "main"))]
+
+    before = render_openmetrics_history(
+        [(t, faulty(t)) for t in times if t < switch], scrape=servicemonitor(False),
+        generation=LEGACY, node_label=LEGACY.node_label)
+    after = render_openmetrics_history(
+        [(t, faulty(t)) for t in times if t >= switch], scrape=servicemonitor(False, ROLLED),
+        generation=DCGM47, node_label=DCGM47.node_label)
+    both = prometheus_factory(history_openmetrics=join_openmetrics(before, after))
+    source = PrometheusSource(both.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
+    readings = [r for rs in (await source.fetch()).nodes.values() for r in rs]
+    assert [(r.node, r.gpu, r.xid) for r in readings] == [("n7", "0", 48)]
+    assert source.last_dropped == {}
+
+
 async def test_a_series_under_an_unknown_name_is_ignored_and_counted(prometheus, now):
     source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
     nodes = (await source.fetch()).nodes

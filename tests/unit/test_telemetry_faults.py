@@ -128,3 +128,52 @@ async def test_readings_the_scoring_cannot_digest_turn_neutral_not_frozen():
     assert extender.metrics.refresh_errors._value.get() == 1
     assert view.telemetry == Telemetry()
     assert scraped(extender, "gpusteward_telemetry_stale_nodes") == 1
+
+
+def test_one_xid_under_both_names_of_a_rolling_upgrade_is_not_a_duplicate():
+    """The XID query reads a 10-minute window: a GPU whose node's exporter went from 4.8
+    (DCGM_FI_DEV_XID_ERRORS, ``Hostname``) to 4.9 (DCGM_FI_DEV_XID_ERROR, ``hostname``)
+    within it has a series under each, one reading; an instant reading twice is a duplicate."""
+    both = [sample("n1", "0", "79"),
+            {"metric": {"hostname": "n1", "gpu": "0"}, "value": [NOW, "79"]}]
+    src = source()
+    telemetry = src.assemble({**results([sample("n1", "0", "0.5"), sample("n1", "1", "0.5")]),
+                              "xid": both})
+    assert [(r.gpu, r.xid) for r in telemetry.for_node("n1")] == [("0", 79), ("1", 0)]
+    assert src.last_dropped == {}
+    src.assemble({**results([sample("n1", "0", "0.5"), sample("n1", "0", "0.5")]), "xid": both})
+    assert src.last_dropped == {"duplicate": 1}
+
+
+def test_an_xid_seen_under_an_earlier_pod_names_neither_that_pod_nor_a_duplicate():
+    """The XID query reads a window (max_over_time over 10 minutes): a GPU whose sticky XID
+    gauge was labelled with the pod that held it then, and with the pod holding it now, gives
+    two series. The GPU's reading is the higher XID; its holder is the one utilization names
+    now, never the earlier pod (nor a lower-sorting name)."""
+    src = source()
+    util = [sample("n1", "0", "0.5", pod="zz-now", namespace="ml"),
+            sample("n1", "1", "0.5")]
+    xid = [sample("n1", "0", "48", pod="aa-before", namespace="ml"),
+           sample("n1", "0", "79", pod="zz-now", namespace="ml")]
+    telemetry = src.assemble({**results(util), "xid": xid})
+    gpu0 = telemetry.for_node("n1")[0]
+    assert (gpu0.pod, gpu0.xid) == ("ml/zz-now", 79)
+    assert src.last_dropped == {}
+
+
+def test_a_free_gpu_is_not_given_to_the_pod_its_xid_window_remembers():
+    src = source()
+    util = [sample("n1", "0", "0.0"), sample("n1", "1", "0.5")]
+    xid = [sample("n1", "0", "79", pod="gone", namespace="ml")]
+    assert src.assemble({**results(util), "xid": xid}).for_node("n1")[0].pod is None
+
+
+def test_a_lost_gpu_is_held_by_the_pod_its_xid_names():
+    """NVML gives no utilization for a GPU that fell off the bus; its XID alone says it is
+    there, and which pod holds it."""
+    src = source()
+    telemetry = src.assemble({"util": [sample("n1", "1", "0.5")],
+                              "util_at": [sample("n1", "1", str(NOW - 5))],
+                              "xid": [sample("n1", "0", "79", pod="job", namespace="ml")]})
+    lost = telemetry.for_node("n1")[0]
+    assert (lost.gpu, lost.pod, lost.xid, lost.util) == ("0", "ml/job", 79, None)
