@@ -26,6 +26,16 @@ from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.stopper import Switches
 from gpusteward.core.kubewire import Meta, WirePod
 from gpusteward.core.model import OwnerRef, Pod
+from gpusteward.core.owners import (
+    BUILT_IN,
+    DEACTIVATE,
+    KUEUE_JOB_UID,
+    KUEUE_QUEUE,
+    NO_SWITCH,
+    PAUSE,
+    SCALE,
+    group_of,
+)
 from gpusteward.core.reclaim import kinds, kueue
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, SNOOZE_UNTIL, Owner, Switch
 
@@ -80,7 +90,7 @@ class OwnerChains:
         tops: dict[str, Owner] = {}
         for pod in pods:
             chain = await self._chain(pod)
-            if len(chain) > 1 or kinds.KUEUE_QUEUE in pod.labels:  # Kueue admits bare pods too
+            if len(chain) > 1 or KUEUE_QUEUE in pod.labels:  # Kueue admits bare pods too
                 tops[pod.uid] = await self._owner(chain)
         members: dict[tuple[str, str | None], list[str]] = {}
         for uid, o in tops.items():
@@ -96,7 +106,7 @@ class OwnerChains:
             ref = chain[-1].controller
             if ref is None:
                 break
-            group = kinds.group_of(ref.api_version) or kinds.BUILT_IN.get(ref.kind, "")
+            group = group_of(ref.api_version) or BUILT_IN.get(ref.kind, "")
             version = ref.api_version.rpartition("/")[2]
             here = Link(ref.kind, group, version, pod.namespace, ref.name, ref.uid)
             found = (await self._read(here) if self.catalog.walkable(group, ref.kind) else None)
@@ -124,16 +134,16 @@ class OwnerChains:
         top = chain[-1]
         base = Owner(top.kind, top.namespace, top.name, group=top.group, version=top.version,
                      snooze=top.annotations.get(SNOOZE_UNTIL))
-        queue = next((c.labels[kinds.KUEUE_QUEUE] for c in chain if kinds.KUEUE_QUEUE in
+        queue = next((c.labels[KUEUE_QUEUE] for c in chain if KUEUE_QUEUE in
                       c.labels), None)
         if queue is not None and (kueue := await self._kueue(chain, base, queue)) is not None:
             return kueue
-        if (top.group, top.kind) in kinds.NO_SWITCH:
-            return msgspec.structs.replace(base, blocked=kinds.NO_SWITCH[(top.group, top.kind)])
+        if (top.group, top.kind) in NO_SWITCH:
+            return msgspec.structs.replace(base, blocked=NO_SWITCH[(top.group, top.kind)])
         if not self.catalog.walkable(top.group, top.kind):
             return base  # the policy's ownerActions.unknown decides: block by default
         k = self.catalog.known(top.group, top.kind)
-        scalable = k is not None and k.how == kinds.SCALE or (
+        scalable = k is not None and k.how == SCALE or (
             top.group == "apps" and top.kind in ("Deployment", "StatefulSet"))
         if scalable and (auto := await self._autoscaled(top, base)) is not None:
             return auto
@@ -141,7 +151,7 @@ class OwnerChains:
             return msgspec.structs.replace(base, in_progress=_built_in_in_progress(top))
         if top.obj is not None and (why := kinds.refused(k, top.obj)):
             return msgspec.structs.replace(base, blocked=why)
-        stopped = (REPLICAS_BEFORE in top.annotations if k.how == kinds.SCALE
+        stopped = (REPLICAS_BEFORE in top.annotations if k.how == SCALE
                    else top.obj is not None and kinds.switched_off(k, top.obj))
         return msgspec.structs.replace(base, how=k.how, in_progress=stopped)
 
@@ -155,12 +165,12 @@ class OwnerChains:
             for wl in workloads:
                 meta = wl.get("metadata", {})
                 if (meta.get("namespace") == link.namespace and
-                        (meta.get("labels") or {}).get(kinds.KUEUE_JOB_UID) == link.uid):
+                        (meta.get("labels") or {}).get(KUEUE_JOB_UID) == link.uid):
                     k = self.catalog.known("kueue.x-k8s.io", "Workload")
                     assert k is not None
                     version = wl.get("apiVersion", "").rpartition("/")[2]
                     return msgspec.structs.replace(
-                        base, how=kinds.DEACTIVATE, in_progress=kinds.switched_off(k, wl),
+                        base, how=DEACTIVATE, in_progress=kinds.switched_off(k, wl),
                         via=Switch("Workload", k.group, version, meta.get("name", "")))
         return msgspec.structs.replace(
             base, blocked=f"Kueue-managed (queue {queue}) but Kueue has no Workload for it "
@@ -210,11 +220,11 @@ class OwnerChains:
             meta, ref = hpa.get("metadata", {}), hpa.get("spec", {}).get("scaleTargetRef", {})
             if (meta.get("namespace") != top.namespace or ref.get("kind") != top.kind or
                     ref.get("name") != top.name or
-                    kinds.group_of(ref.get("apiVersion", "")) != top.group):
+                    group_of(ref.get("apiVersion", "")) != top.group):
                 continue
             by: Mapping[str, Any] = next(
                 (o for o in meta.get("ownerReferences") or () if o.get("controller")), {})
-            if (kinds.group_of(by.get("apiVersion", "")), by.get("kind")) == KEDA:
+            if (group_of(by.get("apiVersion", "")), by.get("kind")) == KEDA:
                 version = by["apiVersion"].rpartition("/")[2]
                 return await self._keda(top, base, Switch(KEDA[1], KEDA[0], version, by["name"]))
             return msgspec.structs.replace(
@@ -238,11 +248,11 @@ class OwnerChains:
                 return None  # a ScaledObject without an HPA and not paused by us: not KEDA's now
             version = so.get("apiVersion", "").rpartition("/")[2]
             return msgspec.structs.replace(
-                base, how=kinds.PAUSE, in_progress=state == "asked",
+                base, how=PAUSE, in_progress=state == "asked",
                 via=Switch(KEDA[1], KEDA[0], version, meta.get("name", "")))
         if named is None:
             return None
-        return msgspec.structs.replace(base, how=kinds.PAUSE, via=named)
+        return msgspec.structs.replace(base, how=PAUSE, via=named)
 
     async def _scaled_objects(self) -> list[Mapping[str, Any]]:
         """Every ScaledObject, listed once a cycle where the API server serves keda.sh."""

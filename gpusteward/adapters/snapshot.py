@@ -39,9 +39,9 @@ from gpusteward.core.dra import DEFAULT_DRIVER, DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Node, Pod
+from gpusteward.core.owners import BUILT_IN
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds
-from gpusteward.core.reclaim.kinds import BUILT_IN
 from gpusteward.core.reclaim.model import Evidence, PastAction, Snapshot
 from gpusteward.core.reclaim.rules import peak_of, windows
 from gpusteward.core.reclaim.selfservice import restore_asks

@@ -17,6 +17,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.kube import raw_get
+from gpusteward.core.owners import KEDA_PAUSED_REPLICAS, PAUSE, SCALE
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import FENCED_AT, REPLICAS_BEFORE, Owner
 
@@ -63,7 +64,7 @@ def replicas_path(owner: Owner, catalog: kinds.Catalog) -> str:
     if owner.group == "apps" and owner.kind in APPS:
         return object_path("apps", owner.version, owner.namespace, APPS[owner.kind], owner.name)
     k = catalog.known(owner.group, owner.kind)
-    if k is None or k.how != kinds.SCALE:
+    if k is None or k.how != SCALE:
         raise ValueError(f"no way known to scale {owner.kind}.{owner.group}")
     return f"{object_path(owner.group, owner.version, owner.namespace, k.plural, owner.name)}/scale"
 
@@ -76,16 +77,16 @@ class Switches:
     async def stop(self, owner: Owner, reason: str, at: str) -> None:
         path = switch_path(owner, self.catalog)
         record = kinds.reclaim_record(reason, at)
-        if owner.how == kinds.PAUSE:
+        if owner.how == PAUSE:
             scaled_object = await self.patch(path, on_version(await self.get(path), {
-                "metadata": {"annotations": {kinds.KEDA_PAUSED_REPLICAS: "0", **record}}}))
+                "metadata": {"annotations": {KEDA_PAUSED_REPLICAS: "0", **record}}}))
             if kinds.keda_pause(scaled_object) == "taken":
                 # KEDA took the pause but left the target running (kinds.keda_pause): finish
                 # it; paused, KEDA will not scale it back until restore removes the pause
                 target = replicas_path(owner, self.catalog)
                 await self.patch(target, on_version(await self.get(target),
                                                     {"spec": {"replicas": 0}}))
-        elif owner.how == kinds.SCALE:
+        elif owner.how == SCALE:
             await self.scale_to_zero(path, reason, at)
         else:
             k = (self.catalog.known(owner.via.group, owner.via.kind) if owner.via else

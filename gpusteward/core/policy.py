@@ -17,6 +17,7 @@ import yaml
 
 from gpusteward.core import policyyaml
 from gpusteward.core.cards import CardPatternError, compile_patterns
+from gpusteward.core.owners import has_switch
 from gpusteward.core.times import DAY, HOUR, MINUTE
 from gpusteward.core.typedconfig import Between, Duration, FieldError, decode, without
 from gpusteward.core.vocabulary import CONCEPT_UNIT, Concept, Metric, Unit, Vocabulary, compatible
@@ -419,9 +420,6 @@ def _metrics_errors(metrics: dict[str, list[MetricName]]) -> Iterator[FieldError
 
 
 def _switch_errors(where: tuple[str, ...], s: OwnerSwitch) -> Iterator[FieldError]:
-    # Imported here: core.reclaim imports this module.
-    from gpusteward.core.reclaim.kinds import has_switch
-
     kind, _, group = where[-1].partition(".")
     if has_switch(group, kind):
         yield FieldError(where, f"gpusteward already stops {kind} its own way "

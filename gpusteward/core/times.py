@@ -25,3 +25,21 @@ def parse_time(text: str | None) -> float | None:
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def span(seconds: float) -> str:
+    """90061 -> 1d1h1m1s; zero units left out."""
+    s, out = int(seconds), ""
+    for unit, size in (("d", DAY), ("h", HOUR), ("m", MINUTE), ("s", 1)):
+        if s >= size:
+            out += f"{s // size}{unit}"
+            s %= size
+    return out or "0s"
+
+
+def ago(seconds: float) -> str:
+    """A wait: 1h05m, 4m07s."""
+    s = int(seconds)
+    if s >= HOUR:
+        return f"{s // HOUR}h{s % HOUR // MINUTE:02d}m"
+    return f"{s // MINUTE}m{s % MINUTE:02d}s"

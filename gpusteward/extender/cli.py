@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpusteward.adapters.connectflags import (
     add_connection_flags,
@@ -18,10 +17,8 @@ from gpusteward.adapters.connectflags import (
     prometheus_connection,
     whole_number,
 )
+from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.core.policy import Policy, load_policy
-
-if TYPE_CHECKING:
-    from gpusteward.adapters.promconnection import PrometheusConnection
 
 __all__ = ["ExtenderSettings", "TlsFiles", "add_extender_parser"]
 

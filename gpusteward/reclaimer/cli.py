@@ -12,7 +12,6 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpusteward.adapters.connectflags import (
     add_connection_flags,
@@ -22,11 +21,9 @@ from gpusteward.adapters.connectflags import (
     whole_number,
 )
 from gpusteward.adapters.errors import SettingsError
+from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.core.policy import Policy, ReclaimMode, load_policy
 from gpusteward.core.reclaim.kinds import known_kinds
-
-if TYPE_CHECKING:
-    from gpusteward.adapters.promconnection import PrometheusConnection
 
 __all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser"]
 

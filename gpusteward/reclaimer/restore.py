@@ -20,6 +20,7 @@ from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import AdapterError
 from gpusteward.adapters.stopper import Switches, object_path
+from gpusteward.core.owners import KEDA_PAUSED_REPLICAS, PAUSE, SCALE, Kind
 from gpusteward.core.reclaim import kinds, trust
 from gpusteward.core.reclaim.model import RECLAIM_REASON, REPLICAS_BEFORE, StopEntry
 from gpusteward.core.reclaim.selfservice import plain_count
@@ -94,8 +95,8 @@ class Restorer:
         """An owner stopped through its own switch (core.reclaim.kinds), a KEDA ScaledObject
         paused at zero, or a Kueue Workload: the switch back, only where gpusteward set it."""
         if kind_name in ("ScaledObject", "ScaledObject.keda.sh"):
-            k = kinds.Kind("keda.sh", "ScaledObject", "scaledobjects", kinds.PAUSE,
-                           annotation=kinds.KEDA_PAUSED_REPLICAS)
+            k = Kind("keda.sh", "ScaledObject", "scaledobjects", PAUSE,
+                           annotation=KEDA_PAUSED_REPLICAS)
         else:
             found = self.catalog.by_kind(kind_name)
             if len(found) != 1:
@@ -113,13 +114,13 @@ class Restorer:
         ann = meta.get("annotations") or {}
         _reason(ann, what)
         entry = await self._vouched(namespace, k.group, k.kind, name, meta.get("uid", ""), what)
-        if k.how == kinds.SCALE:
+        if k.how == SCALE:
             return await self._scale_back(path, obj, entry, what), entry
-        if k.how == kinds.PAUSE:
-            if kinds.KEDA_PAUSED_REPLICAS not in ann:
+        if k.how == PAUSE:
+            if KEDA_PAUSED_REPLICAS not in ann:
                 raise RestoreRefused(f"{what} is not paused: nothing to restore")
             body: dict[str, Any] = {"metadata": {"annotations": dict.fromkeys(
-                (kinds.KEDA_PAUSED_REPLICAS, *kinds.RECORD))}}
+                (KEDA_PAUSED_REPLICAS, *kinds.RECORD))}}
         elif not kinds.switched_off(k, obj):
             raise RestoreRefused(f"{what} is not stopped: nothing to restore (someone started "
                                  f"it since gpusteward stopped it)")

@@ -14,6 +14,7 @@ from kubernetes_asyncio import client
 from gpusteward.adapters.errors import KubeError
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.stopper import Switches
+from gpusteward.core.owners import SCALE, Kind
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT
 from gpusteward.reclaimer.stops import StopBook
@@ -70,7 +71,7 @@ async def stopped(api: client.ApiClient, catalog: kinds.Catalog = kinds.DEFAULT,
     return sorted(found, key=lambda s: (s.since, s.namespace, s.name))
 
 
-def _marked(k: kinds.Kind | None, kind: str, objects: Iterable[Mapping[str, Any]],
+def _marked(k: Kind | None, kind: str, objects: Iterable[Mapping[str, Any]],
             recorded: Container[tuple[str, str, str]] | None = None) -> list[Stopped]:
     """``recorded``: (namespace, name, uid) of this kind in the stop record."""
     out = []
@@ -79,7 +80,7 @@ def _marked(k: kinds.Kind | None, kind: str, objects: Iterable[Mapping[str, Any]
         ann = meta.get("annotations") or {}
         if RECLAIM_REASON in ann:
             where = (meta.get("namespace", ""), meta.get("name", ""))
-            gone = k is None or k.how == kinds.SCALE or kinds.let_go(k, obj)
+            gone = k is None or k.how == SCALE or kinds.let_go(k, obj)
             state = "stopped" if gone else "stopping"
             if recorded is not None and (*where, meta.get("uid", "")) not in recorded:
                 state = UNRECORDED

@@ -18,7 +18,6 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpusteward.adapters.connectflags import (
     add_connection_flags,
@@ -27,11 +26,9 @@ from gpusteward.adapters.connectflags import (
     whole_number,
 )
 from gpusteward.adapters.errors import SettingsError
+from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.core.policy import Policy, load_policy, parse_policy
 from gpusteward.core.report.model import DIMENSIONS
-
-if TYPE_CHECKING:
-    from gpusteward.adapters.promconnection import PrometheusConnection
 
 MAX_SLOTS = 2_000  # default step: the window in at most this many slots
 

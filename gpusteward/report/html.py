@@ -8,6 +8,7 @@ from html import escape
 
 from gpusteward.core.report.axes import shared_top, time_ticks
 from gpusteward.core.report.model import GroupRow, Report, TimePoint
+from gpusteward.core.times import span
 from gpusteward.report.render import (
     DEFAULT_LOOK,
     QUEUE_HEADERS,
@@ -21,7 +22,6 @@ from gpusteward.report.render import (
     iso,
     queue_cells,
     quota_cells,
-    span,
 )
 
 ALLOCATED, USED, IDLE = "#9db7d5", "#1f6f3f", "#d9822b"

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusteward.core.report.model import GroupRow, IdlePod, QueueGroup, Report, TeamQuota
-from gpusteward.core.times import DAY, HOUR, MINUTE, stamp
+from gpusteward.core.texttable import table
+from gpusteward.core.times import ago, span, stamp
 
 ROW_FIELDS = ("name", "allocatable", "allocated", "used", "idle", "unknown", "free",
               "allocation_ratio", "active_ratio", "mean_util_percent", "allocated_gpu_hours",
@@ -122,40 +123,6 @@ def group_cells(g: GroupRow) -> list[str]:
             _g(g.free), _g(g.allocation_ratio, pct), _g(g.active_ratio, pct),
             _g(g.mean_util_percent, "{:.0f}"), _g(g.allocated_gpu_hours, "{:.2f}"),
             _g(g.idle_gpu_hours, "{:.2f}"), _g(g.idle_cost, "{:.2f}")]
-
-
-def table(rows: list[list[str]], headers: list[str], totals: list[str] | None = None,
-          left: int = 1) -> str:
-    """Aligned columns: the first `left` columns left-aligned, numbers right-aligned."""
-    every = [headers, *rows, *([totals] if totals else [])]
-    widths = [max(len(r[i]) for r in every) for i in range(len(headers))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-
-    out = [line(headers), *(line(r) for r in rows)]
-    if totals:
-        out += ["-" * len(line(headers)), line(totals)]
-    return "\n".join(out)
-
-
-def span(seconds: float) -> str:
-    """90061 -> 1d1h1m1s; zero units left out."""
-    s, out = int(seconds), ""
-    for unit, size in (("d", DAY), ("h", HOUR), ("m", MINUTE), ("s", 1)):
-        if s >= size:
-            out += f"{s // size}{unit}"
-            s %= size
-    return out or "0s"
-
-
-def ago(seconds: float) -> str:
-    """A wait: 1h05m, 4m07s."""
-    s = int(seconds)
-    if s >= HOUR:
-        return f"{s // HOUR}h{s % HOUR // MINUTE:02d}m"
-    return f"{s // MINUTE}m{s % MINUTE:02d}s"
 
 
 def to_table(r: Report, look: Presentation = DEFAULT_LOOK) -> str:

@@ -29,6 +29,7 @@ import msgspec
 import yaml
 
 from gpusteward.adapters.dra import RESOURCE_API
+from gpusteward.core.cards import parse_card_types, preference_rank
 from gpusteward.core.dra import DraFleet, WireSlice, slice_devices
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, to_node
@@ -186,8 +187,6 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
     def accepted(r: dict[str, Any]) -> bool:
-        from gpusteward.core.cards import parse_card_types, preference_rank
-
         patterns = parse_card_types(None if r["wants"].startswith("(") else r["wants"])
         return not patterns or preference_rank(r["card"], patterns) is not None
 

@@ -37,8 +37,10 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
+from gpusteward.adapters.kube import connect, list_raw
 from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.dcgm import Family, Sample, render_text
 
@@ -155,10 +157,6 @@ def create_app(list_pods: Callable[[], Any], allowed_labels: Iterable[str]) -> w
 
 
 async def _main(args: argparse.Namespace) -> None:
-    import msgspec
-
-    from gpusteward.adapters.kube import connect, list_raw
-
     api = await connect(args.kubeconfig)
 
     async def list_pods() -> list[Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpusteward.core.reclaim.kinds import KUEUE_JOB_UID, KUEUE_QUEUE, NOTEBOOK_STOPPED
+from gpusteward.core.owners import KUEUE_JOB_UID, KUEUE_QUEUE, NOTEBOOK_STOPPED
 from gpusteward.core.reclaim.model import RECLAIM_REASON
 from gpusteward.sandbox import owner_crds
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for

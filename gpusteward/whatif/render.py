@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from gpusteward.core.times import stamp
+from gpusteward.core.texttable import table
+from gpusteward.core.times import span, stamp
 from gpusteward.core.whatif.outcome import Outcome
-from gpusteward.report.render import span, table
 
 
 def summary(o: Outcome) -> list[tuple[str, str]]:

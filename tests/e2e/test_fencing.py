@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from gpusteward.adapters.lease import LeaseGuard
-from gpusteward.core.reclaim.kinds import KUEUE_JOB_UID, KUEUE_QUEUE, NOTEBOOK_STOPPED
+from gpusteward.core.owners import KUEUE_JOB_UID, KUEUE_QUEUE, NOTEBOOK_STOPPED
 from gpusteward.core.reclaim.model import FENCED_AT, IDLE_SINCE, RECLAIM_REASON
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox import owner_crds

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from gpusteward.core.reclaim.kinds import KEDA_PAUSED_REPLICAS
+from gpusteward.core.owners import KEDA_PAUSED_REPLICAS
 from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT, REPLICAS_BEFORE
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.kubehttp import KubeHTTPError, wait_for

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from gpusteward.core.policy import parse_policy
-from gpusteward.core.reclaim.kinds import (
+from gpusteward.core.owners import (
     KSERVE_STOP,
     KUEUE_JOB_UID,
     KUEUE_QUEUE,
     NOTEBOOK_LAST_ACTIVITY,
     NOTEBOOK_STOPPED,
 )
+from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.model import (
     RECLAIM_BLOCKED,
     RECLAIM_REASON,

@@ -1,12 +1,13 @@
 """Each owner kind stopped through its own switch (core.reclaim.kinds): the patches against the
 upstream field names, what counts as stopped, and how decide() acts on them. Upstream sources:
-the `source` of each entry in kinds.KINDS, checked against the named upstream files."""
+the `source` of each entry in KINDS, checked against the named upstream files."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
+from gpusteward.core.owners import SCALE, STOP, SUSPEND, Kind
 from gpusteward.core.policy import PolicyError, parse_policy
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.decide import plan
@@ -24,7 +25,7 @@ from tests.unit.test_reclaim_decide import (
 AT = "2027-01-15T08:00:00Z"
 
 
-def kind(name: str) -> kinds.Kind:
+def kind(name: str) -> Kind:
     (k,) = kinds.DEFAULT.by_kind(name)
     return k
 
@@ -166,14 +167,14 @@ def test_how_far_a_keda_pause_has_got(annotations, conditions, state):
 
 def test_an_owner_with_its_own_switch_is_stopped_through_it():
     owner = Owner("JobSet", "ml", "train", ("p",), group="jobset.x-k8s.io", version="v1alpha2",
-                  how=kinds.SUSPEND)
+                  how=SUSPEND)
     p = plan(snapshot([warned("p")], owners={"p": owner}), POLICY)
     assert [(a.kind, a.how, a.owner.kind) for a in p.actions] == [
         ("reclaim", "suspend", "JobSet")]
 
 
 def test_a_partly_idle_notebook_is_only_marked():
-    owner = Owner("Notebook", "ml", "nb", ("a", "b"), group="kubeflow.org", how=kinds.STOP)
+    owner = Owner("Notebook", "ml", "nb", ("a", "b"), group="kubeflow.org", how=STOP)
     p = plan(snapshot([warned("a"), gpu_pod("b")], owners={"a": owner, "b": owner}), POLICY)
     # b is not yet warned: the notebook is not due as a whole
     assert [a.kind for a in p.actions if a.kind == "reclaim"] == []
@@ -264,7 +265,7 @@ def test_the_policy_adds_a_field_an_annotation_and_a_scale_switch():
     model = catalog.known("serving.example.com", "Model")
     assert pipeline is not None and lab is not None and model is not None
     assert (pipeline.plural, pipeline.how, pipeline.field) == (
-        "pipelines", kinds.SUSPEND, ("spec", "run", "paused"))
+        "pipelines", SUSPEND, ("spec", "run", "paused"))
     assert kinds.stop_patch(pipeline, "idle", AT)["spec"] == {"run": {"paused": True}}
     assert kinds.restore_patch(pipeline, AT)["spec"] == {"run": {"paused": False}}
     assert kinds.stop_patch(lab, "idle", AT)["metadata"]["annotations"][
@@ -272,7 +273,7 @@ def test_the_policy_adds_a_field_an_annotation_and_a_scale_switch():
     assert kinds.restore_patch(lab, AT)["metadata"]["annotations"][
         "example.com/stopped"] == "false"
     assert kinds.switched_off(lab, {"metadata": {"annotations": {"example.com/stopped": "true"}}})
-    assert (model.plural, model.how) == ("models", kinds.SCALE)
+    assert (model.plural, model.how) == ("models", SCALE)
     # evict stays a decision, not a switch; gpusteward's own table is untouched
     assert catalog.known("example.com", "Trainer") is None
     assert kinds.DEFAULT.known("example.com", "Pipeline") is None
@@ -282,7 +283,7 @@ def test_the_policy_adds_a_field_an_annotation_and_a_scale_switch():
 
 def test_an_owner_reached_through_a_policy_switch_is_stopped_whole():
     policy = parse_policy({"reclaim": {"ownerActions": {"kinds": SWITCHES}}})
-    owner = Owner("Lab", "ml", "lab", ("a", "b"), group="example.com", how=kinds.STOP)
+    owner = Owner("Lab", "ml", "lab", ("a", "b"), group="example.com", how=STOP)
     p = plan(snapshot([warned("a"), warned("b")], owners={"a": owner, "b": owner}), policy)
     assert [(a.kind, a.how, a.owner.name) for a in p.actions] == [("reclaim", "stop", "lab")]
     only_one = plan(snapshot([warned("a"), gpu_pod("b")], owners={"a": owner, "b": owner}),

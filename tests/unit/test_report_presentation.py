@@ -10,8 +10,9 @@ import pytest
 
 from gpusteward.core.report.axes import Tick, shared_top, time_ticks
 from gpusteward.core.report.model import TeamQuota
+from gpusteward.core.times import ago
 from gpusteward.report.html import to_html
-from gpusteward.report.render import Presentation, ago, headline, quota_cells, to_table
+from gpusteward.report.render import Presentation, headline, quota_cells, to_table
 from tests.unit.test_report import BUSY, HOURS, NOW, ZERO, pod, report, samples
 
 DAY = 86_400

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import msgspec
 
 from gpusteward.core.model import Pod
+from gpusteward.core.owners import WHOLE_OWNER
 from gpusteward.core.policy import OwnerSwitch, Policy
 from gpusteward.core.reclaim import kinds, kueue, queue, selfservice, snooze
 from gpusteward.core.reclaim.model import (
@@ -36,7 +37,7 @@ from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
 from gpusteward.core.reclaim.rules import judge, protections, rule_for
 from gpusteward.core.times import HOUR, parse_time, stamp
 
-GROUP_ACTIONS = kinds.WHOLE_OWNER  # act on a whole workload: only when all its pods are idle
+GROUP_ACTIONS = WHOLE_OWNER  # act on a whole workload: only when all its pods are idle
 # Verdicts compared per pod, as module names: Python 3.11 looks every `Enum.MEMBER` up through
 # EnumType.__getattr__ (~0.1 µs, twenty times a global), and `How(value)` costs microseconds.
 _BUSY, _IDLE = VerdictState.BUSY, VerdictState.IDLE

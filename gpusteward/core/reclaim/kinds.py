@@ -1,10 +1,7 @@
-"""How each kind of owner is stopped and brought back through its own, reversible mechanism.
-
-Acting below the top-level owner fights its controller (an evicted RayCluster pod is recreated at
-once; a StatefulSet scaled down under a Notebook is scaled back; a Kueue-managed Job's `suspend`
-is Kueue's to write), so the reclaimer acts on the top-most owner it knows, through the owner's
-own switch. Every field and annotation below was checked against the upstream API named beside
-it. Pure: the snapshot reader walks the chain and reads the objects; this module says what to do.
+"""How each kind of owner is stopped and brought back through its own, reversible mechanism:
+the catalog of kinds (core.owners' table and the policy's own) and the patches that flip their
+switches. Pure: the snapshot reader walks the chain and reads the objects; this module says what
+to do.
 """
 
 from __future__ import annotations
@@ -12,80 +9,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
-from gpusteward.core.policy import OwnerSwitch
-from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT, How
-
-# The mechanisms (Action.how) beyond the built-in Pod/Job/Deployment/StatefulSet ones.
-SUSPEND, SCALE, DEACTIVATE = How.SUSPEND, How.SCALE, How.DEACTIVATE
-STOP, PAUSE, BLOCK = How.STOP, How.PAUSE, How.BLOCK
-# Act on a whole workload: only when all its pods are idle.
-WHOLE_OWNER = frozenset({SUSPEND, SCALE, DEACTIVATE, STOP, PAUSE})
-
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # kueue apis/kueue/v1beta2/constants.go
-KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # kueue pkg/controller/constants: on the Workload
-KEDA_PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"  # keda.sh docs: "Pause autoscaling"
-NOTEBOOK_STOPPED = "kubeflow-resource-stopped"  # kubeflow notebook-controller culling_controller
-NOTEBOOK_LAST_ACTIVITY = "notebooks.kubeflow.org/last-activity"  # same file
-KSERVE_STOP = "serving.kserve.io/stop"  # kserve pkg/constants StopAnnotationKey, "true"/"false"
-
-
-class Kind(msgspec.Struct, frozen=True):
-    """One owner kind gpusteward knows: its resource, and the switch that stops it.
-
-    ``field``: the spec path set to true to stop it (false to restore); ``annotation``: the
-    annotation set to stop it; ``scale``: stopped through the scale subresource. ``stopped``: the
-    status that says the owner has let its pods go (None: the switch itself says so)."""
-
-    group: str
-    kind: str
-    plural: str
-    how: How
-    field: tuple[str, ...] = ()
-    annotation: str = ""
-    stopped: tuple[str, str] | None = None  # (status path "a.b" or condition type, value)
-    source: str = ""
-
-
-KINDS: tuple[Kind, ...] = (
-    Kind("jobset.x-k8s.io", "JobSet", "jobsets", SUSPEND, ("spec", "suspend"),
-         source="kubernetes-sigs/jobset api/jobset/v1alpha2 JobSetSpec.Suspend"),
-    Kind("trainer.kubeflow.org", "TrainJob", "trainjobs", SUSPEND, ("spec", "suspend"),
-         source="kubeflow/trainer pkg/apis/trainer/v1alpha1 TrainJobSpec.Suspend"),
-    Kind("kubeflow.org", "PyTorchJob", "pytorchjobs", SUSPEND, ("spec", "runPolicy", "suspend"),
-         source="kubeflow/training-operator pkg/apis/kubeflow.org/v1 RunPolicy.Suspend"),
-    Kind("ray.io", "RayCluster", "rayclusters", SUSPEND, ("spec", "suspend"),
-         stopped=("condition", "RayClusterSuspended"),
-         source="kuberay ray-operator v1.5.0 apis/ray/v1/raycluster_types.go"),
-    Kind("ray.io", "RayJob", "rayjobs", SUSPEND, ("spec", "suspend"),
-         stopped=("status.jobDeploymentStatus", "Suspended"),
-         source="kuberay ray-operator v1.5.0 apis/ray/v1/rayjob_types.go"),
-    Kind("kubeflow.org", "Notebook", "notebooks", STOP, annotation=NOTEBOOK_STOPPED,
-         source="kubeflow/kubeflow components/notebook-controller culling_controller.go"),
-    Kind("serving.kserve.io", "InferenceService", "inferenceservices", STOP,
-         annotation=KSERVE_STOP, source="kserve pkg/constants StopAnnotationKey"),
-    Kind("serving.kserve.io", "LLMInferenceService", "llminferenceservices", STOP,
-         annotation=KSERVE_STOP, source="kserve pkg/constants StopAnnotationKey"),
-    Kind("leaderworkerset.x-k8s.io", "LeaderWorkerSet", "leaderworkersets", SCALE,
-         source="kubernetes-sigs/lws: the CRD serves the scale subresource (HPA docs)"),
-    Kind("kueue.x-k8s.io", "Workload", "workloads", DEACTIVATE, ("spec", "active"),
-         source="kueue v0.17.0 apis/kueue/v1beta2/workload_types.go WorkloadSpec.Active"),
+from gpusteward.core.owners import (
+    BUILT_IN,
+    DEACTIVATE,
+    KEDA_PAUSED_REPLICAS,
+    KINDS,
+    NO_SWITCH,
+    NOTEBOOK_LAST_ACTIVITY,
+    NOTEBOOK_STOPPED,
+    SCALE,
+    STOP,
+    SUSPEND,
+    Kind,
 )
-# Kinds the reclaimer already acts on through typed clients (core group, apps, batch).
-BUILT_IN = {"Pod": "", "ReplicaSet": "apps", "Deployment": "apps", "StatefulSet": "apps",
-            "DaemonSet": "apps", "Job": "batch"}
-# Kinds with a reason instead of a mechanism.
-NO_SWITCH = {("ray.io", "RayService"): "RayService has no spec.suspend (kuberay v1.5.0)"}
-
-
-def group_of(api_version: str) -> str:
-    return api_version.rpartition("/")[0]
-
-
-def has_switch(group: str, kind: str) -> bool:
-    """Whether gpusteward decides this kind its own way (built in, in KINDS, or NO_SWITCH)."""
-    return DEFAULT.walkable(group, kind) or (group, kind) in NO_SWITCH
+from gpusteward.core.policy import OwnerSwitch
+from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT
 
 
 class Catalog:

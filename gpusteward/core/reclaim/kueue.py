@@ -34,6 +34,7 @@ from gpusteward.core.kubewire import (
     pod_request,
 )
 from gpusteward.core.model import Pod
+from gpusteward.core.reclaim.model import Demand, Holding, Waiting
 from gpusteward.core.reclaim.queue import Candidate, may_displace
 from gpusteward.core.reclaim.quota import TeamUsage
 from gpusteward.core.times import parse_time
@@ -114,30 +115,6 @@ class WireClusterQueue(msgspec.Struct):
     metadata: Meta = msgspec.field(default_factory=Meta)
     spec: ClusterQueueSpec = msgspec.field(default_factory=ClusterQueueSpec)
     status: ClusterQueueStatus = msgspec.field(default_factory=ClusterQueueStatus)
-
-
-class Waiting(msgspec.Struct, frozen=True):
-    """A Workload waiting for quota: ``pod`` stands for its demand (namespace, labels, priority,
-    all its GPUs, waiting since), so queue.py's rules and the team of it read as for a pod."""
-
-    pod: Pod
-    cluster_queue: str
-
-
-class Holding(msgspec.Struct, frozen=True):
-    """An admitted Workload: the quota it holds, and whether Kueue is already evicting it."""
-
-    cluster_queue: str
-    gpus: int
-    leaving: bool = False
-
-
-class Demand(msgspec.Struct, frozen=True):
-    """Kueue's side of a snapshot."""
-
-    waiting: tuple[Waiting, ...] = ()
-    holding: Mapping[str, Holding] = msgspec.field(default_factory=dict)  # namespace/name
-    free: Mapping[str, int] = msgspec.field(default_factory=dict)  # ClusterQueue -> GPUs
 
 
 class Claim(msgspec.Struct, frozen=True):

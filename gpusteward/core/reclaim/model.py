@@ -9,7 +9,7 @@ from enum import StrEnum
 import msgspec
 
 from gpusteward.core.model import Node, Pod
-from gpusteward.core.reclaim.kueue import Demand
+from gpusteward.core.owners import How
 
 # Annotations the reclaimer writes; restarts lose nothing because the stage lives on the pod.
 IDLE_SINCE = "gpusteward.io/idle-since"
@@ -46,20 +46,6 @@ class Reason(StrEnum):
     ACTIVE = "active"  # busy again: marks cleared
     PROTECTED = "protected"  # protected since it was marked: marks cleared
     SNOOZED = "snoozed"  # its owner snoozed reclaim: marks cleared until the snooze ends
-
-
-class How(StrEnum):
-    """How a reclaim acts on the owner (policy reclaim.ownerActions; core.reclaim.kinds for the
-    owners stopped through a switch of their own)."""
-
-    EVICT = "evict"
-    SUSPEND = "suspend"  # a boolean spec field set to true (Job, JobSet, RayCluster, ...)
-    SCALE = "scale"  # to zero replicas, the count kept in REPLICAS_BEFORE
-    ANNOTATE = "annotate"  # marks and warnings only, never a reclaim
-    DEACTIVATE = "deactivate"  # Kueue Workload spec.active=false
-    STOP = "stop"  # the owner's stop annotation (Notebook, KServe)
-    PAUSE = "pause"  # the autoscaler paused at zero replicas (KEDA)
-    BLOCK = "block"  # no safe mechanism: an Event says why, nothing is stopped
 
 
 class VerdictState(StrEnum):
@@ -235,6 +221,30 @@ class RestoreAsk(msgspec.Struct, frozen=True):
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.kind}/{self.name}"
+
+
+class Waiting(msgspec.Struct, frozen=True):
+    """A Workload waiting for quota: ``pod`` stands for its demand (namespace, labels, priority,
+    all its GPUs, waiting since), so queue.py's rules and the team of it read as for a pod."""
+
+    pod: Pod
+    cluster_queue: str
+
+
+class Holding(msgspec.Struct, frozen=True):
+    """An admitted Workload: the quota it holds, and whether Kueue is already evicting it."""
+
+    cluster_queue: str
+    gpus: int
+    leaving: bool = False
+
+
+class Demand(msgspec.Struct, frozen=True):
+    """Kueue's side of a snapshot (core.reclaim.kueue reads it from the Workloads)."""
+
+    waiting: tuple[Waiting, ...] = ()
+    holding: Mapping[str, Holding] = msgspec.field(default_factory=dict)  # namespace/name
+    free: Mapping[str, int] = msgspec.field(default_factory=dict)  # ClusterQueue -> GPUs
 
 
 class Snapshot(msgspec.Struct, frozen=True):
