@@ -37,10 +37,14 @@ from tests.support.prometheus import PrometheusServer  # noqa: E402
 # "go" so the parent can interleave the two sides round by round.
 PROBE = r"""
 import asyncio, json, sys, time, urllib.parse, urllib.request
-from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.core.policy import parse_policy
 policy = parse_policy({})
-source = PrometheusSource(sys.argv[1], policy.telemetry, policy.health)
+try:  # a tree from the client split on
+    from gpusteward.adapters.telemetry import PrometheusSource
+    source = PrometheusSource.at(sys.argv[1], policy.telemetry, policy.health)
+except ImportError:  # one before it
+    from gpusteward.adapters.prometheus import PrometheusSource
+    source = PrometheusSource(sys.argv[1], policy.telemetry, policy.health)
 def size(q):
     url = sys.argv[1] + "/api/v1/query?" + urllib.parse.urlencode({"query": q})
     with urllib.request.urlopen(url, timeout=60) as r:
@@ -59,7 +63,6 @@ asyncio.run(main())
 # The same for the reclaimer's evidence read (every query of one cycle's evidence).
 EVIDENCE_PROBE = r"""
 import asyncio, json, sys, time
-from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.policy import parse_policy
 from tests.unit.test_reclaim_decide import gpu_pod
@@ -67,7 +70,12 @@ from tests.unit.test_reclaim_decide import gpu_pod
 policy = parse_policy({"telemetry": {"scrapeInterval": "15s", "staleAfter": "1h"},
                        "reclaim": {"idle": {"window": "600s", "minCoverage": 0.1},
                                    "withinQuotaWindow": "630s"}})
-source = PrometheusSource(sys.argv[1], policy.telemetry, policy.health)
+try:  # a tree from the client split on
+    from gpusteward.adapters.promclient import PrometheusClient
+    source = PrometheusClient(sys.argv[1], policy.telemetry)
+except ImportError:  # one before it
+    from gpusteward.adapters.prometheus import PrometheusSource
+    source = PrometheusSource(sys.argv[1], policy.telemetry, policy.health)
 reader = SnapshotReader(None, source, policy)
 nodes = int(sys.argv[2])
 pods = tuple(gpu_pod(f"p-{n}-{i}", node=f"gpu-node-{n:05d}") for n in range(nodes)

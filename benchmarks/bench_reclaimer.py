@@ -261,12 +261,12 @@ async def cycle_only(kubeconfig: str, prometheus_url: str, policy_file: str) -> 
     """Read + decide as the reclaimer does, with its API calls and PromQL queries counted."""
     from kubernetes_asyncio import config as kconfig
 
-    from gpusteward.adapters.prometheus import PrometheusSource
+    from gpusteward.adapters.promclient import PrometheusClient
     from gpusteward.adapters.snapshot import SnapshotReader
 
     policy = load_policy(policy_file)
     client = await kconfig.new_client_from_config(config_file=kubeconfig)
-    source = PrometheusSource(prometheus_url, policy.telemetry, policy.health)
+    source = PrometheusClient(prometheus_url, policy.telemetry)
     reader = SnapshotReader(client, source, policy)
     t, cpu = time.perf_counter(), time.process_time()
     snap = await reader.read()

@@ -43,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.memory import cpu_seconds, peak_rss_mb  # noqa: E402
-from gpusteward.adapters.prometheus import PrometheusSource  # noqa: E402
+from gpusteward.adapters.telemetry import PrometheusSource  # noqa: E402
 from gpusteward.core.dcgm import PodRef  # noqa: E402
 from gpusteward.core.policy import parse_policy  # noqa: E402
 from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS, ensure_controller  # noqa: E402
@@ -78,7 +78,7 @@ def response_bytes(url: str, query: str) -> tuple[int, int]:
 
 async def fetch_times(url: str, runs: int) -> dict:
     policy = parse_policy({})
-    source = PrometheusSource(url, policy.telemetry, policy.health)
+    source = PrometheusSource.at(url, policy.telemetry, policy.health)
     times = []
     for _ in range(runs):
         t = time.perf_counter()

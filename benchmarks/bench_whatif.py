@@ -38,10 +38,10 @@ POLICY = parse_policy({"telemetry": {"scrapeInterval": "30s"}})
 
 async def measure(url: str, days: float) -> dict:
     from gpusteward.adapters.history import HistoryReader
-    from gpusteward.adapters.prometheus import PrometheusSource
+    from gpusteward.adapters.promclient import PrometheusClient
     from gpusteward.core.whatif.replay import replay
 
-    source = PrometheusSource(url, POLICY.telemetry, POLICY.health)
+    source = PrometheusClient(url, POLICY.telemetry)
     t = time.perf_counter()
     history = await HistoryReader(source, POLICY).read(END - days * 86400, END)
     read_s = time.perf_counter() - t

@@ -24,7 +24,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpusteward.adapters.prometheus import LEFT_CLOSED_PROBE
+from gpusteward.adapters.promql import LEFT_CLOSED_PROBE
 
 STEP, SCRAPE = 60, 30
 HOUR_STEPS = 3600 // STEP

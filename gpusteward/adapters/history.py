@@ -18,13 +18,8 @@ from __future__ import annotations
 import re
 
 from gpusteward.adapters.historyfold import Facts, ksm_resource
-from gpusteward.adapters.prometheus import (
-    PrometheusSource,
-    exact_range,
-    is_left_closed,
-    keeping,
-    utilization,
-)
+from gpusteward.adapters.promclient import PrometheusClient, is_left_closed
+from gpusteward.adapters.promql import exact_range, keeping, utilization
 from gpusteward.adapters.snapshot import evidence_queries
 from gpusteward.core.policy import Policy
 from gpusteward.core.times import HOUR
@@ -62,7 +57,7 @@ PER_STEP = ("info", "phase", "peak", "count")
 
 
 class HistoryReader:
-    def __init__(self, prometheus: PrometheusSource, policy: Policy, chunk: float = CHUNK):
+    def __init__(self, prometheus: PrometheusClient, policy: Policy, chunk: float = CHUNK):
         self.prometheus = prometheus
         self.policy = policy
         self.step = float(policy.reclaim.interval)

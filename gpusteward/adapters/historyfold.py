@@ -13,7 +13,7 @@ from operator import ne, sub
 from typing import Any
 
 from gpusteward.adapters.errors import AdapterError
-from gpusteward.adapters.prometheus import Series
+from gpusteward.adapters.promclient import Series
 from gpusteward.core.attribution import Attribution, is_per_pod, node_of
 from gpusteward.core.cards import TierTable
 from gpusteward.core.dcgm import gpu_id

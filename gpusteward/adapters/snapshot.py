@@ -23,14 +23,8 @@ from gpusteward.adapters.dra import read as read_dra
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.owners import Link, OwnerChains, link_of
-from gpusteward.adapters.prometheus import (
-    PrometheusSource,
-    exact_range,
-    gpu_labels,
-    keeping,
-    newest_sample,
-    utilization,
-)
+from gpusteward.adapters.promclient import PrometheusClient
+from gpusteward.adapters.promql import exact_range, gpu_labels, keeping, newest_sample, utilization
 from gpusteward.adapters.unitaudit import UnitAudit
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
@@ -84,7 +78,7 @@ def _decode(raws: Iterable[msgspec.Raw], typ: type) -> list[Any]:
 
 
 class SnapshotReader:
-    def __init__(self, api: client.ApiClient, prometheus: PrometheusSource, policy: Policy,
+    def __init__(self, api: client.ApiClient, prometheus: PrometheusClient, policy: Policy,
                  clock: Callable[[], float] = time.time, dra_driver: str = DEFAULT_DRIVER):
         self.api = api
         self.dra_driver = dra_driver
@@ -240,7 +234,7 @@ def evidence_queries(window: float, node_labels: Sequence[str], vocabulary: Voca
     node, index, pod and the name it came under: the same series in both, so per_pod can pair
     them by their whole label set, and join a GPU's names. The agent's per-pod series of shared
     GPUs come along, labelled ``vgpu="agent"``. ``span``: the range selector's text, where the
-    caller needs other than whole seconds (adapters.prometheus.exact_range)."""
+    caller needs other than whole seconds (adapters.promql.exact_range)."""
     w = span or f"{int(window)}s"
     return (_per_gpu(node_labels, vocabulary, lambda m: _checked_peak(m, w), Unit.PERCENT,
                      _checked_peak(AGENT_POD_UTIL, w)),

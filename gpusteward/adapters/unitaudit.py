@@ -18,7 +18,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from gpusteward.adapters.prometheus import WHOLE_GPU, PrometheusSource, keeping
+from gpusteward.adapters.promclient import PrometheusClient
+from gpusteward.adapters.promql import WHOLE_GPU, keeping
 from gpusteward.core.vocabulary import SOURCE_LABEL, Concept, Unit, Vocabulary, marked
 
 log = logging.getLogger("gpusteward.telemetry")
@@ -45,7 +46,7 @@ def audit_query(vocabulary: Vocabulary, node_labels: Sequence[str], window: floa
 
 
 class UnitAudit:
-    def __init__(self, prometheus: PrometheusSource, node_labels: Sequence[str],
+    def __init__(self, prometheus: PrometheusClient, node_labels: Sequence[str],
                  window: float):
         self.prometheus = prometheus
         self.query = audit_query(prometheus.vocabulary, node_labels, window)

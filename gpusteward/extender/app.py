@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,6 +30,15 @@ JSON = "application/json"
 
 
 class TelemetrySource(Protocol):
+    """Where the refresh reads from (adapters.telemetry.PrometheusSource), and what it says of
+    the last read: series it dropped by reason, metric names it does not read."""
+
+    @property
+    def last_dropped(self) -> Mapping[str, int]: ...
+
+    @property
+    def unknown_names(self) -> Sequence[str]: ...
+
     async def fetch(self) -> Telemetry: ...
 
 
@@ -82,10 +91,9 @@ class Extender:
             if self.telemetry is not None:
                 telemetry = await self.telemetry.fetch()
                 self.last_ok = telemetry.fetched_at
-                # PrometheusSource counts what it dropped; other sources need not
-                for reason, count in getattr(self.telemetry, "last_dropped", {}).items():
+                for reason, count in self.telemetry.last_dropped.items():
                     self.metrics.series_dropped.labels(reason).inc(count)
-                self._unknown_names(getattr(self.telemetry, "unknown_names", ()))
+                self._unknown_names(self.telemetry.unknown_names)
         except TelemetryUnavailable as e:
             self.metrics.refresh_errors.inc()
             log.warning("telemetry unavailable, scoring load and health as neutral: %s", e)

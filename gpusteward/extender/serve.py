@@ -22,8 +22,9 @@ from gpusteward.adapters.dra import KINDS as DRA_KINDS
 from gpusteward.adapters.dra import DraWatcher
 from gpusteward.adapters.errors import ListenError, SettingsError
 from gpusteward.adapters.kube import Watcher, connect
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.core.dra import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.extender.app import Extender, RequestLimits, create_app, create_metrics_app
@@ -64,10 +65,12 @@ def build_extender(settings: ExtenderSettings, api: client.ApiClient) -> Extende
     view = PlacementView(policy, fleet, dra=dra)
     telemetry = evidence = None
     if prometheus:
-        telemetry = PrometheusSource(prometheus, policy.telemetry, policy.health,
+        # one client: the refresh and the preempt verb's evidence share what it knows of names
+        prom = PrometheusClient(prometheus, policy.telemetry)
+        telemetry = PrometheusSource(prom, policy.telemetry, policy.health,
                                      locate=lambda: (fleet.nodes, fleet.pod_nodes()))
         # the reclaimer's idle evidence
-        evidence = SnapshotReader(api, telemetry, policy, dra_driver=settings.dra_driver)
+        evidence = SnapshotReader(api, prom, policy, dra_driver=settings.dra_driver)
     else:
         log.warning("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or policy): "
                     "load and health terms stay neutral")

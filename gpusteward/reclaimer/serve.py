@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gpusteward.adapters.errors import AdapterError, ListenError
 from gpusteward.adapters.kube import GatedClient, connect
 from gpusteward.adapters.lease import LeaseGuard
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.adapters.webhook import Webhooks, read_url
@@ -67,7 +67,7 @@ def build_reclaimer(settings: ReclaimerSettings, api: client.ApiClient,
     record, snoozes and restore requests, and (given ``webhooks`` and sinks) the notification
     outbox."""
     policy, namespace = settings.policy, settings.lease_namespace
-    source = PrometheusSource(settings.prometheus, policy.telemetry, policy.health,
+    source = PrometheusClient(settings.prometheus, policy.telemetry,
                               attempts=prometheus_attempts)
     ledger = ConfigMapLedger(api, namespace, settings.ledger) if settings.ledger else None
     snoozes = SnoozeBook(ConfigMapRecords(api, namespace, settings.snoozes, SnoozeRecord)

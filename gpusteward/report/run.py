@@ -14,7 +14,7 @@ from typing import TextIO
 from kubernetes_asyncio import client
 
 from gpusteward.adapters.kube import connect
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.report.aggregate import build_report
 from gpusteward.report import render
@@ -35,7 +35,7 @@ def run_report(args: argparse.Namespace) -> int:
 def build_usage_reader(settings: ReportSettings, api: client.ApiClient) -> UsageReader:
     """The report's reader wired to its adapters: the reclaimer's snapshot and Prometheus."""
     policy = settings.policy
-    source = PrometheusSource(settings.prometheus, policy.telemetry, policy.health)
+    source = PrometheusClient(settings.prometheus, policy.telemetry)
     return UsageReader(SnapshotReader(api, source, policy, dra_driver=settings.dra_driver),
                        source, policy)
 

@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpusteward.adapters.errors import TelemetryUnavailable
-from gpusteward.adapters.prometheus import PrometheusSource, utilization
+from gpusteward.adapters.promclient import PrometheusClient
+from gpusteward.adapters.promql import utilization
 from gpusteward.adapters.snapshot import AGENT_POD_UTIL, SnapshotReader
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.dcgm import gpu_id
@@ -42,7 +43,7 @@ def chunks(window: Window) -> list[tuple[float, float]]:
 
 
 class UsageReader:
-    def __init__(self, snapshots: SnapshotReader, prometheus: PrometheusSource, policy: Policy):
+    def __init__(self, snapshots: SnapshotReader, prometheus: PrometheusClient, policy: Policy):
         self.snapshots = snapshots
         self.prometheus = prometheus
         self.policy = policy

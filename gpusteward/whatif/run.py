@@ -15,7 +15,7 @@ from typing import Any
 from gpusteward.adapters.connectflags import prometheus_connection
 from gpusteward.adapters.errors import SettingsError
 from gpusteward.adapters.history import HistoryReader
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.core.policy import Policy, PolicyError, load_policy
 from gpusteward.core.whatif.history import History
 from gpusteward.core.whatif.outcome import Outcome
@@ -60,7 +60,7 @@ async def _replay_all(policies: list[tuple[str, Policy]], url: Any, start: float
     for name, policy in policies:
         key = history_key(policy)
         if key not in read:
-            source = PrometheusSource(url, policy.telemetry, policy.health)
+            source = PrometheusClient(url, policy.telemetry)
             read[key] = await HistoryReader(source, policy).read(start, end)
         outcomes.append(replay(read[key], policy, name))
     return outcomes

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.agent.app import AgentSettings, create_app
 from gpusteward.core.dcgm import PodRef
 from gpusteward.core.model import Telemetry
@@ -61,7 +61,7 @@ async def test_prometheus_reads_the_agent_exactly_as_it_reads_dcgm_exporter(
         prometheus = prometheus_factory(
             scrape_targets=[f"127.0.0.1:{agent.port}", dcgm_endpoint.target])
         policy = parse_policy({})
-        source = PrometheusSource(prometheus.url, policy.telemetry, policy.health, attempts=1)
+        source = PrometheusSource.at(prometheus.url, policy.telemetry, policy.health, attempts=1)
         telemetry = await fetch_both(source, {"agent-node", "dcgm-node"})
 
     def comparable(node: str) -> list[tuple[object, ...]]:
@@ -83,7 +83,7 @@ async def test_a_lost_gpu_reaches_the_readings_as_xid_79(
     async with TestServer(create_app(settings), host="127.0.0.1") as agent:
         prometheus = prometheus_factory(scrape_targets=[f"127.0.0.1:{agent.port}"])
         policy = parse_policy({})
-        source = PrometheusSource(prometheus.url, policy.telemetry, policy.health, attempts=1)
+        source = PrometheusSource.at(prometheus.url, policy.telemetry, policy.health, attempts=1)
         telemetry = await fetch_both(source, {"agent-node"})
     readings = {r.gpu: r for r in telemetry.nodes["agent-node"]}
     assert (readings["0"].util, readings["0"].xid) == (0.4, 0)

@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.core.attribution import Attribution
 from gpusteward.core.dcgm import DCGM47, ENGINE_ACTIVE, GPU_UTIL, LEGACY, Field, Generation, PodRef
 from gpusteward.core.policy import parse_policy
@@ -121,7 +122,7 @@ def prometheus(request, module_prometheus_factory, now):  # read only
 
 
 def reader(url: str) -> SnapshotReader:
-    return SnapshotReader(None, PrometheusSource(url, POLICY.telemetry, POLICY.health), POLICY)
+    return SnapshotReader(None, PrometheusClient(url, POLICY.telemetry), POLICY)
 
 
 def pods() -> tuple:
@@ -185,7 +186,7 @@ async def test_coverage_and_age_join_the_two_series(prometheus, now):
 
 
 async def test_the_extender_reads_both_generations_in_its_units(prometheus, now):
-    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
+    source = PrometheusSource.at(prometheus.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
     readings = {(n, r.pod): r for n, rs in (await source.fetch()).nodes.items() for r in rs}
     new, legacy = readings[("n3", "ml/idle-new")], readings[("n2", "ml/idle-legacy")]
     assert new.util == pytest.approx(0.04) and legacy.util == pytest.approx(0.03)
@@ -215,14 +216,14 @@ async def test_an_xid_under_both_names_in_its_window_is_one_reading(prometheus_f
         [(t, faulty(t)) for t in times if t >= switch], scrape=servicemonitor(False, ROLLED),
         generation=DCGM47, node_label=DCGM47.node_label)
     both = prometheus_factory(history_openmetrics=join_openmetrics(before, after))
-    source = PrometheusSource(both.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
+    source = PrometheusSource.at(both.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
     readings = [r for rs in (await source.fetch()).nodes.values() for r in rs]
     assert [(r.node, r.gpu, r.xid) for r in readings] == [("n7", "0", 48)]
     assert source.last_dropped == {}
 
 
 async def test_a_series_under_an_unknown_name_is_ignored_and_counted(prometheus, now):
-    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
+    source = PrometheusSource.at(prometheus.url, POLICY.telemetry, POLICY.health, clock=lambda: now)
     nodes = (await source.fetch()).nodes
     assert "n5" not in nodes  # no reading: unknown, never idle
     assert source.unknown_names == ["DCGM_FI_DEV_GPU_UTIL_PERCENT"]
@@ -231,7 +232,7 @@ async def test_a_series_under_an_unknown_name_is_ignored_and_counted(prometheus,
 
 
 async def test_the_report_reads_one_series_per_gpu_across_the_switch(prometheus, now):
-    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health)
+    source = PrometheusClient(prometheus.url, POLICY.telemetry)
     rows = await source.query_range(utilization_query(60.0, STEP, source.vocabulary),
                                     now - 1800, now - 60, 60.0)
     who = Attribution.of(POLICY.telemetry.node_labels, POLICY.telemetry.honor_labels,
@@ -250,7 +251,7 @@ async def test_the_reports_figures_are_unchanged_by_the_switch(prometheus, now,
                          ["n1", "n2", "n3"], pods())
     figures = []
     for server in (prometheus, legacy):
-        source = PrometheusSource(server.url, POLICY.telemetry, POLICY.health)
+        source = PrometheusClient(server.url, POLICY.telemetry)
         rows = await source.query_range(utilization_query(60.0, STEP, source.vocabulary),
                                         now - 1800, now - 60, 60.0)
         figures.append({s.pod: [(t, round(v, 6)) for t, v in s.points]

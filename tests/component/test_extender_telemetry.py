@@ -14,7 +14,7 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.core.dcgm import PodRef
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import parse_policy
@@ -91,7 +91,7 @@ def prometheus(module_prometheus_factory, now, honor):  # read only
 async def client_for(url: str, policy_data: dict | None = None):
     policy = parse_policy(policy_data or {})
     view = PlacementView(policy, fleet())
-    source = PrometheusSource(url, policy.telemetry, policy.health, attempts=1,
+    source = PrometheusSource.at(url, policy.telemetry, policy.health, attempts=1,
                               locate=lambda: (view.fleet.nodes, view.fleet.pod_nodes()))  # serve.py
     extender = Extender(view, source)
     await extender.refresh()
@@ -153,9 +153,9 @@ async def test_filter_full_node_mode_returns_the_same_verdicts(prometheus):
 async def test_a_refresh_runs_a_fixed_number_of_queries(prometheus):
     extender, client = await client_for(prometheus.url)
     source = extender.telemetry
-    before = source.queries_run
+    before = source.client.queries_run
     await extender.refresh()
-    assert source.queries_run - before == len(source.queries) == 7
+    assert source.client.queries_run - before == len(source.queries) == 7
 
 
 async def test_readings_carry_sample_time_and_pod_attribution(prometheus, now):
@@ -199,7 +199,7 @@ async def test_an_older_exporters_series_find_their_node_by_the_exporter_pods_no
     policy = parse_policy({})
     view = PlacementView(policy, fleet())
     view.fleet.note_gpuless("uid-exporter", DCGM_EXPORTER.pod("h-cool"), "h-cool")
-    source = PrometheusSource(prom.url, policy.telemetry, policy.health, attempts=1,
+    source = PrometheusSource.at(prom.url, policy.telemetry, policy.health, attempts=1,
                               locate=lambda: (view.fleet.nodes, view.fleet.pod_nodes()))
     telemetry = await source.fetch()
     assert [r.util for r in telemetry.for_node("h-cool")] == [0.8] * 8
@@ -267,13 +267,13 @@ def xid_history(now: float) -> str:
 async def test_the_windowed_xid_count_wins_over_the_sticky_gauge(prometheus_factory, now):
     prom = prometheus_factory(history_openmetrics=xid_history(now))
     policy = parse_policy({"health": {"xidWindow": "2m"}})
-    source = PrometheusSource(prom.url, policy.telemetry, policy.health, attempts=1)
+    source = PrometheusSource.at(prom.url, policy.telemetry, policy.health, attempts=1)
     telemetry = await source.fetch()
     xids = {n: max(r.xid for r in telemetry.for_node(n)) for n in XID_NODES}
     # x-old: the count is 0 for 8 minutes; x-app: XID 13 is an application fault (ignored).
     assert xids == {"x-old": 0, "x-new": 79, "x-app": 0}
     # The gauge alone, as without the count, would still call x-old unhealthy.
-    (gauge,) = await source.query('max(DCGM_FI_DEV_XID_ERRORS{Hostname="x-old"})')
+    (gauge,) = await source.client.query('max(DCGM_FI_DEV_XID_ERRORS{Hostname="x-old"})')
     assert gauge["value"][1] == "79"
 
 
@@ -313,7 +313,7 @@ async def test_a_bad_series_drops_only_its_own_gpu_and_is_counted(prometheus_fac
     policy = parse_policy({})
     store = FleetStore()
     store.replace_all([node("a-xid", A100), *(node(n, H100) for n in POISONED_NODES[1:])], [])
-    source = PrometheusSource(prom.url, policy.telemetry, policy.health, attempts=1)
+    source = PrometheusSource.at(prom.url, policy.telemetry, policy.health, attempts=1)
     extender = Extender(PlacementView(policy, store), source)
     await extender.refresh()
     assert extender.metrics.refresh_errors._value.get() == 0

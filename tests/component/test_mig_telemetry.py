@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.core.attribution import Attribution
 from gpusteward.core.dcgm import MigInstance, PodRef
 from gpusteward.core.policy import parse_policy
@@ -60,7 +60,7 @@ def prometheus(request, prometheus_factory, now):
 
 
 def source(url: str) -> PrometheusSource:
-    return PrometheusSource(url, POLICY.telemetry, POLICY.health)
+    return PrometheusSource.at(url, POLICY.telemetry, POLICY.health)
 
 
 async def test_the_extender_reads_each_instance_from_engine_activity(prometheus):
@@ -75,7 +75,7 @@ async def test_the_extender_reads_each_instance_from_engine_activity(prometheus)
 @pytest.mark.parametrize(("pod", "state"), [("busy", "busy"), ("idle", "idle")])
 async def test_the_reclaimer_judges_mig_pods_by_engine_activity(prometheus, now, pod, state):
     pods = (gpu_pod(pod, node="m1", gpus=1),)
-    reader = SnapshotReader(None, source(prometheus.url), POLICY)
+    reader = SnapshotReader(None, source(prometheus.url).client, POLICY)
     evidence, ok, problem = await reader.evidence(pods, now)
     assert ok, problem  # the freshness probe finds the MIG series
     rule = rule_for(pods[0], POLICY)
@@ -83,7 +83,7 @@ async def test_the_reclaimer_judges_mig_pods_by_engine_activity(prometheus, now,
 
 
 async def test_the_report_reads_instances_from_engine_activity(prometheus, now):
-    result = await source(prometheus.url).query_range(
+    result = await source(prometheus.url).client.query_range(
         utilization_query(60.0, STEP), now - 600, now - 60, 60.0)
     who = Attribution.of(["Hostname"], "auto", ["m1"],
                          [gpu_pod("busy", node="m1"), gpu_pod("idle", node="m1")])

@@ -25,9 +25,10 @@ import pytest
 from aiohttp import web
 
 from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.promconnection import PrometheusConnection
-from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.core.policy import parse_policy
 from gpusteward.extender.app import Extender
 from gpusteward.extender.view import PlacementView
@@ -72,14 +73,14 @@ def password_file(tmp_path: Path, password: str = PASSWORD) -> Path:
 
 
 async def extender_with(connection: PrometheusConnection) -> Extender:
-    source = PrometheusSource(connection, POLICY.telemetry, POLICY.health, attempts=1)
+    source = PrometheusSource.at(connection, POLICY.telemetry, POLICY.health, attempts=1)
     extender = Extender(PlacementView(POLICY, fleet()), source)
     await extender.refresh()
     return extender
 
 
 async def fetch_error(connection: PrometheusConnection) -> str:
-    source = PrometheusSource(connection, POLICY.telemetry, POLICY.health, attempts=1)
+    source = PrometheusSource.at(connection, POLICY.telemetry, POLICY.health, attempts=1)
     with pytest.raises(TelemetryUnavailable) as caught:
         await source.fetch()
     return str(caught.value)
@@ -106,7 +107,7 @@ async def test_the_reclaimers_evidence_halts_unless_tls_verifies(
     connection = PrometheusConnection(secured.url, ca_file=pki.ca_cert if with_ca else None,
                                       basic_auth_user=USER,
                                       basic_auth_password_file=password_file(tmp_path))
-    source = PrometheusSource(connection, POLICY.telemetry, POLICY.health, attempts=1)
+    source = PrometheusClient(connection, POLICY.telemetry, attempts=1)
     busy = pod("busy0", node="h-hot", bound_at=time.time() - 3600)
     _, telemetry_ok, problem = await SnapshotReader(None, source, POLICY).evidence(
         (busy,), time.time())
@@ -188,7 +189,7 @@ async def test_the_bearer_token_and_tenant_header_reach_the_gateway_and_rotation
     token = tmp_path / "token"
     token.write_text("token-one\n")
     gateway.accepted = "token-one"
-    source = PrometheusSource(
+    source = PrometheusSource.at(
         PrometheusConnection(gateway.url, bearer_token_file=token,
                              headers=(("X-Scope-OrgID", TENANT),)),
         POLICY.telemetry, POLICY.health, attempts=1)
@@ -202,7 +203,7 @@ async def test_the_bearer_token_and_tenant_header_reach_the_gateway_and_rotation
     gateway.accepted = "token-two"
     with pytest.raises(TelemetryUnavailable, match="refused our credentials: HTTP Status "
                                                    "Code 401"):
-        await source.query("vector(1)")
+        await source.client.query("vector(1)")
 
     # kubelet writes the rotated projected token into place with a rename.
     (tmp_path / "token.tmp").write_text("token-two\n")

@@ -8,7 +8,7 @@ import time
 import msgspec
 import pytest
 
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.core.dcgm import PodRef
 from gpusteward.core.policy import parse_policy
@@ -53,7 +53,7 @@ def history(now: float, end: float, honor: bool = False) -> str:
 
 
 def reader(url: str) -> SnapshotReader:
-    return SnapshotReader(None, PrometheusSource(url, POLICY.telemetry, POLICY.health), POLICY)
+    return SnapshotReader(None, PrometheusClient(url, POLICY.telemetry), POLICY)
 
 
 def on_node(pod: str, gpus: int = 1):

@@ -17,7 +17,7 @@ import pytest
 
 from gpusteward.adapters.history import HistoryReader, queries
 from gpusteward.adapters.historyfold import NoHistory
-from gpusteward.adapters.prometheus import PrometheusSource, is_left_closed
+from gpusteward.adapters.promclient import PrometheusClient, is_left_closed
 from gpusteward.core.dcgm import PodRef, label_set
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.whatif.replay import replay
@@ -109,7 +109,7 @@ def prometheus(module_prometheus_factory, end):  # read only
 
 
 async def read(prometheus, start: float, end: float, chunk: float = 1800):
-    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health)
+    source = PrometheusClient(prometheus.url, POLICY.telemetry)
     history = await HistoryReader(source, POLICY, chunk=chunk).read(start, end)
     return history, source.queries_run
 
@@ -157,7 +157,7 @@ async def test_queries_are_per_chunk_not_per_pod_or_step(prometheus, end):
 async def test_the_probe_tells_left_closed_windows_from_left_open_ones(prometheus,
                                                                      prometheus_major):
     # 2.x's windows include a sample at their start, 3.x's (subqueries from 3.0.1) do not
-    source = PrometheusSource(prometheus.url, POLICY.telemetry, POLICY.health)
+    source = PrometheusClient(prometheus.url, POLICY.telemetry)
     assert await is_left_closed(source) is (prometheus_major == "2")
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.core.policy import load_policy
 from gpusteward.sandbox.simulator import GENERATION_LABEL, UTIL_ANNOTATION
 from tests.e2e.kube import cycle_until, gone, gpu_pod, promql
@@ -82,7 +82,7 @@ async def test_pods_straddling_the_exporter_upgrade_are_judged_on_both_names(
         assert not gone(ns, "busy-up")
 
         # The extender's refresh: l4-1 read under the new names, l4-2 under the old, one unit.
-        source = PrometheusSource(sandbox.prometheus_url, policy.telemetry, policy.health)
+        source = PrometheusSource.at(sandbox.prometheus_url, policy.telemetry, policy.health)
         nodes = (await source.fetch()).nodes
         busy_gpu = [r for r in nodes["l4-1"] if r.pod == f"{ns.name}/busy-up"]
         assert busy_gpu and 0.8 <= busy_gpu[0].util <= 0.9, nodes["l4-1"]

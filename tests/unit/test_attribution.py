@@ -19,8 +19,8 @@ import random
 import pytest
 
 from gpusteward.adapters.kube import Watcher, _event_decoder
-from gpusteward.adapters.prometheus import PrometheusSource
 from gpusteward.adapters.snapshot import per_pod
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.core.attribution import Attribution, claimed_pod, held_only, honor_mode, node_of
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import GpuReading
@@ -139,7 +139,7 @@ def test_per_pod_evidence_comes_from_per_pod_series_whatever_their_order(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_node_load_comes_from_the_device_series_whatever_the_order(seed):
     policy = parse_policy({})
-    source = PrometheusSource("http://127.0.0.1:9", policy.telemetry, policy.health,
+    source = PrometheusSource.at("http://127.0.0.1:9", policy.telemetry, policy.health,
                               clock=lambda: 100.0)
     copies = [_series({**s["metric"], "Hostname": "n1"}, float(s["value"][1]) / 100)
               for s in SHARED]

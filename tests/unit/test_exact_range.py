@@ -6,7 +6,8 @@ lookback left-open, (t - w, t], where 2.x's are [t - w, t] (Prometheus 3.0 migra
 
 from __future__ import annotations
 
-from gpusteward.adapters.prometheus import exact_range, queries
+from gpusteward.adapters.promql import exact_range
+from gpusteward.adapters.telemetry import queries
 from gpusteward.core.policy import Health
 
 

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.telemetry import PrometheusSource
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import parse_policy
@@ -28,7 +28,7 @@ def sample(node_name: str, gpu: str, value: str, **labels: str) -> dict:
 
 
 def source() -> PrometheusSource:
-    return PrometheusSource("http://127.0.0.1:1", POLICY.telemetry, POLICY.health,
+    return PrometheusSource.at("http://127.0.0.1:1", POLICY.telemetry, POLICY.health,
                             clock=lambda: NOW)
 
 
@@ -79,6 +79,9 @@ def scraped(extender: Extender, name: str) -> float | None:
 class Crashing:
     """A source whose fetch fails with something that is not TelemetryUnavailable."""
 
+    last_dropped: dict[str, int] = {}
+    unknown_names: list[str] = []
+
     async def fetch(self) -> Telemetry:
         raise OverflowError("cannot convert float infinity to integer")
 
@@ -113,6 +116,9 @@ async def test_stale_states_show_even_when_the_rebuild_itself_stops():
 
 class Indigestible:
     """Readings that pass the adapter but break the scoring (a bug's stand-in)."""
+
+    last_dropped: dict[str, int] = {}
+    unknown_names: list[str] = []
 
     async def fetch(self) -> Telemetry:
         return Telemetry(nodes={"n1": (GpuReading(node="n1", gpu="0", util="0.5",  # type: ignore[arg-type]

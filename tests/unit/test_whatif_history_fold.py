@@ -8,7 +8,7 @@ import pytest
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.historyfold import Facts, NoHistory, Series, label_name
-from gpusteward.adapters.prometheus import PrometheusSource
+from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.whatif.history import Grid
 
@@ -96,10 +96,10 @@ def answering():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
-    def source(answer: bytes) -> PrometheusSource:
+    def source(answer: bytes) -> PrometheusClient:
         body["answer"] = answer
-        return PrometheusSource(f"http://127.0.0.1:{server.server_port}", POLICY.telemetry,
-                                POLICY.health, attempts=1)
+        return PrometheusClient(f"http://127.0.0.1:{server.server_port}", POLICY.telemetry,
+                                attempts=1)
 
     yield source
     server.shutdown()

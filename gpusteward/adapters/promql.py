@@ -1,0 +1,79 @@
+"""The PromQL gpusteward reads GPUs with: each concept under all its names (core.vocabulary),
+the labels that place a GPU, and windows that mean the same on Prometheus 2 and 3. Text only:
+the client (adapters.promclient) runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gpusteward.core.attribution import POD_LABELS, SCRAPE_NODE_LABELS, VIRTUAL_GPU_LABEL
+from gpusteward.core.vocabulary import Concept, Unit, Vocabulary, fallback
+
+GPU_KEY = ("gpu", "GPU_I_ID")
+# dcgm-exporter reports no GPU_UTIL for a MIG instance (series with GPU_I_ID/GPU_I_PROFILE),
+# or a 0 whatever it computes (NVIDIA/dcgm-exporter#50, #216, #430): an instance is only ever
+# read from the profiling engine-activity field, which ``fallback`` supplies where utilization
+# is left out.
+WHOLE_GPU = 'GPU_I_ID=""'
+
+
+def utilization(vocabulary: Vocabulary, unit: Unit | None,
+                body: Callable[[str], str] = lambda selector: selector, mark: bool = True,
+                aggregate: str = "") -> str:
+    """``body`` over each GPU's utilization, under any of its names, in ``unit``; engine
+    activity where a GPU (a MIG instance always) has no utilization series. ``mark`` and
+    ``aggregate``: see Vocabulary.union."""
+    return fallback(
+        vocabulary.union(Concept.UTILIZATION, unit, body, WHOLE_GPU, mark, aggregate),
+        vocabulary.union(Concept.ENGINE_ACTIVITY, unit, body, mark=mark, aggregate=aggregate))
+
+
+def sampled(vocabulary: Vocabulary, mark: bool = True, aggregate: str = "") -> str:
+    """Each utilization (or engine-activity) series' newest sample time."""
+    return utilization(vocabulary, None, _timestamp, mark, aggregate)
+
+
+def _timestamp(selector: str) -> str:
+    return f"timestamp({selector})"
+
+
+def newest_sample(vocabulary: Vocabulary) -> str:
+    """The newest sample of any GPU or MIG instance (the reclaimer's fleet-wide probe)."""
+    return f"max({sampled(vocabulary, mark=False)})"  # one number: no series to tell apart
+
+
+# Whether Prometheus's windows include a sample at their start. Prometheus 3 made range
+# selectors left-open: ``x[60s]`` at t holds the samples in (t - 60s, t], 2.x's holds
+# [t - 60s, t] (Prometheus 3.0 migration guide, "Range selectors and lookback exclude samples
+# coinciding with the left boundary"; CHANGELOG 3.0.0, #13904); subqueries followed in 3.0.1
+# (CHANGELOG 3.0.1, #15431: ``x[30m:1m]`` yields 30 points, not 31). This subquery of a 1 ms
+# window at a 1 ms resolution is evaluated at t and, left-closed, at t - 1 ms too: 2 on 2.x,
+# 1 from 3.0.1 on. (3.0.0 alone, left-open ranges but left-closed subqueries, reads as 2.x and
+# then misses a sample exactly 1 ms after a step's start.)
+LEFT_CLOSED_PROBE = "count_over_time(vector(1)[1ms:1ms])"
+
+
+def exact_range(seconds: float, left_closed: bool) -> str:
+    """A range covering exactly (t - seconds, t] (timestamps are whole milliseconds) on either
+    major: on a left-closed (2.x) Prometheus one millisecond shorter, so a sample at the
+    window's start is left out as 3.x leaves it out. The what-if's steps then partition time, as
+    core.whatif.history's sliding window sums require (step-aligned scrapes put samples exactly
+    there); the reclaimer's windows count the same samples, and the XID subquery yields the
+    same points, on both."""
+    return f"{int(seconds * 1000) - 1}ms" if left_closed else f"{int(seconds)}s"
+
+
+# What ``node_of`` may fall back on: the scrape's node label, the exporter's own pod.
+LOCATING = (*SCRAPE_NODE_LABELS, "pod")
+
+def gpu_labels(node_labels: Sequence[str]) -> list[str]:
+    """The labels that name one GPU (or MIG instance), its node and the pod holding it."""
+    return [*dict.fromkeys([*node_labels, *GPU_KEY, *POD_LABELS, VIRTUAL_GPU_LABEL,
+                            *LOCATING])]
+
+
+def keeping(labels: Sequence[str]) -> str:
+    """``max by (labels) `` for a query: dcgm-exporter's series carry a dozen long labels (UUID,
+    bus id, model, driver) that, at 8,000 GPUs, were most of the bytes Prometheus encoded and
+    we decoded; the caller keeps only those it reads."""
+    return f"max by ({', '.join(labels)}) "
