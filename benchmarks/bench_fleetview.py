@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.fleetgen import node_json  # noqa: E402
 from benchmarks.memory import peak_rss_mb, rss_mb  # noqa: E402
-from gpusteward.core.dra import (  # noqa: E402
-    DraFleet,
+from gpusteward.core.drafleet import DraFleet  # noqa: E402
+from gpusteward.core.drawire import (  # noqa: E402
     WireClaim,
     WireClass,
     WireSlice,

@@ -15,8 +15,8 @@ from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import KubeError
 from gpusteward.adapters.kube import Event, Watcher, list_raw
-from gpusteward.core.dra import (
-    DraFleet,
+from gpusteward.core.drafleet import DraFleet
+from gpusteward.core.drawire import (
     WireClaim,
     WireClass,
     WireSlice,

@@ -20,7 +20,8 @@ from kubernetes_asyncio import client
 from gpusteward.adapters.dra import RESOURCE_API
 from gpusteward.adapters.errors import AdapterError
 from gpusteward.adapters.kube import list_raw
-from gpusteward.core.dra import DEFAULT_DRIVER, WireSlice, slice_devices
+from gpusteward.core.dra import DEFAULT_DRIVER
+from gpusteward.core.drawire import WireSlice, slice_devices
 
 log = logging.getLogger("gpusteward.agent.dra")
 

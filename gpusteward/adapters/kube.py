@@ -23,8 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_ji
 
 from gpusteward.adapters.errors import KubeConfigError, KubeError, WatchExpired
 from gpusteward.adapters.kubeconfig import locate, pick_context, read_merged
-from gpusteward.core.dra import DraFleet
-from gpusteward.core.fleet import FleetStore
+from gpusteward.core.fleet import FleetWriter
 from gpusteward.core.kubewire import QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Pod
 
@@ -104,9 +103,10 @@ _pod_decoder = msgspec.json.Decoder(WirePod)
 
 
 class Watcher:
-    """Keeps one kind (`nodes` or `pods`) of a FleetStore in step with the API server."""
+    """Keeps one kind (`nodes` or `pods`) of a fleet (core.fleet.FleetWriter) in step with the API
+    server."""
 
-    def __init__(self, api: client.ApiClient, store: FleetStore | DraFleet, kind: str,
+    def __init__(self, api: client.ApiClient, store: FleetWriter, kind: str,
                  resources: Sequence[str], clock: Callable[[], float] = time.time,
                  page_size: int = 500, watch_timeout: int = 300):
         self.api, self.store, self.kind = api, store, kind

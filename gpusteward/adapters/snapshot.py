@@ -29,7 +29,8 @@ from gpusteward.adapters.unitaudit import UnitAudit
 from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
 from gpusteward.core.dcgm import gpu_id
-from gpusteward.core.dra import DEFAULT_DRIVER, DraFleet
+from gpusteward.core.dra import DEFAULT_DRIVER
+from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Node, Pod

@@ -7,12 +7,26 @@ node names it touched so that derived state (scores, reclaim views) is refreshed
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import msgspec
 
 from gpusteward.core.model import Node, Pod
 
 Listener = Callable[[set[str]], None]
+
+
+class FleetWriter(Protocol):
+    """What the node and pod watchers write to: a FleetStore, or a DraFleet in front of one
+    (core/drafleet.py), which joins DRA devices in before they reach the store."""
+
+    def upsert_node(self, node: Node) -> None: ...
+    def delete_node(self, name: str) -> None: ...
+    def upsert_pod(self, pod: Pod) -> None: ...
+    def delete_pod(self, uid: str) -> None: ...
+    def replace_all(self, nodes: Iterable[Node] | None, pods: Iterable[Pod] | None) -> None: ...
+    def note_gpuless(self, uid: str, name: str, node: str | None) -> None: ...
+    def replace_gpuless(self, pods: Iterable[tuple[str, str, str]]) -> None: ...
 
 
 class FleetStore:

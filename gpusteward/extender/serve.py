@@ -25,7 +25,7 @@ from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.adapters.telemetry import PrometheusSource
-from gpusteward.core.dra import DraFleet
+from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.extender.app import Extender, RequestLimits, create_app, create_metrics_app
 from gpusteward.extender.cli import ExtenderSettings

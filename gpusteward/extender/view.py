@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from gpusteward.core.cards import CARD_TYPES_ANNOTATION, TierTable, parse_card_types
-from gpusteward.core.dra import DraFleet
+from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, WirePod, pod_request, to_node
 from gpusteward.core.model import Node, Telemetry, class_of

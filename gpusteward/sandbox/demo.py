@@ -30,7 +30,8 @@ import yaml
 
 from gpusteward.adapters.dra import RESOURCE_API
 from gpusteward.core.cards import parse_card_types, preference_rank
-from gpusteward.core.dra import DraFleet, WireSlice, slice_devices
+from gpusteward.core.drafleet import DraFleet
+from gpusteward.core.drawire import WireSlice, slice_devices
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, to_node
 from gpusteward.core.model import Node

@@ -61,7 +61,7 @@ from gpusteward.adapters.dra import start as start_dra_watches
 from gpusteward.adapters.kube import Watcher, connect
 from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.dcgm import GENERATIONS, MigInstance, PodRef
-from gpusteward.core.dra import DraFleet
+from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.sharing import MIG_RESOURCE_PREFIX, replicas

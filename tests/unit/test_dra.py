@@ -16,12 +16,12 @@ import msgspec
 import pytest
 
 from gpusteward.core.attribution import Attribution
-from gpusteward.core.dra import (
-    DraFleet,
+from gpusteward.core.dra import gfd_product
+from gpusteward.core.drafleet import DraFleet
+from gpusteward.core.drawire import (
     WireClaim,
     WireClass,
     WireSlice,
-    gfd_product,
     slice_devices,
     to_claim,
     to_class,
