@@ -34,8 +34,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.memory import cpu_seconds, peak_rss_mb  # noqa: E402
+from gpusteward.adapters.policyfile import load_policy  # noqa: E402
 from gpusteward.core.model import Node, Pod  # noqa: E402
-from gpusteward.core.policy import load_policy, parse_policy  # noqa: E402
+from gpusteward.core.policy import parse_policy  # noqa: E402
 from gpusteward.core.reclaim.decide import plan  # noqa: E402
 from gpusteward.core.reclaim.model import (  # noqa: E402
     IDLE_SINCE,

@@ -19,8 +19,9 @@ from typing import Any
 from gpusteward.adapters.connectflags import EnvParser
 from gpusteward.adapters.errors import AdapterError, SettingsError
 from gpusteward.adapters.logs import add_log_flags, configure
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.agent.cli import add_agent_parser
-from gpusteward.core.policy import PolicyError, load_policy
+from gpusteward.core.policy import PolicyError
 from gpusteward.core.policyschema import policy_schema
 from gpusteward.extender.cli import add_extender_parser
 from gpusteward.reclaimer.cli import add_reclaimer_parser

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gpusteward.adapters.addresses import parse_hostport
 from gpusteward.adapters.errors import PrometheusSettingsError
 from gpusteward.adapters.promconnection import PrometheusConnection, parse_header
-from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.typedconfig import Duration, duration_text
 
 # flag dest -> environment variable (the flag wins when both are set)

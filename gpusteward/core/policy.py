@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -327,13 +326,9 @@ def parse_policy(data: Any, source: str = "<policy>") -> Policy:
     return policy
 
 
-def load_policy(path: str | Path) -> Policy:
-    source = str(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(policyyaml.MAX_BYTES + 1)
-    except OSError as e:
-        raise PolicyError(source, [FieldError((), f"cannot read file: {e.strerror}")]) from e
+def read_policy(raw: bytes, source: str) -> Policy:
+    """A policy from a file's bytes (adapters.policyfile reads them): UTF-8, with or without a
+    BOM, no larger than policyyaml.MAX_BYTES (it reads one byte more, to tell)."""
     if len(raw) > policyyaml.MAX_BYTES:
         raise PolicyError(source, [FieldError((), f"larger than {policyyaml.MAX_BYTES} bytes")])
     try:

@@ -17,8 +17,9 @@ from gpusteward.adapters.connectflags import (
     prometheus_connection,
     whole_number,
 )
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.promconnection import PrometheusConnection
-from gpusteward.core.policy import Policy, load_policy
+from gpusteward.core.policy import Policy
 
 __all__ = ["ExtenderSettings", "TlsFiles", "add_extender_parser"]
 

@@ -21,8 +21,9 @@ from gpusteward.adapters.connectflags import (
     whole_number,
 )
 from gpusteward.adapters.errors import SettingsError
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.promconnection import PrometheusConnection
-from gpusteward.core.policy import Policy, ReclaimMode, load_policy
+from gpusteward.core.policy import Policy, ReclaimMode
 from gpusteward.core.reclaim.kinds import known_kinds
 
 __all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser"]

@@ -26,8 +26,9 @@ from gpusteward.adapters.connectflags import (
     whole_number,
 )
 from gpusteward.adapters.errors import SettingsError
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.promconnection import PrometheusConnection
-from gpusteward.core.policy import Policy, load_policy, parse_policy
+from gpusteward.core.policy import Policy, parse_policy
 from gpusteward.core.report.model import DIMENSIONS
 
 MAX_SLOTS = 2_000  # default step: the window in at most this many slots

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Collection
 
-from gpusteward.core.addresses import parse_hostport
+from gpusteward.adapters.addresses import parse_hostport
 
 CLIENT_IP, NONE = "ClientIP", "None"
 DEFAULT_TIMEOUT_S = 10800  # the Service's default sessionAffinityConfig.clientIP.timeoutSeconds

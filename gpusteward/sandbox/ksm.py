@@ -40,8 +40,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from gpusteward.adapters.addresses import parse_hostport
 from gpusteward.adapters.kube import connect, list_raw
-from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.dcgm import Family, Sample, render_text
 
 PHASES = ("Pending", "Succeeded", "Failed", "Unknown", "Running")  # pod.go's order

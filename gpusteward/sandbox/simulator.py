@@ -57,9 +57,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gpusteward.adapters.addresses import parse_hostport
 from gpusteward.adapters.dra import start as start_dra_watches
 from gpusteward.adapters.kube import Watcher, connect
-from gpusteward.core.addresses import parse_hostport
 from gpusteward.core.dcgm import GENERATIONS, MigInstance, PodRef
 from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore

@@ -15,8 +15,9 @@ from typing import Any
 from gpusteward.adapters.connectflags import prometheus_connection
 from gpusteward.adapters.errors import SettingsError
 from gpusteward.adapters.history import HistoryReader
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.promclient import PrometheusClient
-from gpusteward.core.policy import Policy, PolicyError, load_policy
+from gpusteward.core.policy import Policy, PolicyError
 from gpusteward.core.whatif.history import History
 from gpusteward.core.whatif.outcome import Outcome
 from gpusteward.core.whatif.replay import replay

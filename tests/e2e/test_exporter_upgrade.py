@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import urllib.request
 
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.telemetry import PrometheusSource
-from gpusteward.core.policy import load_policy
 from gpusteward.sandbox.simulator import GENERATION_LABEL, UTIL_ANNOTATION
 from tests.e2e.kube import cycle_until, gone, gpu_pod, promql
 from tests.e2e.scenarios import due_pod

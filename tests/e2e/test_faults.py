@@ -23,7 +23,7 @@ import pytest
 
 from gpusteward.adapters.errors import LeaseLost
 from gpusteward.adapters.lease import LeaseGuard
-from gpusteward.core.policy import load_policy
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_REASON, REPLICAS_BEFORE, Action
 from gpusteward.reclaimer.actor import scaled_reason

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gpusteward.core.policy import load_policy
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.sandbox.simulator import EXPORTER_LABEL
 from tests.e2e.kube import cycle_until, gone, promql
 from tests.e2e.scenarios import due_pod

@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.core.owners import KUEUE_JOB_UID, KUEUE_QUEUE
-from gpusteward.core.policy import load_policy
 from gpusteward.core.reclaim.model import RECLAIM_REASON
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.cluster import Sandbox

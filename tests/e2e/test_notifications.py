@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.records import ConfigMapRecords
 from gpusteward.adapters.webhook import Webhooks
-from gpusteward.core.policy import load_policy, parse_policy
+from gpusteward.core.policy import parse_policy
 from gpusteward.reclaimer.outbox import Entry, Outbox
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.procs import Proc, free_port

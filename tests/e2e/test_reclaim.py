@@ -14,7 +14,7 @@ import urllib.request
 import msgspec
 import pytest
 
-from gpusteward.core.policy import load_policy
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, REPLICAS_BEFORE
 from gpusteward.reclaimer.ledger import LedgerError
 from gpusteward.sandbox.fleet import Pool

@@ -11,7 +11,7 @@ import time
 
 import msgspec
 
-from gpusteward.core.policy import load_policy
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, SNOOZE_UNTIL
 from gpusteward.core.times import parse_time, stamp
 from gpusteward.core.typedconfig import Duration

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from gpusteward.core.policy import load_policy
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.core.times import stamp
 from tests.e2e.kube import gone, gpu_pod, wait_for_gpu_samples
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from gpusteward.adapters.kube import connect
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.promconnection import PrometheusConnection
-from gpusteward.core.policy import Policy, ReclaimMode, load_policy
+from gpusteward.core.policy import Policy, ReclaimMode
 from gpusteward.reclaimer.cli import ReclaimerSettings
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.reclaimer.serve import build_reclaimer

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.cli import main
-from gpusteward.core.policy import PolicyError, load_policy, parse_policy
+from gpusteward.core.policy import PolicyError, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "policy.example.yaml"

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.cli import main
 from gpusteward.core.fleet import FleetStore
-from gpusteward.core.policy import load_policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Evidence, Snapshot
 from gpusteward.core.reclaim.rules import rule_for, windows

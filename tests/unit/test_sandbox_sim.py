@@ -9,11 +9,11 @@ import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpusteward.adapters.policyfile import load_policy
 from gpusteward.core.dcgm import MigInstance, PodRef
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, to_node
 from gpusteward.core.model import Node, Pod
-from gpusteward.core.policy import load_policy
 from gpusteward.sandbox.fleet import (
     DEFAULT_FLEET,
     GPU_RESOURCES,
