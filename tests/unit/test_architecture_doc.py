@@ -130,7 +130,8 @@ def test_a_name_said_to_be_in_a_file_is_defined_there(path, name):
 
 @pytest.mark.parametrize(("ref", "missing"), [
     ("core/nosuch.py", True), ("core/reclaim/kinds.nosuch", True), ("core.policy.Nope", True),
-    ("NoSuchThingAnywhere", True), ("core/policy.py", False), ("adapters/policyfile.load_policy", False),
-    ("core.reclaim.kinds.Catalog.of", False), ("load_policy", False), ("make test", False)])
+    ("NoSuchThingAnywhere", True), ("core/policy.py", False),
+    ("adapters/policyfile.load_policy", False), ("core.reclaim.kinds.Catalog.of", False),
+    ("load_policy", False), ("make test", False)])
 def test_the_checker_tells_a_missing_name_from_a_real_one(ref, missing):
     assert (check(ref) is not None) is missing
