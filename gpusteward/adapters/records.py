@@ -19,12 +19,11 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.errors import KubeError
-from gpusteward.adapters.kube import raw_get
+from gpusteward.adapters.kube import CALL_TIMEOUT, raw_get
 from gpusteward.core.kubewire import Meta
 
 log = logging.getLogger("gpusteward.reclaimer.records")
 
-CALL_TIMEOUT = 30.0
 T = TypeVar("T")
 
 

@@ -16,12 +16,11 @@ import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.kube import raw_get
+from gpusteward.adapters.kube import CALL_TIMEOUT, raw_get
 from gpusteward.core.owners import KEDA_PAUSED_REPLICAS, PAUSE, SCALE
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import FENCED_AT, REPLICAS_BEFORE, Owner
 
-CALL_TIMEOUT = 30
 MERGE = "application/merge-patch+json"
 
 

@@ -39,6 +39,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.errors import LeaseLost
+from gpusteward.adapters.kube import CALL_TIMEOUT
 from gpusteward.adapters.stopper import Stale, Switches
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds
@@ -73,7 +74,6 @@ PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs"
 EVENT_PERMISSION = "create events"
 RETRIES_ON_CONFLICT = 3
 T = TypeVar("T")
-CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
 
 
 class Fresh(NamedTuple):
