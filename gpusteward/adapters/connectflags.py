@@ -118,6 +118,7 @@ def hostport(text: str) -> tuple[str, int]:
 
 def whole_number(least: int, unit: str = "") -> Callable[[str], int]:
     """A flag type: plain digits (no sign, no spaces) making at least ``least``."""
+    # Not core.kubewire.parse_count: a flag takes no quantity suffix, padding or JSON number.
     what = f"a whole number of {unit}" if unit else "a whole number"
 
     def parse(text: str) -> int:

@@ -73,7 +73,11 @@ class Facts:
         return round((t - self.grid.start) / self.grid.step)
 
     def add(self, name: str, rows: list[Series]) -> None:
-        getattr(self, f"_{name}")(rows)
+        """Fold the rows of query ``name`` (adapters.history ``queries``)."""
+        fold = {"info": self._info, "phase": self._phase, "peak": self._peak,
+                "count": self._count, "gpus": self._gpus, "owner": self._owner,
+                "labels": self._labels, "created": self._created, "model": self._model}
+        fold[name](rows)
 
     def _span(self, spans: dict[Any, list[int]], key: Any, values: Sequence[Any]) -> None:
         first, last = self.index(values[0][0]), self.index(values[-1][0])

@@ -31,6 +31,7 @@ log = logging.getLogger("gpusteward.kube")
 
 
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CALL_TIMEOUT = 30.0  # seconds per API call: a hung call must not stall a cycle
 
 
 class GatedClient(client.ApiClient):

@@ -3,28 +3,20 @@
 only the Lease holder writes, and every write carries the resourceVersion of the last read or
 write, so a write after someone else's fails with ``RecordsConflict`` instead of undoing it.
 
-Also: Events about the objects the records concern (a Deployment's snooze, a Job's restore).
+Their Events (a Deployment's snooze, a Job's restore) are adapters/events' ``ObjectEvents``.
 """
 
 from __future__ import annotations
 
-import logging
-import socket
-from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-import aiohttp
 import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.errors import KubeError
-from gpusteward.adapters.kube import raw_get
-from gpusteward.core.kubewire import Meta
+from gpusteward.adapters.kube import CALL_TIMEOUT
 
-log = logging.getLogger("gpusteward.reclaimer.records")
-
-CALL_TIMEOUT = 30.0
 T = TypeVar("T")
 
 
@@ -95,55 +87,3 @@ class ConfigMapRecords(Generic[T]):
             raise self.error(f"writing {self.where}: HTTP {e.status} {e.reason}",
                              e.status) from e
         self.version = cm.metadata.resource_version
-
-
-class _Object(msgspec.Struct):
-    metadata: Meta = msgspec.field(default_factory=Meta)
-
-
-_uid_of = msgspec.json.Decoder(_Object).decode
-
-API_VERSION = {"Pod": "v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1",
-               "ReplicaSet": "apps/v1", "Job": "batch/v1"}
-
-
-class ObjectEvents:
-    """Events on any namespaced object, named ``namespace/Kind/name`` (an Owner key)."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-        self.core = client.CoreV1Api(api)
-        self.instance = socket.gethostname()
-
-    async def emit(self, workload: str, reason: str, message: str, warning: bool = False) -> None:
-        """Best effort: a refused Event is logged, never raised."""
-        namespace, kind, name = workload.split("/", 2)
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body: Any = {
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {"kind": kind, "namespace": namespace, "name": name,
-                               "apiVersion": API_VERSION.get(kind, "v1"),
-                               "uid": await self._uid(namespace, kind, name)},
-            "reason": reason, "message": message[:1000],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "gpusteward-reclaimer"},
-            "reportingComponent": "gpusteward-reclaimer", "reportingInstance": self.instance,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        try:
-            await self.core.create_namespaced_event(namespace, body, _request_timeout=CALL_TIMEOUT)
-        except ApiException as e:
-            log.error("Event %s on %s not created: HTTP %s %s (grant 'create events')", reason,
-                      workload, e.status, e.reason)
-
-    async def _uid(self, namespace: str, kind: str, name: str) -> str:
-        """The object's uid, so `kubectl describe` lists the Event; "" when it cannot be read."""
-        group = API_VERSION.get(kind, "v1")
-        prefix = "/api/v1" if group == "v1" else f"/apis/{group}"
-        path = f"{prefix}/namespaces/{namespace}/{kind.lower()}s/{name}"
-        try:
-            resp = await raw_get(self.api, path, [], timeout=CALL_TIMEOUT)
-            async with resp:
-                body = await resp.read() if resp.status == 200 else b"{}"
-        except (aiohttp.ClientError, TimeoutError):
-            return ""
-        return _uid_of(body).metadata.uid or ""

@@ -16,12 +16,17 @@ import msgspec
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.kube import raw_get
-from gpusteward.core.owners import KEDA_PAUSED_REPLICAS, PAUSE, SCALE
+from gpusteward.adapters.kube import CALL_TIMEOUT, raw_get
+from gpusteward.core.owners import (
+    BUILT_IN_RESOURCES,
+    KEDA_PAUSED_REPLICAS,
+    PAUSE,
+    SCALE,
+    group_of,
+)
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import FENCED_AT, REPLICAS_BEFORE, Owner
 
-CALL_TIMEOUT = 30
 MERGE = "application/merge-patch+json"
 
 
@@ -52,9 +57,10 @@ def switch_path(owner: Owner, catalog: kinds.Catalog) -> str:
     return object_path(owner.group, owner.version, owner.namespace, k.plural, owner.name)
 
 
-APPS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
-BUILT_IN_PLURALS = {**APPS, "Job": "jobs"}
-BUILT_IN_GROUPS = {"Deployment": "apps", "StatefulSet": "apps", "Job": "batch"}
+# The built-in owners a stop writes by path (core.owners BUILT_IN_RESOURCES): kind -> plural.
+APPS = {k: BUILT_IN_RESOURCES[k][1] for k in ("Deployment", "StatefulSet")}
+BUILT_IN_PLURALS = {**APPS, "Job": BUILT_IN_RESOURCES["Job"][1]}
+BUILT_IN_GROUPS = {k: group_of(BUILT_IN_RESOURCES[k][0]) for k in BUILT_IN_PLURALS}
 
 
 def replicas_path(owner: Owner, catalog: kinds.Catalog) -> str:

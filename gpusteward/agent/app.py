@@ -14,12 +14,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from gpusteward.adapters import buildinfo
+from gpusteward.adapters.background import every, running
 from gpusteward.adapters.dradevices import DraDevices, slice_lister
 from gpusteward.adapters.errors import KubeConfigError
 from gpusteward.adapters.kube import connect
@@ -160,20 +162,15 @@ async def _collector(app: web.Application) -> AsyncIterator[None]:
     if deps.pods is None:
         api = await _with_api(settings, deps)
 
-    async def loop() -> None:
-        while True:
-            await asyncio.sleep(settings.interval)
-            try:
-                await collect_once(settings, deps, exported)
-            except Exception:  # keep serving the last text; the next cycle tries again
-                log.exception("collection failed on %s", settings.node)
+    once = partial(collect_once, settings, deps, exported)
 
-    await collect_once(settings, deps, exported)  # serve real data from the first scrape on
-    task = asyncio.create_task(loop(), name="gpusteward-agent-collector")
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    def crashed() -> None:  # keep serving the last text; the next cycle tries again
+        log.exception("collection failed on %s", settings.node)
+
+    await once()  # serve real data from the first scrape on
+    async with running(every(settings.interval, once, crashed, wait_first=True),
+                       name="gpusteward-agent-collector"):
+        yield
     with contextlib.suppress(NvmlUnavailable):
         await deps.nvml.close()
     if api is not None:

@@ -104,6 +104,8 @@ def parse_count(value: str | int | float) -> int:
 
     Only ASCII digits count: ``str.isdigit`` also accepts "²" and "٣", which ``int`` refuses or
     reads as another number. A fraction such as 2.9 is an error, not 2."""
+    # Not adapters.connectflags.whole_number: the API server's quantities carry suffixes (2k),
+    # padding and JSON numbers, which a command-line flag refuses.
     count: int | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
         if isinstance(value, int) or value.is_integer():

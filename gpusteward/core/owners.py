@@ -87,6 +87,10 @@ KINDS: tuple[Kind, ...] = (
 # Kinds the reclaimer already acts on through typed clients (core group, apps, batch).
 BUILT_IN = {"Pod": "", "ReplicaSet": "apps", "Deployment": "apps", "StatefulSet": "apps",
             "DaemonSet": "apps", "Job": "batch"}
+# The built-in kinds the reclaimer writes or names by path: kind -> (apiVersion, plural).
+BUILT_IN_RESOURCES = {"Pod": ("v1", "pods"), "ReplicaSet": ("apps/v1", "replicasets"),
+                      "Deployment": ("apps/v1", "deployments"),
+                      "StatefulSet": ("apps/v1", "statefulsets"), "Job": ("batch/v1", "jobs")}
 # Kinds with a reason instead of a mechanism.
 NO_SWITCH = {("ray.io", "RayService"): "RayService has no spec.suspend (kuberay v1.5.0)"}
 

@@ -7,7 +7,6 @@ Prometheus or the API server.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gpusteward.adapters.background import every, running
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.core.model import Telemetry
 from gpusteward.extender import preempt, wire
@@ -353,23 +353,13 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _refresh_loop(ext: Extender) -> None:
-    while True:
-        try:
-            await ext.refresh()
-        except Exception:  # a bug here must not stop scheduling: log it and go on
-            ext.metrics.refresh_errors.inc()
-            log.exception("telemetry refresh crashed")
-        await asyncio.sleep(ext.refresh_seconds)
-
-
 async def _background(app: web.Application) -> AsyncIterator[None]:
     ext = app[EXTENDER]
-    tasks = [asyncio.create_task(w.run()) for w in (*ext.watches, *ext.side_watches)]
-    tasks.append(asyncio.create_task(_refresh_loop(ext)))
-    yield
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+
+    def crashed() -> None:  # a bug here must not stop scheduling: log it and go on
+        ext.metrics.refresh_errors.inc()
+        log.exception("telemetry refresh crashed")
+
+    watches = [w.run() for w in (*ext.watches, *ext.side_watches)]
+    async with running(*watches, every(ext.refresh_seconds, ext.refresh, crashed)):
+        yield

@@ -13,8 +13,6 @@ core/preemption.py.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gc
 import logging
 import time
@@ -28,6 +26,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gpusteward.adapters.background import every, running
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WirePod
 from gpusteward.core.model import Pod, class_of
@@ -311,18 +310,12 @@ def install(app: web.Application, policy: Policy, fleet: FleetStore,
     app.cleanup_ctx.append(_background)
 
 
-async def _refresh_loop(preempter: Preempter) -> None:
-    while True:
-        try:
-            await preempter.refresh()
-        except Exception:  # a bug here must not stop scheduling: log it and go on
-            log.exception("preemption evidence refresh crashed")
-        await asyncio.sleep(float(preempter.policy.reclaim.interval))
+def _crashed() -> None:  # a bug here must not stop scheduling: log it and go on
+    log.exception("preemption evidence refresh crashed")
 
 
 async def _background(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(_refresh_loop(app[PREEMPTER]))
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    preempter = app[PREEMPTER]
+    async with running(every(float(preempter.policy.reclaim.interval), preempter.refresh,
+                             _crashed)):
+        yield

@@ -29,16 +29,16 @@ resourceVersion: HTTP 409), forbidden (RBAC: the log names the permission), erro
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.errors import LeaseLost
+from gpusteward.adapters.events import EventWriter
+from gpusteward.adapters.kube import CALL_TIMEOUT
 from gpusteward.adapters.stopper import Stale, Switches
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds
@@ -73,7 +73,6 @@ PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs"
 EVENT_PERMISSION = "create events"
 RETRIES_ON_CONFLICT = 3
 T = TypeVar("T")
-CALL_TIMEOUT = 30  # seconds per API call: a hung call must not stall the cycle
 
 
 class Fresh(NamedTuple):
@@ -92,7 +91,7 @@ class Actor:
         self.switches = Switches(api, kinds.Catalog.of(policy.reclaim.owner_actions.kinds))
         self.policy = policy
         self.clock = clock
-        self.instance = socket.gethostname()
+        self.events = EventWriter(api)
 
     async def apply(self, action: Action) -> ActResult:
         """The action's result. LeaseLost (this replica may no longer write) propagates."""
@@ -245,20 +244,11 @@ class Actor:
 
     async def event(self, action: Action, reason: str, message: str,
                     warning: bool = False) -> None:
-        now = datetime.fromtimestamp(self.clock(), UTC)
         pod = action.pod
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{pod.name}.", namespace=pod.namespace),
-            involved_object=client.V1ObjectReference(kind="Pod", name=pod.name,
-                                                     namespace=pod.namespace, uid=pod.uid,
-                                                     api_version="v1"),
-            reason=reason, message=message[:1000], type="Warning" if warning else "Normal",
-            source=client.V1EventSource(component="gpusteward-reclaimer"),
-            reporting_component="gpusteward-reclaimer", reporting_instance=self.instance,
-            first_timestamp=now, last_timestamp=now, count=1)
+        involved = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name,
+                    "apiVersion": "v1", "uid": pod.uid}
         try:
-            await self.core.create_namespaced_event(pod.namespace, body,
-                                                    _request_timeout=CALL_TIMEOUT)
+            await self.events.write(involved, reason, message, warning, self.clock())
         except ApiException as e:
             _log_refusal(action, e, EVENT_PERMISSION)
         except LeaseLost as e:

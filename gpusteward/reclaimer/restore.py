@@ -19,13 +19,14 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import AdapterError
+from gpusteward.adapters.kube import CALL_TIMEOUT
 from gpusteward.adapters.stopper import Switches, object_path
 from gpusteward.core.owners import KEDA_PAUSED_REPLICAS, PAUSE, SCALE, Kind
 from gpusteward.core.reclaim import kinds, trust
 from gpusteward.core.reclaim.model import RECLAIM_REASON, REPLICAS_BEFORE, StopEntry
 from gpusteward.core.reclaim.selfservice import plain_count
 from gpusteward.core.times import stamp
-from gpusteward.reclaimer.actor import CALL_TIMEOUT, retry_on_conflict, workload_api
+from gpusteward.reclaimer.actor import retry_on_conflict, workload_api
 from gpusteward.reclaimer.stops import StopBook
 
 __all__ = ["RestoreRefused", "Restorer", "plain_count"]

@@ -18,6 +18,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpusteward.adapters.errors import AdapterError
+from gpusteward.adapters.kube import CALL_TIMEOUT
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import RESTORE, RestoreAsk
 from gpusteward.reclaimer.restore import Restorer, RestoreRefused
@@ -25,7 +26,6 @@ from gpusteward.reclaimer.stops import StopBook
 
 log = logging.getLogger("gpusteward.reclaimer")
 
-CALL_TIMEOUT = 30
 RESTORED, REFUSED = "GPURestored", "GPURestoreRefused"
 
 

@@ -18,10 +18,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpusteward.adapters.errors import AdapterError, ListenError
+from gpusteward.adapters.events import ObjectEvents
 from gpusteward.adapters.kube import GatedClient, connect
 from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.promclient import PrometheusClient
-from gpusteward.adapters.records import ConfigMapRecords, ObjectEvents
+from gpusteward.adapters.records import ConfigMapRecords
 from gpusteward.adapters.snapshot import SnapshotReader
 from gpusteward.adapters.webhook import Webhooks, read_url
 from gpusteward.core.policy import Policy
