@@ -124,8 +124,8 @@ class Owner(msgspec.Struct, frozen=True):
     in_progress: bool = False
     group: str = ""  # API group ("" core, apps, batch, or a CRD's) and version
     version: str = ""
-    # Its own stop mechanism (core.reclaim.kinds); "": the policy's ownerActions decide.
-    how: str = ""
+    # Its own stop mechanism (core.reclaim.kinds); None: the policy's ownerActions decide.
+    how: How | None = None
     blocked: str = ""  # why it must not be stopped at all (an HPA, an unsupported kind)
     via: Switch | None = None
     snooze: str | None = None  # the owner's SNOOZE_UNTIL annotation
