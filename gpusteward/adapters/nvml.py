@@ -23,7 +23,7 @@ from gpusteward.adapters.nvmlcall import (
     optional,
 )
 from gpusteward.adapters.xidevents import XidEvents
-from gpusteward.core.nodereadings import GpuSample, NvmlSnapshot, ProcessUtil
+from gpusteward.core.nodereadings import GpuSample, NvmlSnapshot, Problem, ProcessUtil
 
 log = logging.getLogger("gpusteward.agent.nvml")
 
@@ -57,11 +57,11 @@ class NvmlReader:
 
     def read_blocking(self) -> NvmlSnapshot:
         driver = call(pynvml.nvmlSystemGetDriverVersion)
-        problems: set[str] = set()
+        problems: set[Problem] = set()
         gpus = tuple(self._read_gpu(i, problems) for i in range(call(pynvml.nvmlDeviceGetCount)))
         return NvmlSnapshot(driver_version=driver, gpus=gpus, problems=tuple(sorted(problems)))
 
-    def _read_gpu(self, index: int, problems: set[str]) -> GpuSample:
+    def _read_gpu(self, index: int, problems: set[Problem]) -> GpuSample:
         try:
             return self._sample(index, problems)
         except NvmlUnavailable:
@@ -73,13 +73,13 @@ class NvmlReader:
             log.log(level, "gpu %d unreadable: %s", index, e, extra={"gpu": index})
             return GpuSample(index=index, uuid=self._uuids.get(index, ""), error=e.reason)
 
-    def _sample(self, index: int, problems: set[str]) -> GpuSample:
+    def _sample(self, index: int, problems: set[Problem]) -> GpuSample:
         sample = self._read(index, problems)
         if self._errors.pop(index, None) is not None:
             log.warning("gpu %d readable again", index, extra={"gpu": index})
         return sample
 
-    def _read(self, index: int, problems: set[str]) -> GpuSample:
+    def _read(self, index: int, problems: set[Problem]) -> GpuSample:
         handle = call(pynvml.nvmlDeviceGetHandleByIndex, index)
         uuid = self._uuids[index] = call(pynvml.nvmlDeviceGetUUID, handle)
         self.xids.register(handle, uuid, problems)
@@ -99,14 +99,15 @@ class NvmlReader:
             xid=self.xids.xid(uuid),
         )
 
-    def _processes(self, index: int, handle: Any, problems: set[str]) -> tuple[ProcessUtil, ...]:
+    def _processes(self, index: int, handle: Any,
+                   problems: set[Problem]) -> tuple[ProcessUtil, ...]:
         memory: dict[int, int | None] = {}
         try:
             for p in call(pynvml.nvmlDeviceGetComputeRunningProcesses, handle):
                 memory[int(p.pid)] = None if p.usedGpuMemory is None else int(p.usedGpuMemory)
         except NvmlLibraryMismatch as e:
             log.warning("gpu %d: running processes unavailable: %s", index, e)
-            problems.add("library_mismatch")
+            problems.add(Problem.LIBRARY_MISMATCH)
         except NotSupported:
             pass
         sm = self._process_utilization(index, handle)

@@ -22,14 +22,13 @@ from typing import Any
 import pynvml
 
 from gpusteward.adapters.nvmlcall import NotSupported, NvmlError, call
+from gpusteward.core.nodereadings import Problem
 
 log = logging.getLogger("gpusteward.agent.xid")
 
 XID_EVENT = pynvml.nvmlEventTypeXidCriticalError
 WAIT_MS = 500
-UNSUPPORTED = "xid_events_unsupported"
-
-__all__ = ["UNSUPPORTED", "XidEvents"]
+__all__ = ["XidEvents"]
 
 
 class XidEvents:
@@ -70,7 +69,7 @@ class XidEvents:
             self._set = None
         self._registered.clear()
 
-    def register(self, handle: Any, uuid: str, problems: set[str]) -> None:
+    def register(self, handle: Any, uuid: str, problems: set[Problem]) -> None:
         """Registers a GPU the first time it is read (so GPUs that appear later are covered).
 
         NVML errors other than "not supported" propagate: the caller reports the GPU as
@@ -78,7 +77,7 @@ class XidEvents:
         if uuid in self._registered:
             return
         if self._set is None or uuid in self._unsupported:
-            problems.add(UNSUPPORTED)
+            problems.add(Problem.XID_EVENTS_UNSUPPORTED)
             return
         try:
             if not call(pynvml.nvmlDeviceGetSupportedEventTypes, handle) & XID_EVENT:
@@ -87,7 +86,7 @@ class XidEvents:
         except NotSupported as e:
             log.warning("%s: no XID events: %s", uuid, e)
             self._unsupported.add(uuid)
-            problems.add(UNSUPPORTED)
+            problems.add(Problem.XID_EVENTS_UNSUPPORTED)
             return
         self._registered.add(uuid)
 

@@ -35,7 +35,7 @@ from gpusteward.adapters.podresources import (
 from gpusteward.agent.collect import AgentView, collect, shared, unavailable_view
 from gpusteward.agent.exposition import render
 from gpusteward.agent.poddirectory import PodDirectory, api_lister
-from gpusteward.core.nodereadings import DeviceAssignment, NvmlSnapshot, PidOwner
+from gpusteward.core.nodereadings import DeviceAssignment, NvmlSnapshot, PidOwner, Problem
 
 log = logging.getLogger("gpusteward.agent")
 
@@ -83,7 +83,7 @@ EXPORTED = web.AppKey("exported", Exported)
 
 async def _assignments(
     deps: AgentDeps, exported: Exported, socket: str
-) -> tuple[tuple[DeviceAssignment, ...], list[str]]:
+) -> tuple[tuple[DeviceAssignment, ...], list[Problem]]:
     client = deps.pod_resources or PodResourcesClient(socket)
     try:
         held = await client.list(deps.dra)
@@ -91,7 +91,7 @@ async def _assignments(
         if exported.pod_resources_ok is not False:
             log.warning("exporting GPU metrics without pod labels: %s", e)
         exported.pod_resources_ok = False
-        return (), ["pod_resources_unavailable"]
+        return (), [Problem.POD_RESOURCES_UNAVAILABLE]
     if exported.pod_resources_ok is False:
         log.info("kubelet pod-resources socket answers again; pod labels are back")
     exported.pod_resources_ok = True
@@ -115,7 +115,7 @@ async def collect_once(settings: AgentSettings, deps: AgentDeps, exported: Expor
 
 async def _owners(snapshot: NvmlSnapshot, held: tuple[DeviceAssignment, ...],
                   settings: AgentSettings, deps: AgentDeps,
-                  problems: list[str]) -> dict[int, PidOwner]:
+                  problems: list[Problem]) -> dict[int, PidOwner]:
     """The pods of the processes on shared GPUs (the only ones split per pod)."""
     sharing = shared(held)
     pids = {p.pid for gpu in snapshot.gpus if gpu.uuid in sharing for p in gpu.processes}
@@ -126,7 +126,7 @@ async def _owners(snapshot: NvmlSnapshot, held: tuple[DeviceAssignment, ...],
         names = await deps.pods.resolve(o.pod_uid for o in owners.values())
         owners = {pid: replace(o, pod=names.get(o.pod_uid)) for pid, o in owners.items()}
     if deps.pods is None or deps.pods.ok is False:
-        problems.append("pod_names_from_hostname")
+        problems.append(Problem.POD_NAMES_FROM_HOSTNAME)
     return owners
 
 

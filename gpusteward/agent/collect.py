@@ -22,7 +22,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from gpusteward.core.dcgm import ENGINE_ACTIVE, GPU_UTIL, MIB, XID_GPU_LOST, MigInstance
-from gpusteward.core.nodereadings import DeviceAssignment, GpuSample, NvmlSnapshot, PidOwner, PodRef
+from gpusteward.core.nodereadings import (
+    DeviceAssignment,
+    GpuSample,
+    NvmlSnapshot,
+    PidOwner,
+    PodRef,
+    Problem,
+)
 
 __all__ = ["AgentGpu", "AgentView", "PodUtil", "collect", "shared", "unavailable_view"]
 
@@ -67,7 +74,7 @@ class AgentView:
     node: str
     driver_version: str
     gpus: tuple[AgentGpu, ...] = ()
-    problems: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()
     nvml_error: str | None = None
 
 
@@ -81,7 +88,7 @@ def collect(
     node: str,
     held: Iterable[DeviceAssignment] = (),
     owners: Mapping[int, PidOwner] | None = None,
-    problems: Iterable[str] = (),
+    problems: Iterable[Problem] = (),
 ) -> AgentView:
     by_uuid: dict[str, list[DeviceAssignment]] = {}
     for assignment in held:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from gpusteward.core.dcgm import PodRef
 
@@ -12,8 +13,18 @@ __all__ = [
     "NvmlSnapshot",
     "PidOwner",
     "PodRef",
+    "Problem",
     "ProcessUtil",
 ]
+
+
+class Problem(StrEnum):
+    """A degraded part of one collection (the ``problem`` label of gpusteward_agent_problem)."""
+
+    LIBRARY_MISMATCH = "library_mismatch"  # pynvml cannot read the driver's process lists
+    XID_EVENTS_UNSUPPORTED = "xid_events_unsupported"  # a GPU's XIDs go unseen
+    POD_RESOURCES_UNAVAILABLE = "pod_resources_unavailable"  # no kubelet socket: no pod labels
+    POD_NAMES_FROM_HOSTNAME = "pod_names_from_hostname"  # shared-GPU pods named by a guess
 
 
 @dataclass(frozen=True)
@@ -49,7 +60,7 @@ class NvmlSnapshot:
 
     driver_version: str
     gpus: tuple[GpuSample, ...]
-    problems: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from gpusteward.core.preemption import (
     idle_flags,
     shield_for,
 )
-from gpusteward.core.reclaim.model import Evidence, Rule
+from gpusteward.core.reclaim.model import Evidence, Rule, VerdictState
 from gpusteward.core.reclaim.rules import judge, rule_for
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.extender.wire import BadRequest
@@ -132,7 +132,7 @@ class VictimBook:
             if rule is None:
                 rule = rules[(cls, pod.priority_class)] = rule_for(pod, self.policy)
             state, _ = judge(evidence.get(rule.window, {}).get(pod.key), rule, pod.gpus)
-            if state == "idle":
+            if state == VerdictState.IDLE:
                 idle.append((pod.node, pod.uid))
         self.idle, self.classes, self._shielded = _laid_out(idle), classes, {}
 

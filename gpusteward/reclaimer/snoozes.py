@@ -10,12 +10,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from gpusteward.core.reclaim.model import SnoozeRecord
+from gpusteward.core.reclaim.model import Closed, SnoozeOutcome, SnoozeRecord
 from gpusteward.core.reclaim.snooze import kept
 
 log = logging.getLogger("gpusteward.reclaimer")
 
-EVENT = {"snoozed": "GPUReclaimSnoozed", "capped": "GPUReclaimSnoozed"}
+EVENT = {SnoozeOutcome.SNOOZED: "GPUReclaimSnoozed", SnoozeOutcome.CAPPED: "GPUReclaimSnoozed"}
 IGNORED, ENDED = "GPUReclaimSnoozeIgnored", "GPUReclaimSnoozeEnded"
 
 
@@ -66,13 +66,13 @@ class SnoozeBook:
             log.info("snooze workload=%s value=%r outcome=%s closed=%s msg=%r", r.workload,
                      r.value, r.outcome, r.closed or "-", r.message,
                      extra={"team": r.team, "pod": r.workload})
-            if writes and self.events is not None and r.closed != "withdrawn":
+            if writes and self.events is not None and r.closed != Closed.WITHDRAWN:
                 await self.events.emit(r.workload, *announcement(r))
 
 
 def announcement(r: SnoozeRecord) -> tuple[str, str, bool]:
     """(Event reason, message, warning)."""
-    if r.closed == "ended":
+    if r.closed == Closed.ENDED:
         return ENDED, r.message, False
     if r.outcome in EVENT:
         return EVENT[r.outcome], r.message, False

@@ -179,7 +179,7 @@ class StopBook:
 
 
 def target_of(action: Action,
-              catalog: kinds.Catalog) -> tuple[str, str, str, str, str, str] | None:
+              catalog: kinds.Catalog) -> tuple[str, str, str, str, str, How] | None:
     """(group, version, kind, plural, name, how) of the object restore acts on after this
     reclaim: the owner's Kueue Workload or KEDA ScaledObject, else the owner; None for an
     eviction (nothing is left to restore)."""
@@ -188,6 +188,7 @@ def target_of(action: Action,
         return None
     if owner.via is not None:
         v = owner.via
+        assert owner.how is not None  # a switch object comes with its mechanism (adapters/owners)
         return v.group, v.version, v.kind, VIA_PLURAL[v.kind], v.name, owner.how
     if owner.how:
         k = catalog.known(owner.group, owner.kind)

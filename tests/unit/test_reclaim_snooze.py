@@ -170,6 +170,19 @@ def test_old_closed_records_are_dropped_open_ones_kept():
     assert kept([old, live], NOW) == [live]
 
 
+def test_stored_records_with_words_this_version_does_not_know_read_and_are_written_back():
+    # As the snooze ConfigMap decodes them: old records, and a newer reclaimer's (or a hand
+    # edit's) words, which neither hold nor count against the weekly cap.
+    stored = (b'[{"workload":"ml/Pod/p","value":"2h","team":"ml","seen":%d,"until":%d,'
+              b'"outcome":"snoozed","message":"","closed":""},' % (NOW, NOW + HOUR) +
+              b'{"workload":"ml/Pod/q","value":"2h","team":"ml","seen":%d,"until":%d,'
+              b'"outcome":"deferred","message":"","closed":"moved"}]' % (NOW, NOW + HOUR))
+    old, new = msgspec.json.decode(stored, type=list[SnoozeRecord])
+    assert old.holding and not new.holding
+    assert (new.outcome, new.closed) == ("deferred", "moved")
+    assert msgspec.json.decode(msgspec.json.encode([old, new])) == msgspec.json.decode(stored)
+
+
 def test_snooze_caps_are_validated_with_their_paths():
     with pytest.raises(PolicyError) as e:
         parse_policy({"reclaim": {"snooze": {"maxDuration": "9d", "maxPerWeek": -1}},

@@ -41,7 +41,7 @@ GROUP_ACTIONS = WHOLE_OWNER  # act on a whole workload: only when all its pods a
 # Verdicts compared per pod, as module names: Python 3.11 looks every `Enum.MEMBER` up through
 # EnumType.__getattr__ (~0.1 µs, twenty times a global), and `How(value)` costs microseconds.
 _BUSY, _IDLE = VerdictState.BUSY, VerdictState.IDLE
-_HOWS = {str(h): h for h in How}
+_HOWS = {str(h): h for h in How}  # the policy's ownerActions words
 
 
 def plan(snap: Snapshot, policy: Policy) -> Plan:
@@ -162,7 +162,7 @@ def how_to_reclaim(owner: Owner, policy: Policy) -> How:
     if owner.blocked:
         return How.BLOCK
     if owner.how:
-        return _HOWS[owner.how]
+        return owner.how
     a = policy.reclaim.owner_actions
     action = {"Pod": a.pod, "Job": a.job, "Deployment": a.deployment,
               "StatefulSet": a.stateful_set}.get(owner.kind) or a.kinds.get(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import Self
 
 import msgspec
 
@@ -124,8 +125,8 @@ class Owner(msgspec.Struct, frozen=True):
     in_progress: bool = False
     group: str = ""  # API group ("" core, apps, batch, or a CRD's) and version
     version: str = ""
-    # Its own stop mechanism (core.reclaim.kinds); "": the policy's ownerActions decide.
-    how: str = ""
+    # Its own stop mechanism (core.reclaim.kinds); None: the policy's ownerActions decide.
+    how: How | None = None
     blocked: str = ""  # why it must not be stopped at all (an HPA, an unsupported kind)
     via: Switch | None = None
     snooze: str | None = None  # the owner's SNOOZE_UNTIL annotation
@@ -135,23 +136,27 @@ class Owner(msgspec.Struct, frozen=True):
         return f"{self.namespace}/{self.kind}/{self.name}"
 
 
-class PastState(StrEnum):
-    """Where a recorded reclaim stands (the ledger ConfigMap's ``state`` words). Both count
-    against the limits alike; a word this version does not know (a newer reclaimer wrote it,
-    or a hand edit) is no error either: it reads as itself, counts like the others, and is
-    written back unchanged."""
-
-    INTENT = "intent"  # recorded before acting, not yet known to be done
-    DONE = "done"
+class StoredWord(StrEnum):
+    """A word the reclaimer keeps in a ConfigMap. One this version does not know (a newer
+    reclaimer wrote it, or a hand edit) is no error: it reads as itself, a stand-in that is no
+    member and equals none, and is written back unchanged."""
 
     @classmethod
-    def _missing_(cls, value: object) -> PastState | None:
+    def _missing_(cls, value: object) -> Self | None:
         if not isinstance(value, str):
             return None
         unknown = str.__new__(cls, value)  # a stand-in that is no member
         unknown._name_ = None  # type: ignore[assignment]  # no member name
         unknown._value_ = value
         return unknown
+
+
+class PastState(StoredWord):
+    """Where a recorded reclaim stands (the ledger ConfigMap's ``state`` words). Both count
+    against the limits alike, and so does a word this version does not know."""
+
+    INTENT = "intent"  # recorded before acting, not yet known to be done
+    DONE = "done"
 
 
 class PastAction(msgspec.Struct, frozen=True):
@@ -164,27 +169,46 @@ class PastAction(msgspec.Struct, frozen=True):
     state: PastState = PastState.DONE
 
 
+class SnoozeOutcome(StoredWord):
+    """What became of a snooze when the reclaimer first saw it (core/reclaim/snooze.py)."""
+
+    SNOOZED = "snoozed"
+    CAPPED = "capped"  # cut to the policy's longest snooze
+    REFUSED = "refused"  # the caps allow none
+    EXPIRED = "expired"  # already past
+    MALFORMED = "malformed"
+    PROTECTED = "protected"  # nothing to snooze: the pod is never reclaimed anyway
+
+
+# Outcomes that hold until their time, and count against the weekly cap.
+HONOURED = frozenset({SnoozeOutcome.SNOOZED, SnoozeOutcome.CAPPED})
+
+
+class Closed(StoredWord):
+    """Whether a snooze record still applies; a closed one only counts against the weekly cap.
+    A word this version does not know reads as closed."""
+
+    OPEN = ""  # it still applies
+    ENDED = "ended"  # its time passed
+    WITHDRAWN = "withdrawn"  # the annotation changed or went away
+
+
 class SnoozeRecord(msgspec.Struct, frozen=True):
     """One snooze as the reclaimer first saw it, kept (``reclaimer/snoozes.py``) so that a
-    duration counts from a fixed moment and the weekly cap outlives restarts and failovers.
-
-    outcome: snoozed | capped (cut to the cap) | refused (caps) | expired (already past) |
-    malformed | protected (nothing to snooze). ``closed``: "" while it applies; ``ended`` (its
-    time passed) or ``withdrawn`` (the annotation changed or went away). A closed record only
-    counts against the weekly cap."""
+    duration counts from a fixed moment and the weekly cap outlives restarts and failovers."""
 
     workload: str  # where the annotation sits: namespace/Kind/name
     value: str
     team: str
     seen: float
     until: float
-    outcome: str
+    outcome: SnoozeOutcome
     message: str
-    closed: str = ""
+    closed: Closed = Closed.OPEN
 
     @property
     def holding(self) -> bool:
-        return not self.closed and self.outcome in ("snoozed", "capped")
+        return not self.closed and self.outcome in HONOURED
 
 
 class StopEntry(msgspec.Struct, frozen=True):

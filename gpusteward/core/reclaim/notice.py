@@ -17,6 +17,8 @@ from gpusteward.core.reclaim.model import (
     RESTORE,
     SNOOZE_UNTIL,
     Action,
+    ActionKind,
+    ActResult,
     How,
     Owner,
     Plan,
@@ -53,11 +55,12 @@ class Notice(msgspec.Struct, frozen=True, rename="camel"):
 
 
 # (action kind, result) -> event
-EVENTS = {("warn", "done"): "warned", ("reclaim", "done"): "reclaimed",
-          ("reclaim", "blocked"): "blocked"}
+EVENTS = {(ActionKind.WARN, ActResult.DONE): "warned",
+          (ActionKind.RECLAIM, ActResult.DONE): "reclaimed",
+          (ActionKind.RECLAIM, ActResult.BLOCKED): "blocked"}
 
 
-def from_cycle(decided: Plan, results: Iterable[str], owners: Mapping[str, Owner],
+def from_cycle(decided: Plan, results: Iterable[ActResult], owners: Mapping[str, Owner],
                policy: Policy, now: float) -> list[Notice]:
     """Notices for the actions carried out (results: one word per action, in order)."""
     verdicts = {v.pod: v for v in decided.verdicts}

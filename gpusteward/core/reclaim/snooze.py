@@ -22,12 +22,18 @@ import msgspec
 
 from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim.model import SNOOZE_UNTIL, Owner, SnoozeRecord
+from gpusteward.core.reclaim.model import (
+    HONOURED,
+    SNOOZE_UNTIL,
+    Closed,
+    Owner,
+    SnoozeOutcome,
+    SnoozeRecord,
+)
 from gpusteward.core.times import DAY, stamp
 from gpusteward.core.typedconfig import Duration, duration_text
 
 WEEK = 7 * DAY
-COUNTED = ("snoozed", "capped")  # outcomes that count against the weekly cap
 
 
 class Caps(NamedTuple):
@@ -93,21 +99,21 @@ def review(pods: Iterable[Pod], records: Iterable[SnoozeRecord], now: float, pol
     for workload in sorted(present):
         value, members = asked.get(workload, (None, []))
         r: SnoozeRecord | None = latest.get(workload)
-        if r is not None and r.value != value and r.closed != "withdrawn":
+        if r is not None and r.value != value and r.closed != Closed.WITHDRAWN:
             # Taken away or replaced: it no longer holds (quietly: the owner did it).
-            changed.append(msgspec.structs.replace(r, closed="withdrawn"))
+            changed.append(msgspec.structs.replace(r, closed=Closed.WITHDRAWN))
             r = None
         if value is None:
             continue
-        if r is not None and r.outcome == "protected" and not all(map(vetoes, members)):
+        if r is not None and r.outcome == SnoozeOutcome.PROTECTED and not all(map(vetoes, members)):
             # Protections such as a young pod's lapse: the snooze is looked at anew.
-            changed.append(msgspec.structs.replace(r, closed="withdrawn"))
+            changed.append(msgspec.structs.replace(r, closed=Closed.WITHDRAWN))
             r = None
-        if r is None or r.closed == "withdrawn":
+        if r is None or r.closed == Closed.WITHDRAWN:
             r = _first_sight(workload, value, members, history, now, policy, team_of, vetoes)
             changed.append(r)
         if r.holding and r.until <= now:
-            r = msgspec.structs.replace(r, closed="ended", message=(
+            r = msgspec.structs.replace(r, closed=Closed.ENDED, message=(
                 f"snooze ended at {stamp(r.until)}: idle GPUs are marked, warned and "
                 "reclaimed again"))
             changed.append(r)
@@ -122,34 +128,35 @@ def _first_sight(workload: str, value: str, members: list[Pod], history: list[Sn
     first = members[0]
     team = team_of(first)
 
-    def record(outcome: str, message: str, until: float = now) -> SnoozeRecord:
+    def record(outcome: SnoozeOutcome, message: str, until: float = now) -> SnoozeRecord:
         return SnoozeRecord(workload, value, team, now, until, outcome, message)
 
     protected = [vetoes(p) for p in members]
     if all(protected):
-        return record("protected", f"{SNOOZE_UNTIL} not needed: gpusteward does not reclaim "
-                                   f"this pod ({'; '.join(protected[0])})")
+        return record(SnoozeOutcome.PROTECTED, f"{SNOOZE_UNTIL} not needed: gpusteward does "
+                      f"not reclaim this pod ({'; '.join(protected[0])})")
     try:
         asked = parse_until(value, now)
     except ValueError as e:
-        return record("malformed", f"{e}; nothing is snoozed")
+        return record(SnoozeOutcome.MALFORMED, f"{e}; nothing is snoozed")
     caps = caps_for(first, team, policy)
     if caps.longest <= 0:
-        return record("refused", f"snooze not honoured: the policy allows none for team {team} "
-                                 "and this pod's class")
-    week = [r for r in history if r.workload == workload and r.outcome in COUNTED
+        return record(SnoozeOutcome.REFUSED, "snooze not honoured: the policy allows none for "
+                      f"team {team} and this pod's class")
+    week = [r for r in history if r.workload == workload and r.outcome in HONOURED
             and now - r.seen < WEEK]
     if len(week) >= caps.per_week:
-        return record("refused", f"snooze not honoured: {len(week)} snoozes of this workload in "
-                                 f"the last 7 days, the policy allows {caps.per_week}")
+        return record(SnoozeOutcome.REFUSED, f"snooze not honoured: {len(week)} snoozes of this "
+                      f"workload in the last 7 days, the policy allows {caps.per_week}")
     if asked <= now:
-        return record("expired", f"snooze until {stamp(asked)} is already past: ignored")
+        return record(SnoozeOutcome.EXPIRED,
+                      f"snooze until {stamp(asked)} is already past: ignored")
     if asked - now > caps.longest:
         cut = now + caps.longest
-        return record("capped", f"reclaim snoozed until {stamp(cut)}, cut to the policy's "
-                                f"longest snooze of {duration_text(caps.longest)} (asked: "
-                                f"{stamp(asked)})", cut)
-    return record("snoozed", f"reclaim snoozed until {stamp(asked)}", asked)
+        return record(SnoozeOutcome.CAPPED, f"reclaim snoozed until {stamp(cut)}, cut to the "
+                      f"policy's longest snooze of {duration_text(caps.longest)} (asked: "
+                      f"{stamp(asked)})", cut)
+    return record(SnoozeOutcome.SNOOZED, f"reclaim snoozed until {stamp(asked)}", asked)
 
 
 def _pod_key(pod: Pod) -> str:

@@ -11,9 +11,11 @@ from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
     Action,
+    ActionKind,
     Owner,
     PastAction,
     Plan,
+    Reason,
 )
 from gpusteward.core.reclaim.quota import team
 from gpusteward.core.times import HOUR, stamp
@@ -42,17 +44,17 @@ class ReplayState:
 def carry_out(decided: Plan, now: float, state: ReplayState, history: History, i: int) -> None:
     for a in decided.actions:
         uid = a.pod.uid
-        if a.kind == "mark":
+        if a.kind == ActionKind.MARK:
             state.marks.setdefault(uid, {})[IDLE_SINCE] = stamp(now)
             state.idle_at[uid] = now
-        elif a.kind == "warn" and a.reclaim_at is not None:
+        elif a.kind == ActionKind.WARN and a.reclaim_at is not None:
             state.marks.setdefault(uid, {})[RECLAIM_AT] = stamp(a.reclaim_at)
             state.deadline[uid] = a.reclaim_at
             state.wakeups.append(a.reclaim_at)
             state.warned.append(Warned(a.pod.key, a.team, a.pod.gpus, now, a.reclaim_at))
-        elif a.kind == "clear":
+        elif a.kind == ActionKind.CLEAR:
             _cleared(a, decided, now, state)
-        elif a.kind == "reclaim":
+        elif a.kind == ActionKind.RECLAIM:
             _reclaim(a, now, state, history, i)
 
 
@@ -61,7 +63,7 @@ def _cleared(a: Action, decided: Plan, now: float, state: ReplayState) -> None:
     state.marks.pop(uid, None)
     deadline = state.deadline.pop(uid, None)
     since = state.idle_at.pop(uid, None)
-    if a.reason != "active" or since is None or (deadline is not None and now > deadline):
+    if a.reason != Reason.ACTIVE or since is None or (deadline is not None and now > deadline):
         return  # a comeback after the deadline was held back (limits, unknown evidence)
     verdict = next((v for v in decided.verdicts if v.pod == a.pod.key), None)
     peak = verdict.evidence.peak_percent if verdict and verdict.evidence else None

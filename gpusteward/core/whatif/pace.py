@@ -25,9 +25,12 @@ from typing import NamedTuple
 import msgspec
 
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim.model import VerdictState
 from gpusteward.core.reclaim.rules import judge, rule_for, windows
 from gpusteward.core.whatif.evidence import PodEvidence
 from gpusteward.core.whatif.history import History, PodRecord, Span
+
+_IDLE = VerdictState.IDLE  # a module name: read at every flip of every pod in a replay
 
 
 class PodWatch:
@@ -49,7 +52,7 @@ class PodWatch:
 
     def update(self, i: int) -> None:
         self.idle = any(
-            judge(ev.at(i), msgspec.structs.replace(self.rule, window=w), self.gpus)[0] == "idle"
+            judge(ev.at(i), msgspec.structs.replace(self.rule, window=w), self.gpus)[0] == _IDLE
             for w, ev in self.evidence.items())
 
 
