@@ -183,7 +183,7 @@ def extender_rss(nodes: int, gpu_pods: int, other_pods: int) -> dict[str, Any]:
     from benchmarks.fleetgen import fleet
     from gpusteward.core.policy import parse_policy
     from gpusteward.extender.app import create_app  # noqa: F401 — the whole extender imported
-    from gpusteward.extender.preempt import VictimBook
+    from gpusteward.extender.victimbook import VictimBook
     from gpusteward.extender.view import PlacementView
 
     names = [f"gpu-node-{i:05d}" for i in range(nodes)]

@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.policy import Preemption, parse_policy
 from gpusteward.core.preemption import BUSY, IDLE, PARTLY_IDLE, Candidates, choose
-from gpusteward.extender.preempt import Preempter, PreemptionResult, decode_preemption_args
+from gpusteward.extender.preempt import Preempter
+from gpusteward.extender.preemptwire import PreemptionResult, decode_preemption_args
 
 TIERS = (IDLE, PARTLY_IDLE, BUSY)
 
