@@ -17,7 +17,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 RUN python -m venv /opt/gpusteward
 # Every dependency has a cp311 manylinux wheel, so no compiler is needed even here.
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt README.md LICENSE ./
 COPY gpusteward ./gpusteward
 RUN /opt/gpusteward/bin/pip install -c constraints.txt . \
  && /opt/gpusteward/bin/python -m compileall -q /opt/gpusteward \
