@@ -32,16 +32,16 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.fleetgen import PRODUCTS, fleet, node_json  # noqa: E402
-from gpusteward.core.fleet import FleetStore  # noqa: E402
-from gpusteward.core.policy import parse_policy  # noqa: E402
-from gpusteward.core.reclaim.model import Evidence  # noqa: E402
-from gpusteward.extender import wire  # noqa: E402
-from gpusteward.extender.app import Extender, create_app, respond  # noqa: E402
-from gpusteward.extender.preempt import Preempter  # noqa: E402
-from gpusteward.extender.replies import filter_reply, prioritize_reply  # noqa: E402
-from gpusteward.extender.view import PlacementView  # noqa: E402
-from gpusteward.sandbox.procs import free_port  # noqa: E402
+from benchmarks.fleetgen import PRODUCTS, fleet, node_json
+from gpusteward.core.fleet import FleetStore
+from gpusteward.core.policy import parse_policy
+from gpusteward.core.reclaim.model import Evidence
+from gpusteward.extender import wire
+from gpusteward.extender.app import Extender, create_app, respond
+from gpusteward.extender.preempt import Preempter
+from gpusteward.extender.replies import filter_reply, prioritize_reply
+from gpusteward.extender.view import PlacementView
+from gpusteward.sandbox.procs import free_port
 
 NOW = 1_800_000_000.0
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -33,10 +33,10 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.fleetgen import node_json  # noqa: E402
-from benchmarks.memory import peak_rss_mb, rss_mb  # noqa: E402
-from gpusteward.core.drafleet import DraFleet  # noqa: E402
-from gpusteward.core.drawire import (  # noqa: E402
+from benchmarks.fleetgen import node_json
+from benchmarks.memory import peak_rss_mb, rss_mb
+from gpusteward.core.drafleet import DraFleet
+from gpusteward.core.drawire import (
     WireClaim,
     WireClass,
     WireSlice,
@@ -44,9 +44,9 @@ from gpusteward.core.drawire import (  # noqa: E402
     to_claim,
     to_class,
 )
-from gpusteward.core.fleet import FleetStore  # noqa: E402
-from gpusteward.core.kubewire import WireNode, WirePod, to_node, to_pod  # noqa: E402
-from gpusteward.sandbox import dra  # noqa: E402
+from gpusteward.core.fleet import FleetStore
+from gpusteward.core.kubewire import WireNode, WirePod, to_node, to_pod
+from gpusteward.sandbox import dra
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RESOURCES = ("nvidia.com/gpu",)

@@ -33,20 +33,20 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.memory import cpu_seconds, peak_rss_mb  # noqa: E402
-from gpusteward.adapters.policyfile import load_policy  # noqa: E402
-from gpusteward.core.model import Node, Pod  # noqa: E402
-from gpusteward.core.policy import parse_policy  # noqa: E402
-from gpusteward.core.reclaim.decide import plan  # noqa: E402
-from gpusteward.core.reclaim.model import (  # noqa: E402
+from benchmarks.memory import cpu_seconds, peak_rss_mb
+from gpusteward.adapters.policyfile import load_policy
+from gpusteward.core.model import Node, Pod
+from gpusteward.core.policy import parse_policy
+from gpusteward.core.reclaim.decide import plan
+from gpusteward.core.reclaim.model import (
     IDLE_SINCE,
     RECLAIM_AT,
     Evidence,
     Owner,
     Snapshot,
 )
-from gpusteward.core.times import stamp  # noqa: E402
-from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS  # noqa: E402
+from gpusteward.core.times import stamp
+from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NOW = 1_800_000_000.0

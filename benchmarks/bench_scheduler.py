@@ -42,10 +42,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.memory import cpu_seconds  # noqa: E402
-from gpusteward.sandbox.cluster import _INSECURE, Sandbox, SandboxConfig  # noqa: E402
-from gpusteward.sandbox.fleet import Fleet, Pool  # noqa: E402
-from gpusteward.sandbox.kubehttp import wait_for  # noqa: E402
+from benchmarks.memory import cpu_seconds
+from gpusteward.sandbox.cluster import _INSECURE, Sandbox, SandboxConfig
+from gpusteward.sandbox.fleet import Fleet, Pool
+from gpusteward.sandbox.kubehttp import wait_for
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -42,14 +42,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.memory import cpu_seconds, peak_rss_mb  # noqa: E402
-from gpusteward.adapters.telemetry import PrometheusSource  # noqa: E402
-from gpusteward.core.dcgm import PodRef  # noqa: E402
-from gpusteward.core.policy import parse_policy  # noqa: E402
-from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS, ensure_controller  # noqa: E402
-from gpusteward.sandbox.procs import free_port  # noqa: E402
-from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history  # noqa: E402
-from tests.support.prometheus import PrometheusServer, servicemonitor  # noqa: E402
+from benchmarks.memory import cpu_seconds, peak_rss_mb
+from gpusteward.adapters.telemetry import PrometheusSource
+from gpusteward.core.dcgm import PodRef
+from gpusteward.core.policy import parse_policy
+from gpusteward.sandbox.controllers import PROMETHEUS_MAJORS, ensure_controller
+from gpusteward.sandbox.procs import free_port
+from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history
+from tests.support.prometheus import PrometheusServer, servicemonitor
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.memory import peak_rss_mb  # noqa: E402
-from gpusteward.core.policy import parse_policy  # noqa: E402
-from gpusteward.sandbox.procs import free_port  # noqa: E402
+from benchmarks.memory import peak_rss_mb
+from gpusteward.core.policy import parse_policy
+from gpusteward.sandbox.procs import free_port
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -166,7 +166,7 @@ class Answers:
                     out.append(self._series({"uid": p.uid, "phase": phase}, [(steps, "1")]))
         return out
 
-    def _gpu_series(self, a: int, b: int, value) -> list[str]:  # noqa: ANN001
+    def _gpu_series(self, a: int, b: int, value) -> list[str]:
         out = []
         holders: dict[tuple[str, int], list[FakePod]] = {}
         for p in self.fleet.present(a, b):
@@ -198,7 +198,7 @@ class Answers:
     def count(self, a: int, b: int) -> list[str]:
         return self._gpu_series(a, b, lambda p, r: [(r, str(STEP // SCRAPE))])
 
-    def _static(self, a: int, b: int, metric) -> list[str]:  # noqa: ANN001
+    def _static(self, a: int, b: int, metric) -> list[str]:
         return [self._series(m, [(range(b, b + 1), v)]) for p in self.fleet.present(a, b)
                 for m, v in [metric(p)] if m]
 
@@ -234,7 +234,7 @@ KINDS = [("info", "kube_pod_info"), ("phase", "kube_pod_status_phase"),
 
 def serve(answers: Answers, port: int) -> None:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        def do_GET(self) -> None:  # the base class's name
             url = urllib.parse.urlparse(self.path)
             if url.path == "/-/ready":
                 return self._send(b"ready")
@@ -257,7 +257,7 @@ def serve(answers: Answers, port: int) -> None:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()

@@ -82,7 +82,7 @@ class DeviceRequest(msgspec.Struct):
     name: str = ""
     exactly: ExactRequest | None = None
     # firstAvailable: alternatives; the first one counts until allocation says which.
-    firstAvailable: list[ExactRequest] | None = None  # noqa: N815 (wire name)
+    firstAvailable: list[ExactRequest] | None = None  # wire name
 
 
 class ClaimDevices(msgspec.Struct):

@@ -95,7 +95,7 @@ class Outbox:
                 await self.round(fenced)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - the next round starts from the record
+            except Exception as e:  # the next round starts from the record
                 self.loaded = self.store is None
                 log.warning("notification round stopped (%s); retrying", e)
             with contextlib.suppress(TimeoutError):  # a backoff may have ended meanwhile

@@ -57,7 +57,7 @@ class SnoozeBook:
             try:
                 await fenced()
                 await self.store.save(merged)
-            except Exception as e:  # noqa: BLE001 - any failure: not kept, seen anew next cycle
+            except Exception as e:  # any failure: not kept, seen anew next cycle
                 self.loaded = False
                 log.warning("snooze records not written (%s); next cycle sees them anew", e)
                 return

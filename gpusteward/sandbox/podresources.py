@@ -62,7 +62,7 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, server: PodResourcesServer) -> None:
         self.server = server
 
-    async def List(self, request: Any, context: Any) -> api_pb2.ListPodResourcesResponse:  # noqa: N802
+    async def List(self, request: Any, context: Any) -> api_pb2.ListPodResourcesResponse:
         self.server.calls += 1
         return list_response(self.server.holders)
 

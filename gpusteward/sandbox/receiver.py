@@ -41,7 +41,7 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(b"ok")
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -69,7 +69,7 @@ def test_the_ca_token_and_tenant_header_reach_both_deployments(
         assert "GPUSTEWARD_PROMETHEUS_INSECURE_SKIP_VERIFY" not in env
 
 
-def test_helm_basic_auth_projects_the_password_secret(bin_dir) -> None:  # noqa: ANN001
+def test_helm_basic_auth_projects_the_password_secret(bin_dir) -> None:
     objects = render_helm(bin_dir, REPO / "deploy" / "helm" / "gpusteward",
                           "--set", "prometheusConnection.basicAuth.user=gpusteward",
                           "--set", "prometheusConnection.basicAuth.passwordSecret.name=prom-basic")

@@ -97,7 +97,7 @@ def test_roles_grant_exactly_the_allow_list(
 
 
 @pytest.fixture(scope="module")
-def admin(sandbox: Sandbox, rendered: dict[str, list[dict[str, Any]]]) -> KubeHTTP:  # noqa: F811
+def admin(sandbox: Sandbox, rendered: dict[str, list[dict[str, Any]]]) -> KubeHTTP:
     """The second-scheduler overlay's ServiceAccounts and RBAC, with the agent, applied for
     real."""
     api = sandbox.api()

@@ -24,7 +24,7 @@ WORKLOADS = {"Deployment", "DaemonSet"}
 
 
 @pytest.fixture(scope="module")
-def namespace(sandbox: Sandbox) -> str:  # noqa: F811
+def namespace(sandbox: Sandbox) -> str:
     """Namespaced dry-run requests need the namespace to exist for real."""
     api = sandbox.api()
     for name in ("gpusteward", HELM_SECOND_RELEASE[1]):
@@ -35,7 +35,7 @@ def namespace(sandbox: Sandbox) -> str:  # noqa: F811
 
 @pytest.mark.parametrize("render", RENDERS)
 def test_every_rendered_object_passes_a_server_side_dry_run_apply(
-        render: str, rendered: dict[str, list[dict[str, Any]]], sandbox: Sandbox,  # noqa: F811
+        render: str, rendered: dict[str, list[dict[str, Any]]], sandbox: Sandbox,
         namespace: str) -> None:
     api = sandbox.api()
     discovery = Discovery(api)
@@ -197,7 +197,7 @@ def test_shipped_copies_equal_their_sources() -> None:
 
 @pytest.mark.parametrize("level", ["restricted", "privileged"])
 def test_pod_security_admits_every_pod_but_the_agent_at_restricted(
-        level: str, rendered: dict[str, list[dict[str, Any]]], sandbox: Sandbox) -> None:  # noqa: F811
+        level: str, rendered: dict[str, list[dict[str, Any]]], sandbox: Sandbox) -> None:
     """The real PodSecurity admission plugin, enforcing on pods made from each workload's
     template: every pod meets "restricted" except the agent, which the namespace labels of
     components/agent ("privileged") admit."""

@@ -24,7 +24,7 @@ HOOK_KINDS = {"ServiceAccount", "Role", "RoleBinding"}
 
 
 @pytest.fixture(scope="module")
-def credentials(sandbox: Sandbox, rendered: dict[str, list[dict[str, Any]]],  # noqa: F811
+def credentials(sandbox: Sandbox, rendered: dict[str, list[dict[str, Any]]],
                 tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test hook's ServiceAccount, Role and RoleBinding applied; a token for it and the API
     server's CA in a directory laid out as the kubelet mounts them."""
@@ -49,7 +49,7 @@ def credentials(sandbox: Sandbox, rendered: dict[str, list[dict[str, Any]]],  # 
 
 
 @pytest.fixture(scope="module")
-def reclaimer(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811
+def reclaimer(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory):
     """A real reclaimer (observe mode) leading through gpusteward/gpusteward-reclaimer."""
     port = free_port()
     argv = [a for a in sandbox.reclaimer_argv(port) if not a.startswith("--lease-namespace")]
@@ -81,13 +81,13 @@ def _smoke(sandbox: Sandbox, credentials: Path, **env: str) -> subprocess.Comple
 
 
 def test_the_smoke_test_passes_when_the_extender_answers_and_the_lease_is_held(
-        sandbox: Sandbox, credentials: Path, reclaimer: Proc) -> None:  # noqa: F811
+        sandbox: Sandbox, credentials: Path, reclaimer: Proc) -> None:
     result = _smoke(sandbox, credentials)
     assert (result.returncode, result.stdout.strip(), result.stderr) == (0, "ok", "")
 
 
 def test_the_smoke_test_fails_naming_what_is_wrong(
-        sandbox: Sandbox, credentials: Path, reclaimer: Proc) -> None:  # noqa: F811
+        sandbox: Sandbox, credentials: Path, reclaimer: Proc) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     result = _smoke(sandbox, credentials, EXTENDER_URL=dead, LEASE="someone-else")
     assert result.returncode == 1

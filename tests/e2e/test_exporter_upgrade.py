@@ -28,7 +28,7 @@ PROBE = gpu_pod("probe-interactive", 1, cards="NVIDIA-L4", cls="interactive")
 L4S = ["l4-0", "l4-1", "l4-2"]
 
 
-def scores(box) -> dict[str, int]:  # noqa: ANN001
+def scores(box) -> dict[str, int]:
     req = urllib.request.Request(f"{box.extender_url}/prioritize", method="POST",
                                  data=json.dumps({"Pod": PROBE, "NodeNames": L4S}).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -36,7 +36,7 @@ def scores(box) -> dict[str, int]:  # noqa: ANN001
         return {h["Host"]: h["Score"] for h in json.load(resp)}
 
 
-def samples(box, ns: str, pod: str, metric: str, within: str) -> float:  # noqa: ANN001
+def samples(box, ns: str, pod: str, metric: str, within: str) -> float:
     """The pod's samples under one metric name over the range (0 when none)."""
     found = promql(box.prometheus_url, " or ".join(
         f'count_over_time({metric}{{{p}namespace="{ns}",{p}pod="{pod}"}}[{within}])'

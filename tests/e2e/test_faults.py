@@ -90,7 +90,7 @@ class HeldAfterRead:
     def __init__(self, rec: Reclaimer, pod: str, gate: Gate) -> None:
         self.inner, self.policy, self.pod, self.gate = rec.reader, rec.policy, pod, gate
 
-    async def read(self, recent):  # noqa: ANN001, ANN201
+    async def read(self, recent):
         snap = await self.inner.read(recent)
         if any(a.kind == "reclaim" and a.pod.name == self.pod
                for a in plan(snap, self.policy).actions):
@@ -112,7 +112,7 @@ class HeldBeforeWrite:
         return await self.inner.apply(action)
 
 
-async def make_busy(ns, name: str, box) -> None:  # noqa: ANN001
+async def make_busy(ns, name: str, box) -> None:
     """The pod computes again; returns once Prometheus holds a busy sample of it."""
     ns.api.merge_patch(ns.path("pods", name), {"metadata": {"annotations": {
         UTIL_ANNOTATION: "90"}}})
@@ -304,7 +304,7 @@ async def test_a_leader_killed_between_intent_and_action_still_counts_against_th
 # Anyone who can edit a workload can write its annotations; the stop record lies in a
 # ConfigMap in the reclaimer's namespace (kube-system here), written by gpusteward alone.
 
-def deployment(ns, name: str, replicas: int, annotations: dict[str, str],  # noqa: ANN001
+def deployment(ns, name: str, replicas: int, annotations: dict[str, str],
                node: str = "l4-2", util: str | None = None) -> str:
     pod = gpu_pod("x", 1, util=util, node=node, labels={"app": name})
     ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/deployments", {
@@ -339,7 +339,7 @@ def test_restore_refuses_a_deployment_gpusteward_never_recorded(sandbox, ns, mar
     assert ns.api.get(path)["spec"]["replicas"] == 0
 
 
-def suspended_job(ns, name: str, annotations: dict[str, str]) -> str:  # noqa: ANN001
+def suspended_job(ns, name: str, annotations: dict[str, str]) -> str:
     template = gpu_pod("x", 1, util="0", node="l4-2")
     template["spec"]["restartPolicy"] = "Never"
     ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {

@@ -178,7 +178,7 @@ async def test_a_new_leader_fences_the_owner_of_a_reclaim_another_leader_had_on_
 
 # --- each owner-native stop, fenced on the object it writes ---------------------------------
 
-def idle_job(ns) -> tuple[str, Any]:  # noqa: ANN001
+def idle_job(ns) -> tuple[str, Any]:
     template = gpu_pod("x", 1, util="0", node="a100-1")
     template["spec"]["restartPolicy"] = "Never"
     ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
@@ -189,7 +189,7 @@ def idle_job(ns) -> tuple[str, Any]:  # noqa: ANN001
             lambda obj: obj["spec"].get("suspend") is True)
 
 
-def idle_deployment(ns) -> tuple[str, Any]:  # noqa: ANN001
+def idle_deployment(ns) -> tuple[str, Any]:
     pod = gpu_pod("x", 1, util="0", node="a100-1", labels={"app": "serve"})
     ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/deployments", {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "serve"},
@@ -199,12 +199,12 @@ def idle_deployment(ns) -> tuple[str, Any]:  # noqa: ANN001
             lambda obj: obj["spec"]["replicas"] == 0)
 
 
-def notebook(ns) -> tuple[str, Any]:  # noqa: ANN001
+def notebook(ns) -> tuple[str, Any]:
     return (idle_notebook(ns, "a100-1"),
             lambda obj: NOTEBOOK_STOPPED in (obj["metadata"].get("annotations") or {}))
 
 
-def idle_pytorchjob(ns) -> tuple[str, Any]:  # noqa: ANN001
+def idle_pytorchjob(ns) -> tuple[str, Any]:
     job = create(ns, "kubeflow.org/v1", "pytorchjobs", "PyTorchJob", "ddp",
                  {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {}})
     owned_pod(ns, "ddp-master-0", job, "a100-1")
@@ -212,7 +212,7 @@ def idle_pytorchjob(ns) -> tuple[str, Any]:  # noqa: ANN001
             lambda obj: obj["spec"]["runPolicy"]["suspend"] is True)
 
 
-def idle_leaderworkerset(ns) -> tuple[str, Any]:  # noqa: ANN001
+def idle_leaderworkerset(ns) -> tuple[str, Any]:
     lws = create(ns, "leaderworkerset.x-k8s.io/v1", "leaderworkersets", "LeaderWorkerSet",
                  "lws", {"replicas": 1})
     owned_pod(ns, "lws-0", lws, "a100-1")
@@ -220,7 +220,7 @@ def idle_leaderworkerset(ns) -> tuple[str, Any]:  # noqa: ANN001
             lambda obj: obj["spec"]["replicas"] == 0)
 
 
-def idle_kueue_workload(ns) -> tuple[str, Any]:  # noqa: ANN001
+def idle_kueue_workload(ns) -> tuple[str, Any]:
     job = gpu_job(ns, "queued", {KUEUE_QUEUE: "team-a"})
     create(ns, "kueue.x-k8s.io/v1beta2", "workloads", "Workload", "job-queued-1a2b3",
            labels={KUEUE_JOB_UID: job["metadata"]["uid"]})

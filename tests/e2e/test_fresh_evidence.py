@@ -21,7 +21,7 @@ from tests.e2e.scenarios import due_pod
 from tests.e2e.test_faults import until
 
 
-def sampled(box, ns: str, pod: str, within: str = "") -> list:  # noqa: ANN001
+def sampled(box, ns: str, pod: str, within: str = "") -> list:
     """The pod's utilization series now, or (``within``) its sample count over that range."""
     return promql(box.prometheus_url, " or ".join(
         (f'count_over_time(DCGM_FI_DEV_GPU_UTIL{{{p}namespace="{ns}",{p}pod="{pod}"}}[{within}])'

@@ -47,7 +47,7 @@ async def nothing() -> None:
     pass
 
 
-def cycles_within(metrics, seconds: float) -> float:  # noqa: ANN001
+def cycles_within(metrics, seconds: float) -> float:
     """Cycles that took at most ``seconds`` (a bucket of the cycle-duration histogram)."""
     le = "+Inf" if seconds == float("inf") else str(seconds)
     return next(s.value for m in metrics.cycle.collect() for s in m.samples
@@ -120,7 +120,7 @@ def test_one_message_per_transition_across_a_leader_killed_mid_way(sandbox, ns, 
         def pending_warning() -> bool:
             try:
                 entries = json.loads(sandbox.api().get(records)["data"]["records"])
-            except Exception:  # noqa: BLE001 - not written yet
+            except Exception:  # not written yet
                 return False
             return any(e["notice"] and e["notice"]["namespace"] == ns.name for e in entries
                        if e["state"] == "pending")

@@ -77,7 +77,7 @@ def job_pod_running(ns, job: str) -> None:
         and p["status"].get("phase") == "Running"], timeout=60)
 
 
-def idle_notebook(ns, node: str) -> str:  # noqa: ANN001
+def idle_notebook(ns, node: str) -> str:
     """Notebook nb and the StatefulSet of one idle GPU pod it owns, as the notebook controller
     makes it; the Notebook's path."""
     notebook = create(ns, "kubeflow.org/v1", "notebooks", "Notebook", "nb")

@@ -38,7 +38,7 @@ TEAM = {"gpusteward.io/team": "vision"}
 RUN_S = 240  # long enough that one cycle is under 5 % of what a reclaim frees
 
 
-def job(ns, name: str, util: str) -> None:  # noqa: ANN001
+def job(ns, name: str, util: str) -> None:
     template = gpu_pod("x", 1, util=util, labels=TEAM)
     template["spec"]["restartPolicy"] = "Never"
     ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
@@ -46,7 +46,7 @@ def job(ns, name: str, util: str) -> None:  # noqa: ANN001
         "spec": {"template": {"metadata": template["metadata"], "spec": template["spec"]}}})
 
 
-def deployment(ns, name: str, util: str) -> None:  # noqa: ANN001
+def deployment(ns, name: str, util: str) -> None:
     pod = gpu_pod("x", 1, util=util, labels={**TEAM, "app": name})
     ns.api.create(f"/apis/apps/v1/namespaces/{ns.name}/deployments", {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
@@ -54,7 +54,7 @@ def deployment(ns, name: str, util: str) -> None:  # noqa: ANN001
                  "template": {"metadata": pod["metadata"], "spec": pod["spec"]}}})
 
 
-def workload(ns) -> None:  # noqa: ANN001
+def workload(ns) -> None:
     ns.create_pod(gpu_pod("idle", 1, util="0", labels=TEAM))
     ns.create_pod(gpu_pod("late", 2, util="90:40s,0:10m", labels=TEAM))  # idle after 40 s
     ns.create_pod(gpu_pod("busy", 1, util="80", labels=TEAM))
@@ -62,7 +62,7 @@ def workload(ns) -> None:  # noqa: ANN001
     deployment(ns, "serve", "0")
 
 
-async def live(rec, seconds: float) -> dict[str, float]:  # noqa: ANN001
+async def live(rec, seconds: float) -> dict[str, float]:
     """Cycle at the policy's interval; pod key -> when its reclaim was decided."""
     reclaimed: dict[str, float] = {}
     tick = time.monotonic()
@@ -79,7 +79,7 @@ async def live(rec, seconds: float) -> dict[str, float]:  # noqa: ANN001
     return reclaimed
 
 
-def whatif(sandbox, start: float, end: float, *policies) -> list[dict]:  # noqa: ANN001
+def whatif(sandbox, start: float, end: float, *policies) -> list[dict]:
     out = subprocess.run(
         [sys.executable, "-m", "gpusteward", "whatif", *(f"--policy={p}" for p in policies),
          f"--window={int(end - start)}s", f"--end={stamp(end)}", "--format=json",

@@ -97,7 +97,7 @@ class DcgmEndpoint:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base-class name
+            def log_message(self, format: str, *args: object) -> None:  # base-class name
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

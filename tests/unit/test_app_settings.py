@@ -24,7 +24,7 @@ EXAMPLE = str(Path(__file__).resolve().parents[2] / "deploy" / "policy.example.y
 NO_PROMETHEUS = {}  # no PROMETHEUS_URL and no GPUSTEWARD_PROMETHEUS_* variables
 
 
-def parsed(*argv: str):  # noqa: ANN201
+def parsed(*argv: str):
     return build_parser().parse_args(argv)
 
 
@@ -37,7 +37,7 @@ def bare_policy(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-async def api():  # noqa: ANN201
+async def api():
     api = client.ApiClient()  # never called: building wires adapters, it does not connect
     yield api
     await api.close()
@@ -67,7 +67,7 @@ def test_an_invalid_policy_stops_the_settings(tmp_path: Path) -> None:
 
 
 async def test_the_extender_without_prometheus_builds_with_neutral_telemetry(
-        api, bare_policy: str) -> None:  # noqa: ANN001
+        api, bare_policy: str) -> None:
     settings = ExtenderSettings.from_args(parsed("extender", "--policy", bare_policy),
                                           NO_PROMETHEUS)
     assert settings.prometheus is None
@@ -116,7 +116,7 @@ def test_a_restore_target_is_split_or_refused() -> None:
     pytest.param(("reclaimer", "--lease-namespace=gpu-ops", "--lease-name=r", "restore",
                   "ml/Job/t"), id="before-restore-as-the-reclaimer-takes-them"),
 ])
-def test_restore_finds_the_stop_record_beside_the_reclaimers_lease(argv) -> None:  # noqa: ANN001
+def test_restore_finds_the_stop_record_beside_the_reclaimers_lease(argv) -> None:
     settings = RestoreSettings.from_args(parsed(*argv), {})
     assert (settings.lease_namespace, settings.stops) == ("gpu-ops", "r-stops")
 
@@ -128,7 +128,7 @@ def test_restore_looks_for_the_stop_record_where_the_manifests_put_the_reclaimer
         "gpusteward", "gpusteward-reclaimer-stops")
 
 
-async def test_build_reclaimer_keeps_the_ledger_beside_the_lease(api) -> None:  # noqa: ANN001
+async def test_build_reclaimer_keeps_the_ledger_beside_the_lease(api) -> None:
     settings = ReclaimerSettings.from_args(
         parsed("reclaimer", "--policy", EXAMPLE, "--prometheus-url", "http://prom:9090",
                "--lease-namespace", "gpu-ops", "--mode", "warn"), NO_PROMETHEUS)
@@ -142,7 +142,7 @@ async def test_build_reclaimer_keeps_the_ledger_beside_the_lease(api) -> None:  
     assert in_memory.ledger is None
 
 
-async def test_the_report_settings_resolve_the_step_and_build_the_reader(api) -> None:  # noqa: ANN001
+async def test_the_report_settings_resolve_the_step_and_build_the_reader(api) -> None:
     settings = ReportSettings.from_args(
         parsed("report", "--window", "7d", "--prometheus-url", "http://prom:9090"),
         NO_PROMETHEUS)

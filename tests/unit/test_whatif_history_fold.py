@@ -83,14 +83,14 @@ def answering():
     body = {"answer": b""}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the base class's name
+        def do_GET(self) -> None:  # the base class's name
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body["answer"])))
             self.end_headers()
             self.wfile.write(body["answer"])
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

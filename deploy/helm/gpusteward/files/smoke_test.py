@@ -43,7 +43,7 @@ def lease_held(name: str) -> str | None:
     if not spec.get("renewTime"):
         return f"Lease {name} held by {spec['holderIdentity']} was never renewed"
     renewed = datetime.datetime.fromisoformat(spec["renewTime"].replace("Z", "+00:00"))
-    age = (datetime.datetime.now(datetime.timezone.utc) - renewed).total_seconds()
+    age = (datetime.datetime.now(datetime.UTC) - renewed).total_seconds()
     if age > 3 * spec.get("leaseDurationSeconds", 15):
         return f"Lease {name} held by {spec['holderIdentity']} was last renewed {age:.0f}s ago"
     return None
