@@ -186,7 +186,7 @@ class OwnerChains:
             self._kueue_version = version
         return self._workloads
 
-    async def kueue_demand(self, names: Sequence[str]) -> kueue.Demand | None:
+    async def kueue_demand(self, names: Sequence[str]) -> kueue.KueueDemand | None:
         """Workloads waiting for quota and what holds it (core.reclaim.kueue), read only where
         a resolved pod is Kueue's (so its Workloads were listed) and some Workload waits: the
         LocalQueues and ClusterQueues are listed then, else nothing more is read."""
@@ -200,7 +200,7 @@ class OwnerChains:
             return None
         if not any(w.status.admission is None and w.spec.active is not False
                    for w in workloads):
-            return kueue.Demand()
+            return kueue.KueueDemand()
         base = f"/apis/kueue.x-k8s.io/{version}"
         local = await self._list(f"{base}/localqueues")
         cluster = await self._list(f"{base}/clusterqueues")

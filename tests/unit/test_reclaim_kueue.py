@@ -68,7 +68,7 @@ def local_queue(name: str, cq: str) -> dict[str, Any]:
 
 
 def demand(workloads: list[dict[str, Any]], queues: dict[str, tuple[int, int]] | None = None,
-           ) -> kueue.Demand:
+           ) -> kueue.KueueDemand:
     queues = queues or {"gpus": (4, 4)}
     return kueue.demand(
         msgspec.convert(workloads, list[kueue.WireWorkload]),

@@ -34,7 +34,7 @@ from gpusteward.core.kubewire import (
     pod_request,
 )
 from gpusteward.core.model import Pod
-from gpusteward.core.reclaim.model import Demand, Holding, Waiting
+from gpusteward.core.reclaim.model import Holding, KueueDemand, Waiting
 from gpusteward.core.reclaim.queue import Candidate, may_displace
 from gpusteward.core.reclaim.quota import TeamUsage
 from gpusteward.core.times import parse_time
@@ -124,7 +124,7 @@ class Claim(msgspec.Struct, frozen=True):
 
 
 def demand(workloads: Iterable[WireWorkload], local_queues: Iterable[WireLocalQueue],
-           cluster_queues: Iterable[WireClusterQueue], names: Sequence[str]) -> Demand:
+           cluster_queues: Iterable[WireClusterQueue], names: Sequence[str]) -> KueueDemand:
     """What waits, what holds quota, and the free quota of each ClusterQueue (nominal minus
     reserved, plus what Workloads being evicted still reserve)."""
     queue_of = {(q.metadata.namespace, q.metadata.name): q.spec.cluster_queue
@@ -150,10 +150,10 @@ def demand(workloads: Iterable[WireWorkload], local_queues: Iterable[WireLocalQu
     for h in holding.values():
         if h.leaving and h.cluster_queue in free:
             free[h.cluster_queue] += h.gpus
-    return Demand(tuple(waiting), holding, free)
+    return KueueDemand(tuple(waiting), holding, free)
 
 
-def claims(d: Demand, now: float, min_wait: float, candidates: Iterable[Candidate],
+def claims(d: KueueDemand, now: float, min_wait: float, candidates: Iterable[Candidate],
            workload_of: Callable[[Candidate], str | None],
            teams: Mapping[str, TeamUsage], team_of: Callable[[Pod], str]) -> list[Claim]:
     """For each Workload waiting for quota (highest priority, then oldest, first), the fewest

@@ -263,7 +263,7 @@ class Holding(msgspec.Struct, frozen=True):
     leaving: bool = False
 
 
-class Demand(msgspec.Struct, frozen=True):
+class KueueDemand(msgspec.Struct, frozen=True):
     """Kueue's side of a snapshot (core.reclaim.kueue reads it from the Workloads)."""
 
     waiting: tuple[Waiting, ...] = ()
@@ -287,7 +287,7 @@ class Snapshot(msgspec.Struct, frozen=True):
     tiers: Mapping[str, str | None] = msgspec.field(default_factory=dict)  # node -> tier
     snoozes: tuple[SnoozeRecord, ...] = ()  # as recorded so far
     restore_asks: tuple[RestoreAsk, ...] = ()
-    kueue: Demand | None = None  # Workloads waiting for quota, where Kueue is installed
+    kueue: KueueDemand | None = None  # Workloads waiting for quota, where Kueue is installed
     # Utilization series named as percent that read as ratios (adapters/unitaudit.py)
     doubted_series: int = 0
 
