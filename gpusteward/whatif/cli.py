@@ -1,5 +1,6 @@
-"""`gpusteward whatif`: its flags (``whatif.run`` reads history once per kind of policy,
-replays each and writes the comparison). Flags only: every command builds this parser.
+"""`gpusteward whatif`: its flags and the typed settings they make (``whatif.run`` reads history
+once per kind of policy, replays each and writes the comparison). Flags and settings only:
+every command builds this parser.
 
     gpusteward whatif --policy FILE [--policy OTHER ...] [--window 7d] [--end TIME]
                       [--format table|json|csv|html] [--top N] [--prometheus-url URL] ...
@@ -11,9 +12,21 @@ window (the message says which series were missing); 2 for bad flags or an inval
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from gpusteward.adapters.connectflags import add_connection_flags, duration_flag
+from gpusteward.adapters.connectflags import (
+    add_connection_flags,
+    duration_flag,
+    prometheus_connection,
+)
+from gpusteward.adapters.errors import SettingsError
+from gpusteward.adapters.policyfile import load_policy
+from gpusteward.adapters.promconnection import PrometheusConnection
+from gpusteward.core.policy import Policy
 from gpusteward.core.times import parse_time
 
 FORMATS = ("table", "json", "csv", "html")
@@ -48,3 +61,33 @@ def add_whatif_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="how many reclaims, comebacks and earlier starts to list per policy")
     add_connection_flags(p)
     return p
+
+
+@dataclass(frozen=True)
+class WhatIfSettings:
+    policies: tuple[tuple[str, Policy], ...]  # (column name, policy), in the order given
+    prometheus: PrometheusConnection
+    start: float
+    end: float
+    format: str = "table"
+    top: int = 10
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str],
+                  clock: Callable[[], float] = time.time) -> WhatIfSettings:
+        """The checked settings; raises PolicyError or SettingsError naming what is wrong.
+        The first policy's telemetry.prometheusUrl is the default Prometheus."""
+        policies = tuple(zip(_names(args.policy), map(load_policy, args.policy), strict=True))
+        prometheus = prometheus_connection(args, policies[0][1].telemetry.prometheus_url, env)
+        if prometheus is None:
+            raise SettingsError("no Prometheus URL (--prometheus-url, PROMETHEUS_URL or the "
+                                "policy's telemetry.prometheusUrl)")
+        end = args.end if args.end is not None else clock()
+        return cls(policies=policies, prometheus=prometheus, start=end - args.window, end=end,
+                   format=args.format, top=args.top)
+
+
+def _names(files: list[str]) -> list[str]:
+    """Each policy's column: its file name, or its path where two share a name."""
+    names = [Path(f).name for f in files]
+    return names if len(set(names)) == len(names) else files

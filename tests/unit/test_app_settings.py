@@ -19,6 +19,7 @@ from gpusteward.reclaimer.cli import ReclaimerSettings, RestoreSettings
 from gpusteward.reclaimer.serve import build_reclaimer
 from gpusteward.report.cli import ReportSettings
 from gpusteward.report.run import build_usage_reader
+from gpusteward.whatif.cli import WhatIfSettings
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "deploy" / "policy.example.yaml")
 NO_PROMETHEUS = {}  # no PROMETHEUS_URL and no GPUSTEWARD_PROMETHEUS_* variables
@@ -151,3 +152,22 @@ async def test_the_report_settings_resolve_the_step_and_build_the_reader(api) ->
     assert settings.step == 303
     reader = build_usage_reader(settings, api)
     assert reader.policy is settings.policy
+
+
+def test_the_whatif_settings_name_each_policy_and_the_window(tmp_path: Path,
+                                                             bare_policy: str) -> None:
+    other = tmp_path / "b" / "policy.yaml"  # the same file name: columns become the paths
+    other.parent.mkdir()
+    other.write_text("telemetry: {}\n")
+    settings = WhatIfSettings.from_args(parsed(
+        "whatif", "--policy", bare_policy, "--policy", str(other), "--window", "2d",
+        "--end", "2026-12-01T00:00:00Z", "--format", "json", "--top", "3",
+        "--prometheus-url", "http://prom:9090"), NO_PROMETHEUS)
+    assert [name for name, _ in settings.policies] == [bare_policy, str(other)]
+    assert settings.end == 1796083200.0 and settings.end - settings.start == 2 * 86400
+    assert (settings.format, settings.top, settings.prometheus.url) == (
+        "json", 3, "http://prom:9090")
+    with pytest.raises(SettingsError, match="no Prometheus URL"):
+        WhatIfSettings.from_args(parsed("whatif", "--policy", bare_policy), NO_PROMETHEUS)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.top = 1  # type: ignore[misc]
