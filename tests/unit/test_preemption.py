@@ -11,6 +11,7 @@ pkg/scheduler/framework/preemption/preemption.go writes it.
 from __future__ import annotations
 
 import json
+import random
 
 import msgspec
 import pytest
@@ -19,7 +20,16 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WirePod, to_pod
 from gpusteward.core.policy import Preemption, parse_policy
-from gpusteward.core.preemption import BUSY, IDLE, PARTLY_IDLE, Candidates, choose, shield_for
+from gpusteward.core.preemption import (
+    BUSY,
+    IDLE,
+    PARTLY_IDLE,
+    Candidates,
+    Row,
+    choose,
+    choose_plainly,
+    shield_for,
+)
 from gpusteward.core.reclaim.model import Evidence
 from gpusteward.extender.app import Extender, create_app
 from gpusteward.extender.preempt import PREEMPTER
@@ -69,9 +79,32 @@ def columns(rows: list[tuple[str, int, int, int, bool]]) -> Candidates:
 def test_choice(candidates, policy, kept, tier):
     choice = choose(columns(candidates), policy)
     assert (choice.kept, choice.tier) == (kept, tier)
+    assert choose_plainly(rows(candidates), policy) == choice  # the rule as written
     # Only drops: every kept node is one the scheduler proposed, and nothing is lost silently.
     assert set(choice.kept) | set(choice.vetoed) | set(choice.dropped) == \
         {c[0] for c in candidates}
+
+
+def rows(candidates: list[tuple[str, int, int, int, bool]]) -> list[Row]:
+    return [Row(n, v, i, p, s) for n, v, i, p, s in candidates]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_packed_columns_choose_as_the_rule_reads_row_by_row(seed):
+    """``choose`` (packed flags, whole-column operations) against ``choose_plainly`` (rules 1-3
+    one row at a time) on random candidates: equal rows (the fast paths), mixed PDB counts,
+    shields, victims from 1 to 4, both preferIdle settings."""
+    rng = random.Random(seed)
+    count = rng.choice([1, 2, 3, 8, 40])
+    same_pdb, shields = rng.random() < 0.5, rng.random() < 0.3
+    candidates = []
+    for i in range(count):
+        victims = rng.randint(1, 4)
+        candidates.append(cand(f"n{i:02d}", victims, rng.randint(0, victims),
+                               pdb=0 if same_pdb else rng.randint(0, 2),
+                               shielded=shields and rng.random() < 0.3))
+    policy = Preemption(prefer_idle=rng.random() < 0.7)
+    assert choose(columns(candidates), policy) == choose_plainly(rows(candidates), policy)
 
 
 @pytest.mark.parametrize(
