@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -28,10 +27,10 @@ from gpusteward.adapters.kube import connect
 from gpusteward.adapters.nvml import NvmlReader, NvmlUnavailable
 from gpusteward.adapters.pidmap import read_owners
 from gpusteward.adapters.podresources import (
-    DEFAULT_SOCKET,
     PodResourcesClient,
     PodResourcesUnavailable,
 )
+from gpusteward.agent.cli import AgentSettings
 from gpusteward.agent.collect import AgentView, collect, shared, unavailable_view
 from gpusteward.agent.exposition import render
 from gpusteward.agent.poddirectory import PodDirectory, api_lister
@@ -45,17 +44,6 @@ log = logging.getLogger("gpusteward.agent")
 # 3.0.0, #15136).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BUILD_INFO = buildinfo.exposition()
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    node: str
-    interval: float = 15.0  # seconds between NVML reads; dcgm-exporter's chart scrapes at 15 s
-    pod_resources_socket: str = DEFAULT_SOCKET
-    proc_root: Path = Path("/proc")  # the host's /proc (hostPID) to map GPU PIDs to pods
-    node_label: str = "Hostname"  # dcgm-exporter's released name for the node label
-    kube_api: bool = False  # name shared GPUs' pods through the API server (else HOSTNAME)
-    kubeconfig: str | None = None  # None: $KUBECONFIG, else the in-cluster service account
 
 
 @dataclass

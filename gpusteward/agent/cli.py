@@ -1,15 +1,18 @@
-"""``gpusteward agent``: its flags.
+"""``gpusteward agent``: its flags and the typed settings they make.
 
 Wired into the main command by ``gpusteward.cli`` through ``add_agent_parser``; it runs
-``serve.run_agent`` (the missing-driver decision, and serving). Flags only (argparse, no NVML,
-gRPC or aiohttp): every command builds this parser.
+``serve.run_agent`` (the missing-driver decision, and serving). Flags and settings only
+(argparse, no NVML, gRPC or aiohttp): every command builds this parser.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+from pathlib import Path
 
 from gpusteward.adapters.connectflags import hostport
+from gpusteward.adapters.errors import SettingsError
 from gpusteward.adapters.logs import add_log_flags
 
 ON_MISSING_DRIVER = ("exit", "serve-error")
@@ -17,7 +20,34 @@ ON_MISSING_DRIVER = ("exit", "serve-error")
 # loads gRPC, which a flag should not)
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
-__all__ = ["ON_MISSING_DRIVER", "add_agent_parser"]
+__all__ = ["ON_MISSING_DRIVER", "AgentSettings", "add_agent_parser"]
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node: str
+    interval: float = 15.0  # seconds between NVML reads; dcgm-exporter's chart scrapes at 15 s
+    pod_resources_socket: str = POD_RESOURCES_SOCKET
+    proc_root: Path = Path("/proc")  # the host's /proc (hostPID) to map GPU PIDs to pods
+    node_label: str = "Hostname"  # dcgm-exporter's released name for the node label
+    kube_api: bool = False  # name shared GPUs' pods through the API server (else HOSTNAME)
+    kubeconfig: str | None = None  # None: $KUBECONFIG, else the in-cluster service account
+    listen: tuple[str, int] = ("0.0.0.0", 9400)
+    xid_hold: float = 300.0  # how long the XID gauge shows an XID after its last event
+    on_missing_driver: str = "exit"  # or "serve-error" (ON_MISSING_DRIVER)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AgentSettings:
+        """The checked settings (variables are already the flags' defaults: connectflags);
+        raises SettingsError naming what is wrong."""
+        if not args.node_name:
+            raise SettingsError("--node-name or $NODE_NAME is required "
+                                "(the Hostname label must be the Kubernetes node name)")
+        return cls(node=args.node_name, interval=args.interval,
+                   pod_resources_socket=args.pod_resources_socket,
+                   kube_api=args.kube_api == "auto", kubeconfig=args.kubeconfig,
+                   listen=args.listen, xid_hold=args.xid_hold,
+                   on_missing_driver=args.on_missing_driver)
 
 
 def _seconds(text: str) -> float:

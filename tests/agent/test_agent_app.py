@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpusteward.agent.app import AgentSettings, create_app
+from gpusteward.agent.app import create_app
+from gpusteward.agent.cli import AgentSettings
 from tests.agent.fakes import FakeGpu, FakeKubelet, FakeNvml, Holder, write_proc
 
 NODE = "gpu-node-1"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from gpusteward.agent.app import AgentSettings
+from gpusteward.agent.cli import AgentSettings
 from gpusteward.sandbox.cluster import Sandbox
 from tests.agent.fakes import FakeGpu, FakeKubelet, FakeNvml, Holder, write_proc
 from tests.agent.test_agent_app import A, lines, scrape

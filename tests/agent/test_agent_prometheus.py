@@ -15,7 +15,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from gpusteward.adapters.telemetry import PrometheusSource
-from gpusteward.agent.app import AgentSettings, create_app
+from gpusteward.agent.app import create_app
+from gpusteward.agent.cli import AgentSettings
 from gpusteward.core.dcgm import PodRef
 from gpusteward.core.model import Telemetry
 from gpusteward.core.policy import parse_policy

@@ -10,6 +10,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from gpusteward.adapters.errors import SettingsError
+from gpusteward.agent.cli import AgentSettings
 from gpusteward.cli import build_parser
 from gpusteward.core.policy import PolicyError
 from gpusteward.extender.cli import ExtenderSettings
@@ -171,3 +172,14 @@ def test_the_whatif_settings_name_each_policy_and_the_window(tmp_path: Path,
         WhatIfSettings.from_args(parsed("whatif", "--policy", bare_policy), NO_PROMETHEUS)
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.top = 1  # type: ignore[misc]
+
+
+def test_the_agent_settings_carry_every_flag_and_need_a_node_name() -> None:
+    settings = AgentSettings.from_args(parsed(
+        "agent", "--node-name", "gpu-7", "--listen", "127.0.0.1:9500", "--interval", "5",
+        "--xid-hold", "60", "--kube-api", "off", "--on-missing-driver", "serve-error"))
+    assert (settings.node, settings.listen, settings.interval, settings.xid_hold) == (
+        "gpu-7", ("127.0.0.1", 9500), 5.0, 60.0)
+    assert (settings.kube_api, settings.on_missing_driver) == (False, "serve-error")
+    with pytest.raises(SettingsError, match="--node-name or \\$NODE_NAME is required"):
+        AgentSettings.from_args(parsed("agent"))
