@@ -24,6 +24,7 @@ from gpusteward.adapters.errors import (
     kube_error,
 )
 from gpusteward.adapters.kube import kube_errors, list_raw
+from gpusteward.adapters.stopper import Switches
 from tests.support.loopback import served
 
 
@@ -116,3 +117,14 @@ async def test_a_raw_list_refused_raises_the_class_naming_the_path(apiserver, co
         await list_raw(apiserver, f"/apis/{code}/v1/things")
     assert str(raised.value) == f"list /apis/{code}/v1/things: HTTP {code}: refused with {code}"
     assert (raised.value.status, raised.value.detail) == (code, f"refused with {code}")
+
+
+async def test_a_raw_write_refused_raises_the_class_with_the_servers_message_as_reason(
+        apiserver):
+    with pytest.raises(KubeConflict) as raised:
+        await Switches(apiserver).patch("/apis/409/v1/namespaces/ml/things/a", {})
+    assert (raised.value.status, raised.value.reason) == (409, "refused with 409")
+
+
+async def test_a_group_not_served_is_none_not_an_error(apiserver):
+    assert await Switches(apiserver).served("404") is None
