@@ -1,11 +1,14 @@
 """The API server's refusals become gpusteward's own error tree in one place (issue 28): the
 SDK's ApiException inside ``adapters.kube.kube_errors``, a status read raw through the same
 ``adapters.errors.kube_error``; the class says the status, the reason and the server's message
-are kept, the SDK's error is the cause."""
+are kept, the SDK's error is the cause. No module outside the adapters imports the SDK's
+exceptions."""
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -26,6 +29,9 @@ from gpusteward.adapters.errors import (
 from gpusteward.adapters.kube import kube_errors, list_raw
 from gpusteward.adapters.stopper import Switches
 from tests.support.loopback import served
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gpusteward"
+SDK_ERRORS = ("kubernetes_asyncio.client.exceptions", "kubernetes_asyncio.client.rest")
 
 
 @pytest.mark.parametrize(("status", "cls"), [
@@ -128,3 +134,23 @@ async def test_a_raw_write_refused_raises_the_class_with_the_servers_message_as_
 
 async def test_a_group_not_served_is_none_not_an_error(apiserver):
     assert await Switches(apiserver).served("404") is None
+
+
+def sdk_error_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n.startswith(SDK_ERRORS)]
+    return found
+
+
+def test_no_module_outside_the_adapters_imports_the_sdks_exceptions():
+    # import-linter's forbidden contracts take top-level external packages only
+    outside = {str(p.relative_to(PACKAGE)): sdk_error_imports(p)
+               for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "adapters"}
+    assert {p: names for p, names in outside.items() if names} == {}
