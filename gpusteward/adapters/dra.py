@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio import client
 
-from gpusteward.adapters.errors import KubeError
+from gpusteward.adapters.errors import KubeForbidden, KubeNotFound
 from gpusteward.adapters.kube import Event, Watcher, list_raw
 from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.drawire import (
@@ -84,9 +84,7 @@ async def read(api: client.ApiClient, dra: DraFleet) -> None:
     try:
         slices, classes, claims = await asyncio.gather(
             *(list_raw(api, f"{RESOURCE_API}/{kind}") for kind in KINDS))
-    except KubeError as e:
-        if e.status not in (403, 404):
-            raise
+    except (KubeForbidden, KubeNotFound) as e:
         log.warning("no DRA GPUs read: %s", e)
         return
     dra.replace_slices({w.metadata.name: slice_devices(w, dra.driver)

@@ -12,13 +12,70 @@ class TelemetryUnavailable(AdapterError):
 
 
 class KubeError(AdapterError):
+    """An API server call that failed: ``status`` is the HTTP status it answered, 0 where no
+    answer was read (unreachable, timed out) or the error wraps another (a record's)."""
+
     def __init__(self, message: str, status: int = 0):
         super().__init__(message)
         self.status = status
 
 
-class WatchExpired(KubeError):
+class KubeRefused(KubeError):
+    """The API server answered a call with a status that is not 2xx. ``reason``: what the
+    answer said as the caller logs it (the status line's phrase from the SDK's typed client,
+    the Status message of a body read raw); ``detail``: that Status message, "" when none.
+    ``kube_error`` picks the subclass: one for each status gpusteward acts on."""
+
+    STATUS = 0
+
+    def __init__(self, message: str, status: int = 0, reason: str = "", detail: str = ""):
+        super().__init__(message, status)
+        self.reason, self.detail = reason, detail
+
+
+class KubeForbidden(KubeRefused):
+    """403: RBAC does not grant the call; the log names the permission."""
+
+    STATUS = 403
+
+
+class KubeNotFound(KubeRefused):
+    """404: the object (or its kind, or its API group) is not there."""
+
+    STATUS = 404
+
+
+class KubeConflict(KubeRefused):
+    """409: the object changed since the resourceVersion the write carried, or exists
+    already: read again."""
+
+    STATUS = 409
+
+
+class WatchExpired(KubeRefused):
     """410 Gone: the resourceVersion is too old; list again."""
+
+    STATUS = 410
+
+
+class KubeTooManyRequests(KubeRefused):
+    """429: an eviction a PodDisruptionBudget does not allow now (or the server's rate
+    limit): try again next cycle."""
+
+    STATUS = 429
+
+
+_BY_STATUS: dict[int, type[KubeRefused]] = {
+    c.STATUS: c for c in (KubeForbidden, KubeNotFound, KubeConflict, WatchExpired,
+                          KubeTooManyRequests)}
+
+
+def kube_error(status: int, reason: str, message: str = "", detail: str = "") -> KubeRefused:
+    """The one place an API server's status becomes a class of the tree; every status not
+    acted on is a plain KubeRefused. ``message`` defaults to the line a command prints."""
+    cls = _BY_STATUS.get(status, KubeRefused)
+    return cls(message or f"the API server answered HTTP {status} {reason}", status, reason,
+               detail)
 
 
 class SettingsError(AdapterError):

@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import msgspec
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.kube import CALL_TIMEOUT, raw_get
+from gpusteward.adapters.errors import KubeRefused
+from gpusteward.adapters.kube import CALL_TIMEOUT, kube_errors, raw_get
 from gpusteward.core.kubewire import Meta
 from gpusteward.core.owners import BUILT_IN_RESOURCES
 from gpusteward.core.times import stamp
@@ -30,7 +30,7 @@ COMPONENT = "gpusteward-reclaimer"
 
 
 class EventWriter:
-    """Creates Events; a refusal (ApiException, LeaseLost) is the caller's to report."""
+    """Creates Events; a refusal (KubeRefused, LeaseLost) is the caller's to report."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
@@ -49,7 +49,9 @@ class EventWriter:
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT, "reportingInstance": self.instance,
             "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        await self.core.create_namespaced_event(namespace, body, _request_timeout=CALL_TIMEOUT)
+        with kube_errors():
+            await self.core.create_namespaced_event(namespace, body,
+                                                    _request_timeout=CALL_TIMEOUT)
 
 
 class _Object(msgspec.Struct):
@@ -83,7 +85,7 @@ class ObjectEvents:
                     "uid": await self._uid(namespace, kind, name)}
         try:
             await self.writer.write(involved, reason, message, warning, at)
-        except ApiException as e:
+        except KubeRefused as e:
             log.error("Event %s on %s not created: HTTP %s %s (grant 'create events')", reason,
                       workload, e.status, e.reason)
 

@@ -2,6 +2,10 @@
 
 kubernetes-asyncio gives us auth and transport; list and watch bodies are read raw and decoded
 into our own structs (msgspec), which is ~60x faster than building its models for large fleets.
+
+Its errors end here: ``kube_errors`` raises the SDK's ApiException as gpusteward's own
+(adapters/errors.py ``kube_error``, by status), and a status read raw is mapped by the same
+function, so callers catch ``KubeNotFound``, ``KubeConflict``... and never compare numbers.
 """
 
 from __future__ import annotations
@@ -11,17 +15,26 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import msgspec
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from gpusteward.adapters.errors import KubeConfigError, KubeError, WatchExpired
+from gpusteward.adapters.errors import (
+    KubeConfigError,
+    KubeError,
+    KubeForbidden,
+    KubeRefused,
+    WatchExpired,
+    kube_error,
+)
 from gpusteward.adapters.kubeconfig import locate, pick_context, read_merged
 from gpusteward.core.fleet import FleetWriter
 from gpusteward.core.kubewire import QuantityError, WireNode, WirePod, to_node, to_pod
@@ -46,6 +59,27 @@ class GatedClient(client.ApiClient):
         if self.gate is not None and method in WRITES:
             self.gate(url)
         return super().request(method, url, *args, **kwargs)
+
+
+def api_error(e: ApiException) -> KubeRefused:
+    """The SDK's refusal as gpusteward's: the class by its status, its reason as the SDK read
+    it (the status line's phrase), the Status message of its body as ``detail``."""
+    body = e.body or b""
+    try:
+        detail = msgspec.json.decode(body, type=Status).message
+    except (msgspec.DecodeError, TypeError):
+        detail = ""
+    return kube_error(e.status or 0, e.reason or "", detail=detail)
+
+
+@contextmanager
+def kube_errors() -> Iterator[None]:
+    """Around calls to the API server: an ApiException raised inside comes out as the typed
+    KubeRefused (``from`` it); gpusteward's own errors pass as they are."""
+    try:
+        yield
+    except ApiException as e:
+        raise api_error(e) from e
 
 
 async def connect(kubeconfig: str | None, context: str | None = None) -> GatedClient:
@@ -175,7 +209,7 @@ class Watcher:
             status = msgspec.json.decode(event.object, type=Status)
             if status.code == 410:
                 raise WatchExpired(status.message, 410)
-            raise KubeError(f"watch {self.kind}: {status.message}", status.code)
+            raise kube_error(status.code, status.message, f"watch {self.kind}: {status.message}")
         if event.type == "BOOKMARK":
             return _node_decoder.decode(event.object).metadata.resource_version
         return self._apply_object(event)
@@ -271,14 +305,15 @@ async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         yield buffer
 
 
-def _status_error(status: int, body: bytes, what: str) -> KubeError:
+def _status_error(status: int, body: bytes, what: str) -> KubeRefused:
     try:
         message = msgspec.json.decode(body, type=Status).message
     except msgspec.DecodeError:
         message = body[:200].decode(errors="replace")
-    if status == 410:
-        return WatchExpired(message, status)
-    if status == 403:
+    error = kube_error(status, message, f"{what}: HTTP {status}: {message}", message)
+    if isinstance(error, WatchExpired):  # the server's message alone: the watch lists again
+        error = WatchExpired(message, status, message, message)
+    elif isinstance(error, KubeForbidden):
         log.error("%s forbidden: grant get/list/watch on it to this ServiceAccount (%s)",
                   what, message)
-    return KubeError(f"{what}: HTTP {status}: {message}", status)
+    return error

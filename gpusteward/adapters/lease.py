@@ -30,13 +30,13 @@ from typing import Any
 
 import aiohttp
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.errors import LeaseLost
+from gpusteward.adapters.errors import KubeConflict, KubeNotFound, KubeRefused, LeaseLost
+from gpusteward.adapters.kube import kube_errors
 
 log = logging.getLogger("gpusteward.reclaimer.lease")
 
-FAILURES = (ApiException, aiohttp.ClientError, TimeoutError)
+FAILURES = (KubeRefused, aiohttp.ClientError, TimeoutError)
 
 
 class LeaseGuard:
@@ -114,13 +114,10 @@ class LeaseGuard:
         if self.monotonic() - self._renewed > self.renew_deadline:
             raise LeaseLost(f"no successful renewal for {self.renew_deadline:g}s")
         try:
-            lease = await self.coordination.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self.call_timeout)
-        except ApiException as e:
-            if e.status == 404:
-                raise LeaseLost(f"{self.where} is gone") from e
-            raise LeaseLost(f"{self.where} unreadable: {_describe(e)}") from e
-        except (aiohttp.ClientError, TimeoutError) as e:
+            lease = await self._read()
+        except KubeNotFound as e:
+            raise LeaseLost(f"{self.where} is gone") from e
+        except FAILURES as e:
             raise LeaseLost(f"{self.where} unreadable: {_describe(e)}") from e
         spec = lease.spec
         if spec.holder_identity != self.identity:
@@ -134,11 +131,8 @@ class LeaseGuard:
         the resourceVersion read, so of two candidates only one can win (409 for the other)."""
         started = self.monotonic()
         try:
-            lease = await self.coordination.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self.call_timeout)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+            lease = await self._read()
+        except KubeNotFound:
             return await self._create(started)
         spec = lease.spec
         holder = spec.holder_identity
@@ -151,14 +145,21 @@ class LeaseGuard:
                             (spec.lease_transitions or 0) + taking)
         body["metadata"]["resourceVersion"] = lease.metadata.resource_version
         try:
-            await self.coordination.replace_namespaced_lease(
-                self.name, self.namespace, body, _request_timeout=self.call_timeout)
-        except ApiException as e:
-            if e.status == 409:
-                return False  # another candidate wrote first
-            raise
+            await self._replace(body)
+        except KubeConflict:
+            return False  # another candidate wrote first
         self._renewed = started
         return True
+
+    async def _read(self) -> client.V1Lease:
+        with kube_errors():
+            return await self.coordination.read_namespaced_lease(
+                self.name, self.namespace, _request_timeout=self.call_timeout)
+
+    async def _replace(self, body: Any) -> None:
+        with kube_errors():
+            await self.coordination.replace_namespaced_lease(
+                self.name, self.namespace, body, _request_timeout=self.call_timeout)
 
     def _record(self, acquired: float, renewed: float, transitions: int,
                 holder: str | None = None, duration: int | None = None) -> Any:
@@ -183,12 +184,11 @@ class LeaseGuard:
         now = self.clock()
         body = self._record(now, now, 0)
         try:
-            await self.coordination.create_namespaced_lease(
-                self.namespace, body, _request_timeout=self.call_timeout)
-        except ApiException as e:
-            if e.status == 409:
-                return False
-            raise
+            with kube_errors():
+                await self.coordination.create_namespaced_lease(
+                    self.namespace, body, _request_timeout=self.call_timeout)
+        except KubeConflict:
+            return False
         self._renewed = started
         return True
 
@@ -198,15 +198,13 @@ class LeaseGuard:
             return
         self.leading = False
         try:
-            lease = await self.coordination.read_namespaced_lease(
-                self.name, self.namespace, _request_timeout=self.call_timeout)
+            lease = await self._read()
             spec = lease.spec
             if spec.holder_identity == self.identity:
                 body = self._record(self.clock(), self.clock(), spec.lease_transitions or 0,
                                     holder="", duration=1)
                 body["metadata"]["resourceVersion"] = lease.metadata.resource_version
-                await self.coordination.replace_namespaced_lease(
-                    self.name, self.namespace, body, _request_timeout=self.call_timeout)
+                await self._replace(body)
         except FAILURES as e:
             log.warning("%s not released (a standby waits for it to expire): %s", self.where,
                         _describe(e))
@@ -223,6 +221,6 @@ def _at(t: datetime | None) -> float:
 
 
 def _describe(e: BaseException) -> str:
-    if isinstance(e, ApiException):
+    if isinstance(e, KubeRefused):
         return f"HTTP {e.status} {e.reason}"
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

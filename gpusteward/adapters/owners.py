@@ -19,9 +19,8 @@ from typing import Any
 
 import msgspec
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.errors import KubeError
+from gpusteward.adapters.errors import KubeNotFound, KubeRefused, kube_error
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.stopper import Switches
 from gpusteward.core.kubewire import Meta, WirePod
@@ -270,20 +269,19 @@ class OwnerChains:
         self.api_calls += 1
         try:
             items, _ = await list_raw(self.api, path)
-        except KubeError as e:
-            if e.status == 404:
-                return []
-            raise
+        except KubeNotFound:
+            return []
         return [msgspec.json.decode(i) for i in items]
 
     async def _get_json(self, path: str) -> dict[str, Any] | None:
         self.api_calls += 1
         try:
             return await self.switches.get(path)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise KubeError(f"GET {path}: HTTP {e.status}: {e.reason}", e.status) from e
+        except KubeNotFound:
+            return None
+        except KubeRefused as e:
+            raise kube_error(e.status, e.reason, f"GET {path}: HTTP {e.status}: {e.reason}",
+                             e.detail) from e
 
 
 def _key(o: Owner) -> tuple[str, str | None]:

@@ -12,10 +12,9 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.errors import KubeError
-from gpusteward.adapters.kube import CALL_TIMEOUT
+from gpusteward.adapters.errors import KubeConflict, KubeError, KubeNotFound, KubeRefused
+from gpusteward.adapters.kube import CALL_TIMEOUT, kube_errors
 
 T = TypeVar("T")
 
@@ -49,12 +48,13 @@ class ConfigMapRecords(Generic[T]):
 
     async def load(self) -> list[T]:
         try:
-            cm = await self.core.read_namespaced_config_map(self.name, self.namespace,
-                                                            _request_timeout=CALL_TIMEOUT)
-        except ApiException as e:
-            if e.status == 404:
-                self.version = None
-                return []
+            with kube_errors():
+                cm = await self.core.read_namespaced_config_map(self.name, self.namespace,
+                                                                _request_timeout=CALL_TIMEOUT)
+        except KubeNotFound:
+            self.version = None
+            return []
+        except KubeRefused as e:
             raise self.error(f"reading {self.where}: HTTP {e.status} {e.reason}",
                              e.status) from e
         self.version = cm.metadata.resource_version
@@ -68,22 +68,26 @@ class ConfigMapRecords(Generic[T]):
         """Replace the record, provided nobody wrote it since this replica's last load or save."""
         data = {self.key: msgspec.json.encode(items).decode()}
         try:
-            if self.version is None:
-                body: Any = {"metadata": {"name": self.name, "labels": {
-                    "app.kubernetes.io/name": "gpusteward",
-                    "app.kubernetes.io/component": "reclaimer"}}, "data": data}
-                cm = await self.core.create_namespaced_config_map(self.namespace, body,
-                                                                  _request_timeout=CALL_TIMEOUT)
-            else:
-                cm = await self.core.patch_namespaced_config_map(
-                    self.name, self.namespace,
-                    {"metadata": {"resourceVersion": self.version}, "data": data},
-                    _request_timeout=CALL_TIMEOUT)
-        except ApiException as e:
+            with kube_errors():
+                cm = await self._write(data)
+        except (KubeConflict, KubeNotFound) as e:
             # 409 (changed or created meanwhile) and 404 (deleted meanwhile): read again.
-            if e.status in (404, 409):
-                raise self.conflict(f"{self.where} changed by someone else (HTTP {e.status})",
-                                    e.status) from e
+            raise self.conflict(f"{self.where} changed by someone else (HTTP {e.status})",
+                                e.status) from e
+        except KubeRefused as e:
             raise self.error(f"writing {self.where}: HTTP {e.status} {e.reason}",
                              e.status) from e
         self.version = cm.metadata.resource_version
+
+    async def _write(self, data: dict[str, str]) -> Any:
+        """Create the ConfigMap (none was read), else patch it on the version last read."""
+        if self.version is None:
+            body: Any = {"metadata": {"name": self.name, "labels": {
+                "app.kubernetes.io/name": "gpusteward",
+                "app.kubernetes.io/component": "reclaimer"}}, "data": data}
+            return await self.core.create_namespaced_config_map(self.namespace, body,
+                                                                _request_timeout=CALL_TIMEOUT)
+        return await self.core.patch_namespaced_config_map(
+            self.name, self.namespace,
+            {"metadata": {"resourceVersion": self.version}, "data": data},
+            _request_timeout=CALL_TIMEOUT)

@@ -1,7 +1,8 @@
 """Stop an owner through its own switch (core.reclaim.kinds) and bring it back: merge patches on
 the owner (or on the object that holds its switch: a Kueue Workload, a KEDA ScaledObject), and the
-scale subresource for owners that serve one. Failures surface as ApiException, like the typed
-clients', so the actor reports them the same way.
+scale subresource for owners that serve one. A refusal is raised as adapters/errors.py's
+``KubeRefused`` (by status: ``KubeConflict``, ``KubeNotFound``...), as the typed clients' are
+inside ``kube_errors``, so the actor reports them the same way.
 
 Every stop is fenced on the object it writes: it is read, checked, and written with the
 resourceVersion of that read (or of this stop's own write just before), so a change by anyone in
@@ -14,8 +15,8 @@ from typing import Any
 
 import msgspec
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpusteward.adapters.errors import KubeNotFound, kube_error
 from gpusteward.adapters.kube import CALL_TIMEOUT, raw_get
 from gpusteward.core.owners import (
     BUILT_IN_RESOURCES,
@@ -130,9 +131,10 @@ class Switches:
         resp = await raw_get(self.api, f"/apis/{group}", [], timeout=CALL_TIMEOUT)
         async with resp:
             body = await resp.read()
-            if resp.status == 404:
-                return None
+        try:
             _raise_for(resp.status, body)
+        except KubeNotFound:
+            return None
         version: str | None = msgspec.json.decode(body).get("preferredVersion", {}).get(
             "version")
         return version
@@ -163,4 +165,4 @@ def _raise_for(status: int, body: bytes) -> None:
             message = msgspec.json.decode(body).get("message", "")
         except (msgspec.DecodeError, AttributeError):
             message = body[:200].decode(errors="replace")
-        raise ApiException(status=status, reason=message)
+        raise kube_error(status, message, detail=message)

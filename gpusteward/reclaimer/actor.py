@@ -34,11 +34,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.errors import LeaseLost
+from gpusteward.adapters.errors import (
+    KubeConflict,
+    KubeForbidden,
+    KubeNotFound,
+    KubeRefused,
+    KubeTooManyRequests,
+    LeaseLost,
+)
 from gpusteward.adapters.events import EventWriter
-from gpusteward.adapters.kube import CALL_TIMEOUT
+from gpusteward.adapters.kube import CALL_TIMEOUT, kube_errors
 from gpusteward.adapters.stopper import Stale, Switches
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds
@@ -96,8 +102,9 @@ class Actor:
     async def apply(self, action: Action) -> ActResult:
         """The action's result. LeaseLost (this replica may no longer write) propagates."""
         try:
-            result = await self._carry_out(action)
-        except ApiException as e:
+            with kube_errors():
+                result = await self._carry_out(action)
+        except KubeRefused as e:
             result = _log_refusal(action, e, PERMISSION[action.how or How.ANNOTATE])
         if result == ActResult.DONE:
             await self.event(action, EVENT_REASON[action.kind], action.message,
@@ -141,11 +148,10 @@ class Actor:
         own: Fresh | None = None
         for decided in (action.pod, *action.peers):
             try:
-                fresh = await self.core.read_namespaced_pod(decided.name, decided.namespace,
-                                                            _request_timeout=CALL_TIMEOUT)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+                with kube_errors():
+                    fresh = await self.core.read_namespaced_pod(
+                        decided.name, decided.namespace, _request_timeout=CALL_TIMEOUT)
+            except KubeNotFound:
                 if decided is action.pod:
                     raise
                 fresh = None
@@ -248,8 +254,9 @@ class Actor:
         involved = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name,
                     "apiVersion": "v1", "uid": pod.uid}
         try:
-            await self.events.write(involved, reason, message, warning, self.clock())
-        except ApiException as e:
+            with kube_errors():
+                await self.events.write(involved, reason, message, warning, self.clock())
+        except KubeRefused as e:
             _log_refusal(action, e, EVENT_PERMISSION)
         except LeaseLost as e:
             log.warning("pod=%s Event %s not written, this replica may no longer write: %s",
@@ -262,11 +269,12 @@ async def retry_on_conflict(attempt: Callable[[], Awaitable[T]]) -> T:
     so every check is made again on what the object is now."""
     for _ in range(RETRIES_ON_CONFLICT - 1):
         try:
-            return await attempt()
-        except ApiException as e:
-            if e.status != 409:
-                raise
-    return await attempt()
+            with kube_errors():
+                return await attempt()
+        except KubeConflict:
+            pass
+    with kube_errors():
+        return await attempt()
 
 
 def workload_api(apps: client.AppsV1Api, kind: str) -> tuple[Callable[..., Awaitable[Any]],
@@ -284,19 +292,19 @@ def scaled_reason(reason: str, replicas: int) -> str:
     return f"{reason}: scaled from {replicas} to 0"
 
 
-def _log_refusal(action: Action, e: ApiException, permission: str) -> ActResult:
+def _log_refusal(action: Action, e: KubeRefused, permission: str) -> ActResult:
     pod = action.pod.key
-    if e.status == 429:
+    if isinstance(e, KubeTooManyRequests):
         log.info("pod=%s eviction blocked by a PodDisruptionBudget; retrying next cycle", pod)
         return ActResult.BLOCKED
-    if e.status == 404:
+    if isinstance(e, KubeNotFound):
         log.info("pod=%s is gone; skipping %s", pod, action.kind)
         return ActResult.GONE
-    if e.status == 403:
+    if isinstance(e, KubeForbidden):
         log.error("pod=%s %s forbidden: grant the reclaimer's ServiceAccount '%s' (%s)",
                   pod, action.kind, permission, e.reason)
         return ActResult.FORBIDDEN
-    if e.status == 409:
+    if isinstance(e, KubeConflict):
         log.warning("pod=%s %s fenced: the API server refused the write, the object changed "
                     "since it was read (HTTP 409 %s); the next cycle reads it again", pod,
                     action.kind, e.reason)

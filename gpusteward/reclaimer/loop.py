@@ -27,7 +27,7 @@ from typing import Protocol
 
 import msgspec
 
-from gpusteward.adapters.errors import AdapterError, KubeError, LeaseLost
+from gpusteward.adapters.errors import AdapterError, KubeError, KubeForbidden, LeaseLost
 from gpusteward.core.policy import Policy, ReclaimMode
 from gpusteward.core.reclaim import notice, takeover
 from gpusteward.core.reclaim.decide import plan
@@ -270,7 +270,8 @@ class Reclaimer:
         except LeaseLost:
             raise
         except AdapterError as e:
-            forbidden = isinstance(e, KubeError) and e.status == 403
+            # the record's own error carries the status of the refusal behind it
+            forbidden = isinstance(e, KubeError) and e.status == KubeForbidden.STATUS
             log.error("pod=%s reclaim not attempted: its stop could not be recorded for restore%s"
                       ": %s", action.pod.key, " (grant the reclaimer's ServiceAccount what it "
                       "names)" if forbidden else "", e, extra={"pod": action.pod.key})

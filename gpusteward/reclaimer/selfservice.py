@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpusteward.adapters.errors import AdapterError
-from gpusteward.adapters.kube import CALL_TIMEOUT
+from gpusteward.adapters.errors import AdapterError, KubeRefused
+from gpusteward.adapters.kube import CALL_TIMEOUT, kube_errors
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import RESTORE, RestoreAsk
 from gpusteward.reclaimer.restore import Restorer, RestoreRefused
@@ -65,21 +64,23 @@ class SelfService:
         # controllers' own status writes in between do not stop it, a withdrawn request does.
         where = "/metadata/annotations/" + RESTORE.replace("~", "~0").replace("/", "~1")
         try:
-            await self.patch[ask.kind](ask.name, ask.namespace, [
-                {"op": "test", "path": where, "value": "true"},
-                {"op": "remove", "path": where}], _request_timeout=CALL_TIMEOUT)
-        except ApiException as e:  # withdrawn or gone since the LIST: the next cycle looks again
+            with kube_errors():
+                await self.patch[ask.kind](ask.name, ask.namespace, [
+                    {"op": "test", "path": where, "value": "true"},
+                    {"op": "remove", "path": where}], _request_timeout=CALL_TIMEOUT)
+        except KubeRefused as e:  # withdrawn or gone since the LIST: the next cycle looks again
             return "stale", f"{ask.key} changed since it was read (HTTP {e.status})"
         if why:
             await self.events.emit(ask.key, REFUSED, why, warning=True)
             return "refused", why
         try:
-            done = await self.restorer.restore(ask.namespace, ask.kind, ask.name)
+            with kube_errors():
+                done = await self.restorer.restore(ask.namespace, ask.kind, ask.name)
         except RestoreRefused as e:
             await self.events.emit(ask.key, REFUSED, str(e), warning=True)
             return "refused", str(e)
-        except (ApiException, AdapterError) as e:
-            failed = f"HTTP {e.status} {e.reason}" if isinstance(e, ApiException) else str(e)
+        except AdapterError as e:
+            failed = f"HTTP {e.status} {e.reason}" if isinstance(e, KubeRefused) else str(e)
             message = f"{ask.key} not restored: {failed}; set {RESTORE}=true again to retry"
             await self.events.emit(ask.key, REFUSED, message, warning=True)
             return "error", message

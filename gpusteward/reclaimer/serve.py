@@ -14,12 +14,11 @@ import uuid
 
 from aiohttp import web
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpusteward.adapters.errors import AdapterError, ListenError
+from gpusteward.adapters.errors import AdapterError, KubeRefused, ListenError
 from gpusteward.adapters.events import ObjectEvents
-from gpusteward.adapters.kube import GatedClient, connect
+from gpusteward.adapters.kube import GatedClient, connect, kube_errors
 from gpusteward.adapters.lease import LeaseGuard
 from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.records import ConfigMapRecords
@@ -172,14 +171,15 @@ async def restore(settings: RestoreSettings) -> int:
             print(table(await stopped(api, catalog, stops)))
         return 0
     try:
-        print(await Restorer(api, stops, time.time(), catalog).restore(
-            settings.namespace, settings.kind, settings.name))
+        with kube_errors():
+            print(await Restorer(api, stops, time.time(), catalog).restore(
+                settings.namespace, settings.kind, settings.name))
         return 0
+    except KubeRefused as e:
+        log.error("restoring %s failed: HTTP %s %s", settings.target, e.status, e.reason)
+        return 1
     except (ValueError, AdapterError) as e:  # refused, or the stop record is unreadable
         log.error("%s", e)
-        return 1
-    except ApiException as e:
-        log.error("restoring %s failed: HTTP %s %s", settings.target, e.status, e.reason)
         return 1
     finally:
         await api.close()

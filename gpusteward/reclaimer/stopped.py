@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from kubernetes_asyncio import client
 
-from gpusteward.adapters.errors import KubeError
+from gpusteward.adapters.errors import KubeNotFound
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.stopper import Switches
 from gpusteward.core.owners import SCALE, Kind
@@ -60,9 +60,7 @@ async def stopped(api: client.ApiClient, catalog: kinds.Catalog = kinds.DEFAULT,
             continue
         try:
             items, _ = await list_raw(api, f"/apis/{group}/{versions[group]}/{plural}")
-        except KubeError as e:
-            if e.status != 404:  # the group is served, this kind of it is not installed
-                raise
+        except KubeNotFound:  # the group is served, this kind of it is not installed
             continue
         recorded = None if entries is None else {
             (e.namespace, e.name, e.uid) for e in entries if (e.group, e.kind) == (group, kind)}

@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
+from gpusteward.adapters.errors import KubeNotFound, KubeRefused
+from gpusteward.adapters.kube import kube_errors
 from gpusteward.adapters.records import ConfigMapRecords, RecordsConflict, RecordsError
 from gpusteward.adapters.stopper import APPS, Switches, object_path
 from gpusteward.core.reclaim import kinds
@@ -140,19 +141,11 @@ class StopBook:
         kept = []
         for e in entries:
             try:
-                if e.group not in versions:
-                    versions[e.group] = ("v1" if e.group in BUILT_IN else
-                                         await self.switches.served(e.group))
-                version = versions[e.group]
-                uid = None if version is None else (await self.switches.get(object_path(
-                    e.group, version, e.namespace, e.plural, e.name))).get(
-                        "metadata", {}).get("uid")
-            except ApiException as err:
-                if err.status != 404:
-                    kept.append(e)
-                    continue
+                with kube_errors():
+                    uid = await self._uid_now(e, versions)
+            except KubeNotFound:
                 uid = None
-            except (aiohttp.ClientError, TimeoutError):
+            except (KubeRefused, aiohttp.ClientError, TimeoutError):
                 kept.append(e)
                 continue
             if uid == e.uid:
@@ -162,10 +155,24 @@ class StopBook:
                          "gone" if uid is None else f"now uid {uid}")
         return kept
 
+    async def _uid_now(self, e: StopEntry, versions: dict[str, str | None]) -> str | None:
+        """The uid the recorded object has now; None where its group is not served."""
+        if e.group not in versions:
+            versions[e.group] = ("v1" if e.group in BUILT_IN else
+                                 await self.switches.served(e.group))
+        version = versions[e.group]
+        if version is None:
+            return None
+        obj = await self.switches.get(object_path(e.group, version, e.namespace, e.plural,
+                                                  e.name))
+        uid: str | None = obj.get("metadata", {}).get("uid")
+        return uid
+
     async def _read(self, path: str) -> dict[str, Any]:
         try:
-            return await self.switches.get(path)
-        except ApiException as e:
+            with kube_errors():
+                return await self.switches.get(path)
+        except KubeRefused as e:
             raise StopRecordError(f"reading {path} to record its stop: HTTP {e.status} "
                                   f"{e.reason}", e.status) from e
         except (aiohttp.ClientError, TimeoutError) as e:
