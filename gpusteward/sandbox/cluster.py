@@ -46,9 +46,9 @@ from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simul
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
-STOP_ORDER = ("reclaimer", "kueue", "kuberay", "scheduler", "extender", "noopextender",
-              "prometheus", "agent", "simulator", "ksm", "kwok", "controller-manager",
-              "apiserver", "etcd")
+STOP_ORDER = ("reclaimer", "kueue", "kuberay", "trainer", "jobset", "keda", "scheduler",
+              "extender", "noopextender", "prometheus", "agent", "simulator", "ksm", "kwok",
+              "controller-manager", "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
 # 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).
@@ -63,10 +63,10 @@ REPLICA_PREFIX = "extender/"  # extender replicas behind the "extender" proxy, s
 
 
 def stop_order(names: list[str]) -> list[str]:
-    """Process names in STOP_ORDER, each agent in the "agent" slot."""
+    """Process names in STOP_ORDER, each agent in the "agent" slot. A name it does not know
+    comes first, with the API server's other clients: one left out would never be stopped."""
     slot = {name: i for i, name in enumerate(STOP_ORDER)}
-    known = [n for n in names if n.split("/")[0] in slot]
-    return sorted(known, key=lambda n: slot[n.split("/")[0]])
+    return sorted(names, key=lambda n: slot.get(n.split("/")[0], -1))
 
 
 @dataclass
@@ -386,6 +386,7 @@ class Sandbox:
                 env={"LD_LIBRARY_PATH": str(library.parent),
                      CONFIG_ENV: str(config_path(self.hosts_dir, node))})
             self.procs[name] = proc.start()
+            self.save()  # on record at once, as _run does
             started.append((proc, f"http://127.0.0.1:{port}/healthz"))
         for proc, health in started:
             proc.wait_ready(partial(_http_ok, health))

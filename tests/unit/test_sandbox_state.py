@@ -7,7 +7,14 @@ from __future__ import annotations
 import json
 import sys
 
-from gpusteward.sandbox.cluster import Sandbox, SandboxConfig, stop_from_state
+from gpusteward.sandbox.cluster import (
+    STOP_ORDER,
+    Sandbox,
+    SandboxConfig,
+    stop_from_state,
+    stop_order,
+)
+from gpusteward.sandbox.controllers import STARTERS
 from gpusteward.sandbox.procs import pid_alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -32,3 +39,13 @@ def test_a_component_stopped_on_its_own_leaves_the_record(tmp_path):
     assert set(json.loads((tmp_path / "state.json").read_text())["pids"]) == {"scheduler"}
     box.stop()
     assert not (tmp_path / "state.json").exists()
+
+
+def test_every_controller_the_sandbox_can_start_has_a_place_in_the_stop_order():
+    assert set(STARTERS) <= set(STOP_ORDER)
+
+
+def test_the_stop_order_keeps_a_name_it_does_not_know_and_stops_it_first():
+    assert stop_order(["etcd", "agent/gpu-0", "newcomer", "reclaimer"]) == [
+        "newcomer", "reclaimer", "agent/gpu-0", "etcd"]
+
