@@ -40,7 +40,7 @@ from gpusteward.sandbox.gpuhosts import config_path, socket_path
 from gpusteward.sandbox.ksm import scrape_job as ksm_scrape_job
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
-from gpusteward.sandbox.procs import Proc, free_port, stop_pid
+from gpusteward.sandbox.procs import Proc, SandboxError, free_port, stop_pid
 from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simulator_path
 
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
@@ -547,13 +547,20 @@ class Sandbox:
 
 
 def stop_from_state(state_dir: Path) -> bool:
-    """`sandbox down`: stop what a previous `sandbox up` left running."""
+    """`sandbox down`: stop what a previous `sandbox up` (or `KEEP=1 make demo`) left running,
+    waiting for each to exit. One that outlives SIGKILL stays on record, for `down` again, and
+    raises SandboxError: "stopped" is said only of a sandbox with nothing left."""
     state_file = state_dir / "state.json"
     if not state_file.exists():
         return False
-    pids = json.loads(state_file.read_text()).get("pids", {})
-    for name in stop_order(list(pids)):
-        stop_pid(int(pids[name]))
+    state = json.loads(state_file.read_text())
+    pids = state.get("pids", {})
+    left = {name: pids[name] for name in stop_order(list(pids)) if not stop_pid(int(pids[name]))}
+    if left:
+        state["pids"] = left
+        state_file.write_text(json.dumps(state, indent=2))
+        raise SandboxError("still running after SIGKILL: " + ", ".join(
+            f"{name} (pid {pid})" for name, pid in left.items()))
     state_file.unlink()
     return True
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
+from gpusteward.sandbox import cluster
 from gpusteward.sandbox.cluster import (
     STOP_ORDER,
     Sandbox,
@@ -15,7 +18,7 @@ from gpusteward.sandbox.cluster import (
     stop_order,
 )
 from gpusteward.sandbox.controllers import STARTERS
-from gpusteward.sandbox.procs import pid_alive
+from gpusteward.sandbox.procs import SandboxError, pid_alive, stop_pid
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -49,3 +52,17 @@ def test_the_stop_order_keeps_a_name_it_does_not_know_and_stops_it_first():
     assert stop_order(["etcd", "agent/gpu-0", "newcomer", "reclaimer"]) == [
         "newcomer", "reclaimer", "agent/gpu-0", "etcd"]
 
+
+def test_a_process_that_outlives_sigkill_stays_on_record_and_down_says_so(tmp_path,
+                                                                          monkeypatch):
+    box = Sandbox(SandboxConfig(state_dir=tmp_path, detach=True, log=lambda m: None))
+    for name in ("reclaimer", "apiserver"):
+        box.run_process(name, SLEEPER, lambda: True)
+    stuck = box.procs["apiserver"].pid
+    monkeypatch.setattr(cluster, "stop_pid", lambda pid: pid != stuck and stop_pid(pid))
+    with pytest.raises(SandboxError, match=f"apiserver \\(pid {stuck}\\)"):
+        stop_from_state(tmp_path)
+    assert json.loads((tmp_path / "state.json").read_text())["pids"] == {"apiserver": stuck}
+    monkeypatch.undo()
+    assert stop_from_state(tmp_path)
+    assert not pid_alive(stuck)
