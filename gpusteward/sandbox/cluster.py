@@ -40,15 +40,15 @@ from gpusteward.sandbox.gpuhosts import config_path, socket_path
 from gpusteward.sandbox.ksm import scrape_job as ksm_scrape_job
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
-from gpusteward.sandbox.procs import Proc, free_port, stop_pid
+from gpusteward.sandbox.procs import Proc, SandboxError, free_port, stop_pid
 from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simulator_path
 
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
-STOP_ORDER = ("reclaimer", "kueue", "kuberay", "scheduler", "extender", "noopextender",
-              "prometheus", "agent", "simulator", "ksm", "kwok", "controller-manager",
-              "apiserver", "etcd")
+STOP_ORDER = ("reclaimer", "kueue", "kuberay", "trainer", "jobset", "keda", "scheduler",
+              "extender", "noopextender", "prometheus", "agent", "simulator", "ksm", "kwok",
+              "controller-manager", "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
 # 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).
@@ -63,10 +63,10 @@ REPLICA_PREFIX = "extender/"  # extender replicas behind the "extender" proxy, s
 
 
 def stop_order(names: list[str]) -> list[str]:
-    """Process names in STOP_ORDER, each agent in the "agent" slot."""
+    """Process names in STOP_ORDER, each agent in the "agent" slot. A name it does not know
+    comes first, with the API server's other clients: one left out would never be stopped."""
     slot = {name: i for i, name in enumerate(STOP_ORDER)}
-    known = [n for n in names if n.split("/")[0] in slot]
-    return sorted(known, key=lambda n: slot[n.split("/")[0]])
+    return sorted(names, key=lambda n: slot.get(n.split("/")[0], -1))
 
 
 @dataclass
@@ -386,6 +386,7 @@ class Sandbox:
                 env={"LD_LIBRARY_PATH": str(library.parent),
                      CONFIG_ENV: str(config_path(self.hosts_dir, node))})
             self.procs[name] = proc.start()
+            self.save()  # on record at once, as _run does
             started.append((proc, f"http://127.0.0.1:{port}/healthz"))
         for proc, health in started:
             proc.wait_ready(partial(_http_ok, health))
@@ -546,13 +547,20 @@ class Sandbox:
 
 
 def stop_from_state(state_dir: Path) -> bool:
-    """`sandbox down`: stop what a previous `sandbox up` left running."""
+    """`sandbox down`: stop what a previous `sandbox up` (or `KEEP=1 make demo`) left running,
+    waiting for each to exit. One that outlives SIGKILL stays on record, for `down` again, and
+    raises SandboxError: "stopped" is said only of a sandbox with nothing left."""
     state_file = state_dir / "state.json"
     if not state_file.exists():
         return False
-    pids = json.loads(state_file.read_text()).get("pids", {})
-    for name in stop_order(list(pids)):
-        stop_pid(int(pids[name]))
+    state = json.loads(state_file.read_text())
+    pids = state.get("pids", {})
+    left = {name: pids[name] for name in stop_order(list(pids)) if not stop_pid(int(pids[name]))}
+    if left:
+        state["pids"] = left
+        state_file.write_text(json.dumps(state, indent=2))
+        raise SandboxError("still running after SIGKILL: " + ", ".join(
+            f"{name} (pid {pid})" for name, pid in left.items()))
     state_file.unlink()
     return True
 

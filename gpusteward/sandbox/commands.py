@@ -61,7 +61,12 @@ def up(args: argparse.Namespace) -> int:
 
 
 def down(args: argparse.Namespace) -> int:
-    if stop_from_state(_state_dir(args)):
+    try:
+        stopped = stop_from_state(_state_dir(args))
+    except SandboxError as e:
+        _err(f"{e}; run `gpusteward sandbox down` again")
+        return 1
+    if stopped:
         print("sandbox stopped", file=sys.stderr)
     else:
         print("no sandbox running", file=sys.stderr)

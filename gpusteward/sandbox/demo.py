@@ -286,6 +286,23 @@ def print_whatif(box: Sandbox, since: float) -> bool:
     return out.returncode == 0
 
 
+def start_sandbox(state: Path, keep: bool, native_too: bool = False) -> Sandbox:
+    """The demo's sandbox. Kept (KEEP=1), its processes outlive the demo, each on record in
+    ``state`` as it starts, for `gpusteward sandbox down`."""
+    return Sandbox(SandboxConfig(state_dir=state, fleet=DEMO_FLEET, with_extender=True,
+                                 detach=keep, with_controllers=("kueue",) if native_too else (),
+                                 log=lambda m: print(f"  {m}", flush=True))).start()
+
+
+def start_reclaimer(box: Sandbox) -> Receiver:
+    """The reclaimer, started last, as one of the sandbox's processes (so on its record too),
+    with its notifications going to a webhook receiver in this process."""
+    receiver = Receiver()
+    box.cfg.policy = notifying(box, receiver)
+    box.start_reclaimer()
+    return receiver
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpusteward.sandbox.demo")
     parser.add_argument("--with", dest="extra", choices=["kueue"], action="append", default=[],
@@ -300,10 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("Starting the sandbox (the first run builds Kubernetes from Go modules: ~6 min)...")
     try:
-        box = Sandbox(SandboxConfig(state_dir=state, fleet=DEMO_FLEET, with_extender=True,
-                                    detach=keep, with_controllers=("kueue",) if native_too
-                                    else (),
-                                    log=lambda m: print(f"  {m}", flush=True))).start()
+        box = start_sandbox(state, keep, native_too)
     except (SandboxBuildError, SandboxError, TimeoutError) as e:
         print(f"demo failed to start the sandbox: {e}", file=sys.stderr)
         return 1
@@ -320,9 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             native.setup(box.api())
         print("\nStarting the reclaimer. The sandbox policy runs it in enforce mode with a 15 s"
               "\nidle window and a 4 s grace (shipped default: observe, 30 min, 15 min).\n")
-        receiver = Receiver()
-        box.cfg.policy = notifying(box, receiver)
-        box.start_reclaimer()
+        receiver = start_reclaimer(box)
         returned, reclaimed = watch_reclaimer(box, rows)
         allocated = sum(r["physical"] for r in rows)
         idle = {j.name for j in WORKLOAD if j.util == "0"}

@@ -141,15 +141,16 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def stop_pid(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM the process group, wait, then SIGKILL it."""
+def stop_pid(pid: int, timeout: float = 10.0) -> bool:
+    """SIGTERM the process group, wait, then SIGKILL it; whether the process is gone."""
     if not pid_alive(pid):
-        return
+        return True
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if not pid_alive(pid):
-                return
+                return True
             time.sleep(0.1)
+    return False
