@@ -247,7 +247,7 @@ class OwnerChains:
                 return None  # a ScaledObject without an HPA and not paused by us: not KEDA's now
             version = so.get("apiVersion", "").rpartition("/")[2]
             return msgspec.structs.replace(
-                base, how=PAUSE, in_progress=state == "asked",
+                base, how=PAUSE, in_progress=state == kinds.KedaPause.ASKED,
                 via=Switch(KEDA[1], KEDA[0], version, meta.get("name", "")))
         if named is None:
             return None

@@ -87,7 +87,7 @@ class Switches:
         if owner.how == PAUSE:
             scaled_object = await self.patch(path, on_version(await self.get(path), {
                 "metadata": {"annotations": {KEDA_PAUSED_REPLICAS: "0", **record}}}))
-            if kinds.keda_pause(scaled_object) == "taken":
+            if kinds.keda_pause(scaled_object) == kinds.KedaPause.TAKEN:
                 # KEDA took the pause but left the target running (kinds.keda_pause): finish
                 # it; paused, KEDA will not scale it back until restore removes the pause
                 target = replicas_path(owner, self.catalog)

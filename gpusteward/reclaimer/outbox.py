@@ -25,6 +25,7 @@ from typing import Protocol
 import msgspec
 
 from gpusteward.core.policy import Notifications, Sink
+from gpusteward.core.reclaim.model import StoredWord
 from gpusteward.core.reclaim.notice import Notice
 from gpusteward.core.times import DAY
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
@@ -37,10 +38,22 @@ KEEP_SENT = 2000
 MAX_BACKOFF = 300.0
 
 
+class Delivery(StoredWord):
+    """Where a notice's delivery to one sink stands (the outbox ConfigMap's ``state`` words).
+    One this version does not know is settled: neither sent again nor counted as waiting."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
+PENDING, SENT, FAILED = Delivery.PENDING, Delivery.SENT, Delivery.FAILED
+
+
 class Entry(msgspec.Struct, frozen=True):
     key: str  # sink name / notice id
     sink: str
-    state: str  # pending | sent | failed
+    state: Delivery
     at: float  # pending: when queued; sent, failed: when that happened
     notice: Notice | None = None  # pending only
     attempts: int = 0
@@ -118,7 +131,7 @@ class Outbox:
         self._count_pending()
 
     def _take_in(self) -> None:
-        waiting = sum(1 for e in self.entries.values() if e.state == "pending")
+        waiting = sum(1 for e in self.entries.values() if e.state == PENDING)
         while not self.queue.empty():
             sink, notice = self.queue.get_nowait()
             key = f"{sink}/{notice.id}"
@@ -129,7 +142,7 @@ class Outbox:
                 log.error("notification %s to sink %s dropped: %d wait for delivery "
                           "(notifications.queueSize)", notice.id, sink, waiting)
                 continue
-            self.entries[key] = Entry(key, sink, "pending", self.clock(), notice)
+            self.entries[key] = Entry(key, sink, PENDING, self.clock(), notice)
             waiting += 1
             self.dirty = True
 
@@ -139,18 +152,18 @@ class Outbox:
         if retry_at > now:
             return
         due = sorted((e for e in self.entries.values() if e.sink == name and
-                      e.state == "pending"), key=lambda e: (e.at, e.key))
+                      e.state == PENDING), key=lambda e: (e.at, e.key))
         for entry in due:
             assert entry.notice is not None
             if now - entry.notice.at > float(self.settings.retry_for):
-                self._settle(entry, "failed")
+                self._settle(entry, FAILED)
                 log.error("notification %s to sink %s given up after %d attempts in %s s",
                           entry.notice.id, name, entry.attempts, self.settings.retry_for)
                 continue
             await fenced()
             why = await self.deliver.send(self.sinks[name], entry.notice)
             if not why:
-                self._settle(entry, "sent")
+                self._settle(entry, SENT)
                 self.retry_at.pop(name, None)
                 continue
             failures += 1
@@ -162,13 +175,13 @@ class Outbox:
                         entry.notice.id, name, why, self.retry_at[name][1] - self.clock())
             return  # in order: the rest wait for this one
 
-    def _settle(self, entry: Entry, state: str) -> None:
+    def _settle(self, entry: Entry, state: Delivery) -> None:
         assert entry.notice is not None
         self.entries[entry.key] = Entry(entry.key, entry.sink, state, self.clock(),
-                                        attempts=entry.attempts + (state == "sent"))
+                                        attempts=entry.attempts + (state == SENT))
         self.metrics.notices.labels(entry.sink, entry.notice.event, state).inc()
         self.dirty = True
-        if state == "sent":
+        if state == SENT:
             log.info("notification %s sent to sink %s", entry.notice.id, entry.sink,
                      extra={"team": entry.notice.team, "pod": entry.notice.workload})
 
@@ -176,10 +189,10 @@ class Outbox:
         if not self.dirty or self.store is None:
             return
         now = self.clock()
-        done = sorted((e for e in self.entries.values() if e.state != "pending"
+        done = sorted((e for e in self.entries.values() if e.state != PENDING
                        and now - e.at < DAY), key=lambda e: e.at)[-KEEP_SENT:]
         self.entries = {e.key: e for e in done} | {
-            k: e for k, e in self.entries.items() if e.state == "pending"}
+            k: e for k, e in self.entries.items() if e.state == PENDING}
         await fenced()
         try:
             await self.store.save(list(self.entries.values()))
@@ -191,4 +204,4 @@ class Outbox:
     def _count_pending(self) -> None:
         for name in self.sinks:
             self.metrics.notices_pending.labels(name).set(sum(
-                1 for e in self.entries.values() if e.sink == name and e.state == "pending"))
+                1 for e in self.entries.values() if e.sink == name and e.state == PENDING))

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client
 from gpusteward.adapters.errors import AdapterError, KubeRefused
 from gpusteward.adapters.kube import CALL_TIMEOUT, kube_errors
 from gpusteward.core.reclaim import kinds
-from gpusteward.core.reclaim.model import RESTORE, RestoreAsk
+from gpusteward.core.reclaim.model import RESTORE, RestoreAsk, RestoreResult
 from gpusteward.reclaimer.restore import Restorer, RestoreRefused
 from gpusteward.reclaimer.stops import StopBook
 
@@ -44,22 +44,23 @@ class SelfService:
                       "Job": batch.patch_namespaced_job}
 
     async def answer(self, decided: Iterable[tuple[RestoreAsk, str]], writes: bool,
-                     fenced: Callable[[], Awaitable[None]]) -> list[tuple[RestoreAsk, str, str]]:
-        """(request, result, message); result: restored | refused | stale | skipped | error."""
+                     fenced: Callable[[], Awaitable[None]]
+                     ) -> list[tuple[RestoreAsk, RestoreResult, str]]:
+        """(request, result, message) for each request."""
         out = []
         for ask, why in decided:
             if not writes:
-                result, message = "skipped", why or f"would restore {ask.key}"
+                result, message = RestoreResult.SKIPPED, why or f"would restore {ask.key}"
             else:
                 await fenced()
                 result, message = await self._answer(ask, why)
-            log.log(logging.DEBUG if result == "skipped" else logging.INFO,
+            log.log(logging.DEBUG if result == RestoreResult.SKIPPED else logging.INFO,
                     "restore workload=%s team=%s gpus=%d result=%s msg=%r", ask.key, ask.team,
                     ask.gpus, result, message, extra={"team": ask.team, "pod": ask.key})
             out.append((ask, result, message))
         return out
 
-    async def _answer(self, ask: RestoreAsk, why: str) -> tuple[str, str]:
+    async def _answer(self, ask: RestoreAsk, why: str) -> tuple[RestoreResult, str]:
         # A JSON patch that removes the request only while it still says "true": the
         # controllers' own status writes in between do not stop it, a withdrawn request does.
         where = "/metadata/annotations/" + RESTORE.replace("~", "~0").replace("/", "~1")
@@ -69,21 +70,21 @@ class SelfService:
                     {"op": "test", "path": where, "value": "true"},
                     {"op": "remove", "path": where}], _request_timeout=CALL_TIMEOUT)
         except KubeRefused as e:  # withdrawn or gone since the LIST: the next cycle looks again
-            return "stale", f"{ask.key} changed since it was read (HTTP {e.status})"
+            return RestoreResult.STALE, f"{ask.key} changed since it was read (HTTP {e.status})"
         if why:
             await self.events.emit(ask.key, REFUSED, why, warning=True)
-            return "refused", why
+            return RestoreResult.REFUSED, why
         try:
             with kube_errors():
                 done = await self.restorer.restore(ask.namespace, ask.kind, ask.name)
         except RestoreRefused as e:
             await self.events.emit(ask.key, REFUSED, str(e), warning=True)
-            return "refused", str(e)
+            return RestoreResult.REFUSED, str(e)
         except AdapterError as e:
             failed = f"HTTP {e.status} {e.reason}" if isinstance(e, KubeRefused) else str(e)
             message = f"{ask.key} not restored: {failed}; set {RESTORE}=true again to retry"
             await self.events.emit(ask.key, REFUSED, message, warning=True)
-            return "error", message
+            return RestoreResult.ERROR, message
         message = f"{done} at its owner's request ({RESTORE}=true)"
         await self.events.emit(ask.key, RESTORED, message)
-        return "restored", message
+        return RestoreResult.RESTORED, message

@@ -18,7 +18,7 @@ from gpusteward.core.reclaim.model import Owner
 from gpusteward.core.reclaim.notice import from_cycle
 from gpusteward.core.times import HOUR, stamp
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
-from gpusteward.reclaimer.outbox import Outbox
+from gpusteward.reclaimer.outbox import PENDING, SENT, Entry, Outbox
 from gpusteward.sandbox.receiver import Receiver
 from tests.unit.test_reclaim_decide import NOW, POLICY, gpu_pod, snapshot, warned
 
@@ -195,3 +195,15 @@ async def test_messages_waiting_for_a_receiver_long_down_are_bounded(tmp_path, r
     assert box.metrics.notices.labels("ops", "warned", "dropped")._value.get() == 1
     assert box.metrics.notices_pending.labels("ops")._value.get() == 2
     await box.deliver.close()
+
+
+def test_a_delivery_state_this_version_does_not_know_reads_as_settled():
+    """The outbox ConfigMap keeps each delivery's state word; one a newer reclaimer wrote (or a
+    hand edit) decodes to a stand-in that is neither pending nor sent, and is written back as
+    it was read."""
+    raw = msgspec.json.encode([{"key": "ops/n1", "sink": "ops", "state": "bounced", "at": NOW},
+                               {"key": "ops/n2", "sink": "ops", "state": "pending", "at": NOW}])
+    later, waiting = msgspec.json.decode(raw, type=list[Entry])
+    assert later.state not in (PENDING, SENT) and waiting.state is PENDING
+    written = msgspec.json.decode(msgspec.json.encode([later, waiting]))
+    assert [e["state"] for e in written] == ["bounced", "pending"]

@@ -7,6 +7,7 @@ to do.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 from gpusteward.core.owners import (
@@ -136,10 +137,18 @@ def refused(k: Kind, obj: Mapping[str, Any]) -> str:
     return ""
 
 
-def keda_pause(scaled_object: Mapping[str, Any]) -> str:
-    """How far gpusteward's pause of a KEDA ScaledObject has got: "" (not paused by gpusteward),
-    "asked" (our paused-replicas: "0" is set, KEDA has not taken it yet) or "taken" (KEDA reports
-    its Paused condition: its HPA and scale loop are stopped, so nothing scales the target back).
+class KedaPause(StrEnum):
+    """How far gpusteward's pause of a KEDA ScaledObject has got (``keda_pause``)."""
+
+    NONE = ""  # not paused by gpusteward
+    ASKED = "asked"  # our paused-replicas: "0" is set, KEDA has not taken it yet
+    # KEDA reports its Paused condition: its HPA and scale loop are stopped, so nothing scales
+    # the target back
+    TAKEN = "taken"
+
+
+def keda_pause(scaled_object: Mapping[str, Any]) -> KedaPause:
+    """How far gpusteward's pause of a KEDA ScaledObject has got (KedaPause; false: none).
 
     KEDA v2.18 scales the target to the paused count only in a second reconcile, which can miss
     (kedacore/keda issues 7446 and 7663); a target still running once the pause is taken is left
@@ -147,10 +156,10 @@ def keda_pause(scaled_object: Mapping[str, Any]) -> str:
     meta = scaled_object.get("metadata", {})
     annotations = meta.get("annotations") or {}
     if annotations.get(KEDA_PAUSED_REPLICAS) != "0" or RECLAIM_REASON not in annotations:
-        return ""
+        return KedaPause.NONE
     conditions = scaled_object.get("status", {}).get("conditions") or []
     taken = any(c.get("type") == "Paused" and c.get("status") == "True" for c in conditions)
-    return "taken" if taken else "asked"
+    return KedaPause.TAKEN if taken else KedaPause.ASKED
 
 
 def let_go(k: Kind, obj: Mapping[str, Any]) -> bool:

@@ -73,6 +73,17 @@ class ActResult(StrEnum):
     ERROR = "error"
 
 
+class RestoreResult(StrEnum):
+    """How a self-service restore request was answered (the `result` label of
+    gpusteward_reclaimer_restores_total)."""
+
+    RESTORED = "restored"
+    REFUSED = "refused"  # the rules or the stop record say no: an Event says why
+    STALE = "stale"  # withdrawn or changed since it was read: the next cycle looks again
+    SKIPPED = "skipped"  # the mode writes nothing
+    ERROR = "error"  # the API server refused the restore: an Event says how to retry
+
+
 class Evidence(msgspec.Struct, frozen=True):
     """A pod's GPU utilization over one window, from telemetry.
 

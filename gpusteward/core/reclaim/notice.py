@@ -23,6 +23,7 @@ from gpusteward.core.reclaim.model import (
     Owner,
     Plan,
     RestoreAsk,
+    RestoreResult,
     Verdict,
 )
 from gpusteward.core.reclaim.selfservice import SELF_SERVICE_KINDS
@@ -110,12 +111,13 @@ def restore_hint(owner: Owner, how: How | None, policy: Policy) -> str:
             f"{owner.namespace}/{owner.kind}/{owner.name}")
 
 
-def restored(answered: Iterable[tuple[RestoreAsk, str, str]], now: float) -> list[Notice]:
+def restored(answered: Iterable[tuple[RestoreAsk, RestoreResult, str]],
+             now: float) -> list[Notice]:
     """Notices for self-service restores carried out (selfservice answers)."""
     return [Notice(id=f"restored/{ask.key}/{ask.version}", event="restored", at=now,
                    namespace=ask.namespace, kind=ask.kind, name=ask.name, team=ask.team,
                    message=message, gpus=ask.gpus)
-            for ask, result, message in answered if result == "restored"]
+            for ask, result, message in answered if result == RestoreResult.RESTORED]
 
 
 def _annotate(owner: Owner, assignment: str) -> str:
