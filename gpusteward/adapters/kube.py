@@ -310,10 +310,10 @@ def _status_error(status: int, body: bytes, what: str) -> KubeRefused:
         message = msgspec.json.decode(body, type=Status).message
     except msgspec.DecodeError:
         message = body[:200].decode(errors="replace")
-    error = kube_error(status, message, f"{what}: HTTP {status}: {message}", message)
-    if isinstance(error, WatchExpired):  # the server's message alone: the watch lists again
-        error = WatchExpired(message, status, message, message)
-    elif isinstance(error, KubeForbidden):
+    # 410: the server's message alone (the watch lists again)
+    said = message if status == WatchExpired.STATUS else f"{what}: HTTP {status}: {message}"
+    error = kube_error(status, message, said, message)
+    if isinstance(error, KubeForbidden):
         log.error("%s forbidden: grant get/list/watch on it to this ServiceAccount (%s)",
                   what, message)
     return error

@@ -34,7 +34,7 @@ from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Node, Pod
-from gpusteward.core.owners import BUILT_IN
+from gpusteward.core.owners import BUILT_IN, BUILT_IN_RESOURCES
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import Evidence, PastAction, Snapshot
@@ -60,12 +60,9 @@ class NamespaceObj(msgspec.Struct):
     metadata: Meta = msgspec.field(default_factory=Meta)
 
 
-WORKLOAD_PATHS = {
-    "ReplicaSet": "/apis/apps/v1/replicasets",
-    "Deployment": "/apis/apps/v1/deployments",
-    "StatefulSet": "/apis/apps/v1/statefulsets",
-    "Job": "/apis/batch/v1/jobs",
-}
+# The owners listed once a cycle, across namespaces (core.owners BUILT_IN_RESOURCES).
+WORKLOAD_PATHS = {kind: f"/apis/{BUILT_IN_RESOURCES[kind][0]}/{BUILT_IN_RESOURCES[kind][1]}"
+                  for kind in ("ReplicaSet", "Deployment", "StatefulSet", "Job")}
 
 
 def listed_links(owned: Mapping[str, list[Workload]]) -> list[Link]:

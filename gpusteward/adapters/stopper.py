@@ -19,11 +19,11 @@ from kubernetes_asyncio import client
 from gpusteward.adapters.errors import KubeNotFound, kube_error
 from gpusteward.adapters.kube import CALL_TIMEOUT, raw_get
 from gpusteward.core.owners import (
+    BUILT_IN,
     BUILT_IN_RESOURCES,
     KEDA_PAUSED_REPLICAS,
     PAUSE,
     SCALE,
-    group_of,
 )
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import FENCED_AT, REPLICAS_BEFORE, Owner
@@ -61,7 +61,6 @@ def switch_path(owner: Owner, catalog: kinds.Catalog) -> str:
 # The built-in owners a stop writes by path (core.owners BUILT_IN_RESOURCES): kind -> plural.
 APPS = {k: BUILT_IN_RESOURCES[k][1] for k in ("Deployment", "StatefulSet")}
 BUILT_IN_PLURALS = {**APPS, "Job": BUILT_IN_RESOURCES["Job"][1]}
-BUILT_IN_GROUPS = {k: group_of(BUILT_IN_RESOURCES[k][0]) for k in BUILT_IN_PLURALS}
 
 
 def replicas_path(owner: Owner, catalog: kinds.Catalog) -> str:
@@ -109,7 +108,7 @@ class Switches:
         else the owner), so a stop derived from an older read is refused (core.reclaim.takeover).
         Deliberately unfenced: changing the version is the point."""
         path = (switch_path(owner, self.catalog) if owner.how else
-                object_path(BUILT_IN_GROUPS[owner.kind], "v1", owner.namespace,
+                object_path(BUILT_IN[owner.kind], "v1", owner.namespace,
                             BUILT_IN_PLURALS[owner.kind], owner.name))
         await self.patch(path, {"metadata": {"annotations": {FENCED_AT: at}}})
 

@@ -84,19 +84,22 @@ KINDS: tuple[Kind, ...] = (
     Kind("kueue.x-k8s.io", "Workload", "workloads", DEACTIVATE, ("spec", "active"),
          source="kueue v0.17.0 apis/kueue/v1beta2/workload_types.go WorkloadSpec.Active"),
 )
-# Kinds the reclaimer already acts on through typed clients (core group, apps, batch).
-BUILT_IN = {"Pod": "", "ReplicaSet": "apps", "Deployment": "apps", "StatefulSet": "apps",
-            "DaemonSet": "apps", "Job": "batch"}
-# The built-in kinds the reclaimer writes or names by path: kind -> (apiVersion, plural).
+# The kinds the reclaimer acts on through typed clients (core group, apps, batch), each served
+# at v1 everywhere: kind -> (apiVersion, plural), for the paths it writes and the Events it names.
 BUILT_IN_RESOURCES = {"Pod": ("v1", "pods"), "ReplicaSet": ("apps/v1", "replicasets"),
                       "Deployment": ("apps/v1", "deployments"),
-                      "StatefulSet": ("apps/v1", "statefulsets"), "Job": ("batch/v1", "jobs")}
+                      "StatefulSet": ("apps/v1", "statefulsets"),
+                      "DaemonSet": ("apps/v1", "daemonsets"), "Job": ("batch/v1", "jobs")}
 # Kinds with a reason instead of a mechanism.
 NO_SWITCH = {("ray.io", "RayService"): "RayService has no spec.suspend (kuberay v1.5.0)"}
 
 
 def group_of(api_version: str) -> str:
     return api_version.rpartition("/")[0]
+
+
+BUILT_IN = {kind: group_of(v) for kind, (v, _) in BUILT_IN_RESOURCES.items()}  # kind -> group
+V1_GROUPS = set(BUILT_IN.values()) - {""}  # apps, batch: served at v1 everywhere
 
 
 def has_switch(group: str, kind: str) -> bool:

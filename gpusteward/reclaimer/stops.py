@@ -32,6 +32,7 @@ from gpusteward.adapters.errors import KubeNotFound, KubeRefused
 from gpusteward.adapters.kube import kube_errors
 from gpusteward.adapters.records import ConfigMapRecords, RecordsConflict, RecordsError
 from gpusteward.adapters.stopper import APPS, Switches, object_path
+from gpusteward.core.owners import V1_GROUPS
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import Action, How, StopEntry
 
@@ -41,7 +42,6 @@ KEY = "stops"
 RETRIES = 3
 MAX_ENTRIES = 1000  # a few hundred bytes each: well inside a ConfigMap's 1 MiB
 PRUNE_EVERY = 3600.0  # seconds between looks for entries whose object is gone
-BUILT_IN = {"apps", "batch"}  # served at v1 everywhere
 VIA_PLURAL = {"ScaledObject": "scaledobjects", "Workload": "workloads"}
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ class StopBook:
         obj = await self._read(path)
         replicas = None
         if how == How.SCALE:
-            scale = obj if group in BUILT_IN else await self._read(f"{path}/scale")
+            scale = obj if group in V1_GROUPS else await self._read(f"{path}/scale")
             replicas = int(scale.get("spec", {}).get("replicas") or 0)
         entry = StopEntry(action.owner.namespace, group, kind, plural, name,
                           obj.get("metadata", {}).get("uid", ""), how, replicas,
@@ -158,7 +158,7 @@ class StopBook:
     async def _uid_now(self, e: StopEntry, versions: dict[str, str | None]) -> str | None:
         """The uid the recorded object has now; None where its group is not served."""
         if e.group not in versions:
-            versions[e.group] = ("v1" if e.group in BUILT_IN else
+            versions[e.group] = ("v1" if e.group in V1_GROUPS else
                                  await self.switches.served(e.group))
         version = versions[e.group]
         if version is None:
