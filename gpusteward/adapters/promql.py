@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpusteward.core.attribution import POD_LABELS, SCRAPE_NODE_LABELS, VIRTUAL_GPU_LABEL
+from gpusteward.core.dcgm import XID_COUNT, XID_TOTAL
+from gpusteward.core.policy import Health
 from gpusteward.core.vocabulary import Concept, Unit, Vocabulary, fallback
 
 GPU_KEY = ("gpu", "GPU_I_ID")
@@ -77,3 +79,44 @@ def keeping(labels: Sequence[str]) -> str:
     bus id, model, driver) that, at 8,000 GPUs, were most of the bytes Prometheus encoded and
     we decoded; the caller keeps only those it reads."""
     return f"max by ({', '.join(labels)}) "
+
+
+GPU_PLACE = ("gpu", "UUID", "GPU_I_ID")  # with the node labels: one GPU, whoever holds it
+
+
+def fault_queries(health: Health, node_labels: Sequence[str], vocabulary: Vocabulary,
+                  window: float, window_span: str) -> dict[str, str]:
+    """Per GPU (and the pod its series name), the XIDs that count as faults within
+    ``health.xidWindow`` (``window_span``: its range text, adapters.promql.exact_range):
+
+    - ``xid_total``: the cumulative DCGM_EXP_XID_ERRORS_TOTAL rose (it also counts an XID
+      between two scrapes, which the gauge misses);
+    - ``xid_new``: a series of it appeared within the window: it appears with a GPU's first XID
+      of that code, so ``increase`` (which needs two samples) sees none. Matched on the GPU and
+      code alone: a pod arriving on a GPU with an old XID carries the old count in a series
+      of its own labels, which is history, not a fault;
+    - ``xid_counted``: the exporter's windowed count, where enabled, is above 0;
+    - ``xid_gauge``: the XID gauge shows a code it did not show at the window's start. It keeps
+      the last XID until the exporter restarts (NVIDIA/dcgm-exporter#500): a code it has held
+      for longer is history. Each code is a series of its own (``err_code``, ``err_msg``), so
+      the GPU's series then are compared, not one series' changes.
+    Ignored XIDs (application faults) count in none of them."""
+    labels = ["UUID", *gpu_labels(node_labels)]  # UUID: a DRA pod's GPU is known by it
+    by = keeping([*labels, "xid"])
+    gpu = ", ".join(dict.fromkeys([*node_labels, *GPU_PLACE]))
+    place = f"{gpu}, xid"
+    codes = "|".join(str(x) for x in sorted(health.ignored_xids))
+    skip = ['xid!=""'] + ([f'xid!~"{codes}"'] if codes else [])
+    total = f"{XID_TOTAL}{{{', '.join(skip)}}}"
+    counted = total.replace(XID_TOTAL, XID_COUNT)
+    ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
+    return {
+        "xid_total": by + f"(increase({total}[{window_span}]) > 0)",
+        "xid_new": f"{by}({total}) unless on ({place}) "
+                   f"max by ({place}) ({total} offset {int(window)}s)",
+        "xid_counted": by + f"(max_over_time({counted}[{window_span}]) > 0)",
+        "xid_gauge": keeping(labels) + vocabulary.union(
+            Concept.XID, Unit.CODE,
+            lambda x: f"(({x}{ignored}) unless on ({gpu}, err_code) {x} offset {int(window)}s)",
+            mark=False),
+    }

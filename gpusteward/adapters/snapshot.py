@@ -1,5 +1,6 @@
 """Read one reclaim Snapshot: a fixed set of LISTs from the API server and a fixed set of PromQL
-queries (2 freshness queries + 2 per idle window), whatever the number of pods.
+queries (2 freshness queries + 2 per idle window + 3 for GPU faults), whatever the number of
+pods.
 
 Evidence must reach the present: besides the fleet-wide probe (the newest sample of any GPU),
 each GPU's own newest sample is read, and a pod whose stalest GPU has not been sampled for
@@ -21,6 +22,7 @@ from kubernetes_asyncio import client
 from gpusteward.adapters.dra import KINDS as DRA_KINDS
 from gpusteward.adapters.dra import read as read_dra
 from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.adapters.faults import gpu_faults
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.owners import Link, OwnerChains, link_of
 from gpusteward.adapters.promclient import PrometheusClient
@@ -32,6 +34,7 @@ from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.dra import DEFAULT_DRIVER
 from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
+from gpusteward.core.health import Fault, pod_faults
 from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.owners import BUILT_IN, BUILT_IN_RESOURCES
@@ -110,6 +113,13 @@ class SnapshotReader:
         del wires, wire_nodes, chains
         self.who = self.attribution(nodes, pods, pod_nodes, by_uuid)
         evidence, ok, problem = await self.evidence(pods, now, self.who)
+        faults: dict[str, Fault] = {}
+        if ok:
+            try:
+                faults = pod_faults(pods, nodes, self.policy.health,
+                                    await gpu_faults(self.prometheus, self.policy, self.who))
+            except TelemetryUnavailable as e:  # no reclaim on evidence that may hide a fault
+                ok, problem = False, f"GPU fault series unreadable: {e}"
         return Snapshot(
             now=now, pods=pods, nodes=nodes, owners=owners,
             namespace_labels=ns_labels,
@@ -117,7 +127,7 @@ class SnapshotReader:
             recent_actions=tuple(recent),
             tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
             restore_asks=restore_asks(owned, ns_labels, names),
-            kueue=queued, doubted_series=self.doubted,
+            kueue=queued, doubted_series=self.doubted, faults=faults,
         )
 
     async def _lists(self) -> tuple[list[WirePod], list[WireNode], dict[str, dict[str, str]],

@@ -61,6 +61,7 @@ class AgentGpu:
     power_w: float = 0.0
     xid: int = 0
     xid_count: int = 0  # always 0: the agent exports no DCGM_EXP_XID_ERRORS_COUNT
+    xid_total: int = 0  # always 0: nor DCGM_EXP_XID_ERRORS_TOTAL
     pod: PodRef | None = None
     mig: MigInstance | None = None  # always None: the agent reads whole GPUs (docs/agent.md)
     error: str | None = None

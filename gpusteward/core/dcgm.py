@@ -26,7 +26,11 @@ reads or writes anything.
 Optionally (``xid_count_window_ms``) also the exporter's own ``DCGM_EXP_XID_ERRORS_COUNT``,
 commented out of its default CSV: per GPU one series per XID seen within the window, labelled
 ``window_size_in_ms`` and ``xid`` (sorted in with the label fields), or a single 0 without
-``xid`` when there was none.
+``xid`` when there was none. Optionally (``xid_total``) its cumulative
+``DCGM_EXP_XID_ERRORS_TOTAL`` (dcgm-exporter >= 4.8.3, also commented out of the default CSV):
+a counter per GPU and ``xid`` since the exporter started, whose series appears only once that
+XID occurred; labelled like the windowed count, without ``window_size_in_ms``. The double keeps
+one code per GPU (its last), where the exporter keeps a series for each code seen.
 
 Simplifications: ``DCGM_FI_DEV_FB_FREE`` is ``memory_mib - fb_used_mib`` (the
 real one also subtracts ``FB_RESERVED``); ``err_msg`` comes from a subset of the
@@ -50,6 +54,7 @@ __all__ = [
     "GPU_UTIL",
     "MIB",
     "XID_COUNT",
+    "XID_TOTAL",
     "XID_ERROR",
     "XID_ERRORS",
     "XID_GPU_LOST",
@@ -122,6 +127,8 @@ class ExportedGpu(Protocol):
     @property
     def xid_count(self) -> int: ...  # XIDs within the exporter's count window (all of ``xid``)
     @property
+    def xid_total(self) -> int: ...  # XIDs of code ``xid`` since the exporter started
+    @property
     def pod(self) -> PodRef | None: ...
     @property
     def vgpu(self) -> str: ...  # on a per-pod copy: its replica id
@@ -143,7 +150,7 @@ class Sample:
 
 @dataclass(frozen=True)
 class Family:
-    """One metric family (always a gauge here) and its samples in printed order."""
+    """One metric family (a gauge, but for COUNTERS) and its samples in printed order."""
 
     name: str
     help: str
@@ -171,6 +178,8 @@ GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 XID_ERRORS = "DCGM_FI_DEV_XID_ERRORS"
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+XID_TOTAL = "DCGM_EXP_XID_ERRORS_TOTAL"
+COUNTERS = frozenset({XID_TOTAL})  # the CSV's `counter` rows among the families printed
 
 # Field-ID order (150, 155, 203, 230, 251, 252, 1001), as the exporter prints them.
 DCGM_FIELDS = (
@@ -240,10 +249,16 @@ XID_COUNT_FIELD = Field(
 )
 
 
-def fields(xid_count_window_ms: int | None = None,
-           generation: Generation = LEGACY) -> tuple[Field, ...]:
-    """The fields an exporter prints, with ``DCGM_EXP_XID_ERRORS_COUNT`` when it counts XIDs."""
-    return generation.fields + ((XID_COUNT_FIELD,) if xid_count_window_ms else ())
+XID_TOTAL_FIELD = Field(
+    XID_TOTAL, "Total XID errors observed since exporter start.", lambda g: _go_int(g.xid_total))
+
+
+def fields(xid_count_window_ms: int | None = None, generation: Generation = LEGACY,
+           xid_total: bool = False) -> tuple[Field, ...]:
+    """The fields an exporter prints, with ``DCGM_EXP_XID_ERRORS_COUNT`` when it counts XIDs
+    in a window and ``DCGM_EXP_XID_ERRORS_TOTAL`` (``xid_total``) when it counts them all."""
+    return (generation.fields + ((XID_COUNT_FIELD,) if xid_count_window_ms else ())
+            + ((XID_TOTAL_FIELD,) if xid_total else ()))
 
 
 # Texts from dcgm-exporter's xidErrCodeToText for the XIDs a GPU fleet commonly sees.
@@ -297,6 +312,8 @@ def _labels(
         labels.append(("window_size_in_ms", str(xid_count_window_ms)))
         if gpu.xid_count:
             labels.append(("xid", str(gpu.xid)))
+    if field.name == XID_TOTAL:
+        labels.append(("xid", str(gpu.xid)))
     attributes: dict[str, str] = {}
     if field.name in _XID_FIELDS:
         attributes["err_code"] = str(gpu.xid)
@@ -322,6 +339,8 @@ def sample(
     ``node_label`` is ``Hostname`` in released exporters and ``hostname`` on dcgm-exporter main
     since May 2026. ``xid_count_window_ms``: the exporter's ``--xid-count-window-size``.
     """
+    if field.name == XID_TOTAL and not gpu.xid_total:
+        return None  # its series appears with the first XID
     if gpu.mig is not None and field.name in _UTIL_FIELDS:
         if gpu.mig.gpu_util == "absent":
             return None
@@ -339,6 +358,7 @@ def dcgm_families(
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
     generation: Generation = LEGACY,
+    xid_total: bool = False,
 ) -> list[Family]:
     """Every family one scrape prints for these entities, each with their samples in order."""
     gpus = list(gpus)
@@ -348,7 +368,8 @@ def dcgm_families(
             f, g, driver_version=driver_version, node_label=node_label,
             xid_count_window_ms=xid_count_window_ms, generation=generation)))
 
-    return [Family(f.name, f.help, printed(f)) for f in fields(xid_count_window_ms, generation)]
+    return [Family(f.name, f.help, printed(f))
+            for f in fields(xid_count_window_ms, generation, xid_total)]
 
 
 def gpu_id(labels: Mapping[str, str]) -> str:
@@ -373,6 +394,7 @@ def render_text(families: Iterable[Family]) -> str:
     """The text exposition (format 0.0.4) of these gauge families."""
     lines: list[str] = []
     for family in families:
-        lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} gauge"]
+        kind = "counter" if family.name in COUNTERS else "gauge"
+        lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} {kind}"]
         lines += [f"{family.name}{label_set(s.labels)} {s.value}" for s in family.samples]
     return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from gpusteward.core import model
 from gpusteward.core.cards import PRODUCT_LABEL
 from gpusteward.core.model import Node, OwnerRef, Pod, Taint, Toleration
 from gpusteward.core.times import parse_time
@@ -77,8 +78,17 @@ class NodeSpec(msgspec.Struct):
     unschedulable: bool = False
 
 
+class NodeCondition(msgspec.Struct):
+    type: str = ""
+    status: str = ""
+    reason: str | None = None
+    message: str | None = None
+
+
 class NodeStatus(msgspec.Struct):
     allocatable: dict[str, str | int | float] | None = None
+    capacity: dict[str, str | int | float] | None = None
+    conditions: list[NodeCondition] | None = None
 
 
 class WireNode(msgspec.Struct):
@@ -168,6 +178,10 @@ def to_node(w: WireNode, names: Sequence[str]) -> Node:
         taints=tuple(w.spec.taints or ()),
         unschedulable=w.spec.unschedulable,
         resources=resources,
+        capacity=_allocatable(w.status.capacity, names),
+        conditions=tuple(model.NodeCondition(c.type, c.status, c.reason or "", c.message or "")
+                         for c in w.status.conditions or ()),
+        annotation_keys=frozenset(w.metadata.annotations or ()),
     )
 
 

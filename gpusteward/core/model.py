@@ -36,6 +36,16 @@ class Toleration(msgspec.Struct, frozen=True):
         return self.operator == "Exists" or self.value == taint.value
 
 
+class NodeCondition(msgspec.Struct, frozen=True):
+    """A node condition as its writer set it (kubelet, node-problem-detector, a health
+    pipeline such as NVSentinel)."""
+
+    type: str
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+
+
 class Node(msgspec.Struct, frozen=True):
     name: str
     product: str | None  # the GFD nvidia.com/gpu.product label
@@ -46,6 +56,13 @@ class Node(msgspec.Struct, frozen=True):
     # The allocatable behind `gpus`, per resource name (MIG profiles and shared GPUs weigh
     # differently: core/sharing.py); empty means all `gpus` are of `nvidia.com/gpu`.
     resources: Mapping[str, int] = msgspec.field(default_factory=dict)
+    # The capacity of the same resources: the device plugin's devices, healthy or not (the
+    # kubelet leaves an unhealthy device out of allocatable only: core/health.py).
+    capacity: Mapping[str, int] = msgspec.field(default_factory=dict)
+    conditions: tuple[NodeCondition, ...] = ()
+    # The keys of its annotations only: a health pipeline's quarantine annotation holds a whole
+    # event, and 5,000 nodes' annotations were many megabytes the extender never reads.
+    annotation_keys: frozenset[str] = frozenset()
 
 
 class OwnerRef(msgspec.Struct, frozen=True):

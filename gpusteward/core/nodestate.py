@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import msgspec
 
 from gpusteward.core.attribution import held_only
+from gpusteward.core.health import Source, node_faults
 from gpusteward.core.model import GpuReading, Node, Pod
 from gpusteward.core.policy import Health
 from gpusteward.core.sharing import replicas
@@ -66,6 +67,11 @@ def build_node_state(
     allocated = sum(p.gpus for p in bound)
     fresh = held_only((r for r in readings if now - r.sampled_at <= stale_after),
                       {p.key for p in bound if p.gpus > 0})
+    quarantined = [f for f in node_faults(node, health) if f.source != Source.DEVICE_PLUGIN]
+    if quarantined:  # the node's own object says its GPUs failed: none takes new work
+        reason = "; ".join(str(f) for f in quarantined)
+        return NodeState(node, tier, allocated, None, max(0, node.gpus - allocated),
+                         node.gpus // replicas(node), reason, inflight)
     if not fresh:
         return NodeState(node, tier, allocated, None, None, inflight=inflight)
     young_after = min(min(r.sampled_at for r in fresh), now - warmup)

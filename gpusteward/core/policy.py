@@ -82,6 +82,18 @@ class TelemetryPolicy(Config, frozen=True):
                            for c, names in self.metrics.items() if c in CONCEPT_UNIT})
 
 
+# NVIDIA NVSentinel: its platform-connector sets a node condition named after each fatal check
+# (status True, reason `<check>IsNotHealthy`; False with `<check>IsHealthy` once healthy) of the
+# gpu-health-monitor (DCGM health watches) and the syslog-health-monitor (its default checks);
+# its fault-quarantine cordons the node and records the event in the `quarantineHealthEvent`
+# annotation. Its taints are configured per rule set, none by default.
+NVSENTINEL_CONDITIONS = (
+    "GpuXidError", "GpuMemWatch", "GpuInforomWatch", "GpuPcieWatch", "GpuNvLinkWatch",
+    "GpuThermalWatch", "GpuPowerWatch", "GpuNvswitchFatalWatch", "GpuThermalMarginWatch",
+    "GpuPowerBrakeWatch", "SysLogsXIDError", "SysLogsSXIDError", "SysLogsGPUFallenOff")
+NVSENTINEL_ANNOTATIONS = ("quarantineHealthEvent",)
+
+
 class Health(Config, frozen=True):
     # Datacenter GPUs throttle from about 85-90 °C; a GPU this hot should not take new work.
     max_temperature_c: Annotated[float, msgspec.Meta(ge=0, le=150)] = 90.0
@@ -89,6 +101,13 @@ class Health(Config, frozen=True):
     xid_window: Window = Duration(600)
     # XIDs 13, 31, 43 and 45 are raised by application faults, not broken hardware.
     ignored_xids: list[Count] = msgspec.field(default_factory=lambda: [13, 31, 43, 45])
+    # What a health pipeline writes on a node whose GPU failed: its GPUs are then faulty
+    # (core/health.py). Condition types count with status True. Defaults: NVIDIA NVSentinel's.
+    node_taints: list[Name] = msgspec.field(default_factory=list)
+    node_conditions: list[Name] = msgspec.field(
+        default_factory=lambda: list(NVSENTINEL_CONDITIONS))
+    node_annotations: list[Name] = msgspec.field(
+        default_factory=lambda: list(NVSENTINEL_ANNOTATIONS))
 
 
 class CardTier(Config, frozen=True):

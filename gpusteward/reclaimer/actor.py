@@ -49,6 +49,7 @@ from gpusteward.adapters.stopper import Stale, Switches
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds
 from gpusteward.core.reclaim.model import (
+    FAULTY_GPU,
     IDLE_SINCE,
     RECLAIM_AT,
     RECLAIM_BLOCKED,
@@ -68,7 +69,9 @@ log = logging.getLogger("gpusteward.reclaimer")
 
 EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
                 ActionKind.CLEAR: "GPUActive", ActionKind.RECLAIM: "GPUReclaimed",
-                ActionKind.BLOCK: "GPUReclaimBlocked", ActionKind.FENCE: "GPUReclaimOwnerFenced"}
+                ActionKind.BLOCK: "GPUReclaimBlocked", ActionKind.FENCE: "GPUReclaimOwnerFenced",
+                ActionKind.FAULT: "GPUFaulty"}
+WARNINGS = frozenset({ActionKind.BLOCK, ActionKind.FAULT})
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
 FENCED_EVENT_REASON = "GPUReclaimFenced"
 PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs",
@@ -108,7 +111,7 @@ class Actor:
             result = _log_refusal(action, e, PERMISSION[action.how or How.ANNOTATE])
         if result == ActResult.DONE:
             await self.event(action, EVENT_REASON[action.kind], action.message,
-                             warning=action.kind == ActionKind.BLOCK)
+                             warning=action.kind in WARNINGS)
         elif result == ActResult.BLOCKED:
             await self.event(action, BLOCKED_EVENT_REASON,
                              f"eviction refused by a PodDisruptionBudget; retrying next cycle "
@@ -133,7 +136,8 @@ class Actor:
                 await self._reclaim(action, fresh)
             else:
                 stage = {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
-                         ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block}
+                         ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block,
+                         ActionKind.FAULT: self._fault}
                 await stage[action.kind](action, fresh.version)
         except Stale as e:
             log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
@@ -185,7 +189,12 @@ class Actor:
         await self._annotate(action, {RECLAIM_AT: stamp(action.reclaim_at)}, version)
 
     async def _clear(self, action: Action, version: str) -> None:
-        await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None}, version)
+        await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None, FAULTY_GPU: None},
+                             version)
+
+    async def _fault(self, action: Action, version: str) -> None:
+        await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None,
+                                      FAULTY_GPU: action.message.partition(": ")[2]}, version)
 
     async def _block(self, action: Action, version: str) -> None:
         await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]},

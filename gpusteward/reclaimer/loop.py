@@ -53,7 +53,7 @@ from gpusteward.reclaimer.snoozes import SnoozeBook
 log = logging.getLogger("gpusteward.reclaimer")
 
 # What each mode lets through to the API server.
-_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK}
+_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK, ActionKind.FAULT}
 WRITES: dict[ReclaimMode, set[ActionKind]] = {
     ReclaimMode.OBSERVE: set(), ReclaimMode.WARN: _STAGES,
     ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM, ActionKind.FENCE}}

@@ -19,7 +19,8 @@ class ReclaimerMetrics:
         buildinfo.register(r)
         self.gpus = Gauge("gpusteward_gpus", "Physical GPUs held by running pods (a MIG slice or a "
                           "time-sliced replica counts as its share of the card), by team, card "
-                          "and state (allocated; of those idle, unknown: no evidence either way).",
+                          "and state (allocated; of those idle, unknown: no evidence either way, "
+                          "faulty: on a GPU a health source calls faulty).",
                           ["team", "card", "state"], registry=r)
         self.pods = Gauge("gpusteward_reclaimer_pods", "GPU pods by reclaim stage.", ["stage"],
                           registry=r)
@@ -97,7 +98,7 @@ class ReclaimerMetrics:
             card = cards.get(pod.node or "", "unknown")
             held = physical(pod.resources, pod.gpus, snap.nodes.get(pod.node or ""))
             gpus[(v.team, card, "allocated")] = gpus.get((v.team, card, "allocated"), 0.0) + held
-            if v.state in (VerdictState.IDLE, VerdictState.UNKNOWN):
+            if v.state in (VerdictState.IDLE, VerdictState.UNKNOWN, VerdictState.FAULTY):
                 gpus[(v.team, card, v.state)] = gpus.get((v.team, card, v.state), 0.0) + held
             if v.state == VerdictState.IDLE:
                 self.idle_seconds.labels(v.team).inc(held * interval)

@@ -11,9 +11,11 @@ from gpusteward.core.report.model import GroupRow, Report, TimePoint
 from gpusteward.core.times import span
 from gpusteward.report.render import (
     DEFAULT_LOOK,
+    FAULTY_HEADERS,
     QUEUE_HEADERS,
     QUOTA_HEADERS,
     Presentation,
+    faulty_cells,
     group_cells,
     headers,
     headline,
@@ -170,6 +172,9 @@ def to_html(r: Report, look: Presentation = DEFAULT_LOOK) -> str:
         _table(idle_pod_headers(look.currency), [idle_pod_cells(p) for p in r.top_idle], left=3,
                tail=2)
         if r.top_idle else "<p>none</p>",
+        *(["<h2>Pods on faulty GPUs</h2>",
+           _table(FAULTY_HEADERS, [faulty_cells(f) for f in r.faulty], left=3)]
+          if r.faulty else []),
         "<h2>Queue</h2>", queue if r.queue_groups else "<p>no pending GPU pods</p>",
         "<h2>Teams and quotas</h2>",
         _table(QUOTA_HEADERS, [quota_cells(q) for q in r.quotas]),

@@ -8,13 +8,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gpusteward.core.report.model import GroupRow, IdlePod, QueueGroup, Report, TeamQuota
+from gpusteward.core.report.model import (
+    FaultyPod,
+    GroupRow,
+    IdlePod,
+    QueueGroup,
+    Report,
+    TeamQuota,
+)
 from gpusteward.core.texttable import table
 from gpusteward.core.times import ago, span, stamp
 
 ROW_FIELDS = ("name", "allocatable", "allocated", "used", "idle", "unknown", "free",
               "allocation_ratio", "active_ratio", "mean_util_percent", "allocated_gpu_hours",
-              "idle_gpu_hours", "unknown_gpu_hours", "idle_cost")
+              "idle_gpu_hours", "unknown_gpu_hours", "idle_cost", "faulty")  # new fields last
 DIGITS = {"allocation_ratio": 4, "active_ratio": 4, "mean_util_percent": 1,
           "allocated_gpu_hours": 4, "idle_gpu_hours": 4, "unknown_gpu_hours": 4, "idle_cost": 2,
           "idle_since": 0, "wait_seconds": 0, "longest_wait_seconds": 0}
@@ -88,6 +95,7 @@ def document(r: Report, look: Presentation = DEFAULT_LOOK) -> dict[str, Any]:
                       for dim, groups in r.timelines.items()},
         "cluster": look.cluster,
         "currency": look.currency,
+        "faulty_pods": [_plain(f) for f in r.faulty],
     }
 
 
@@ -109,8 +117,8 @@ def to_csv(r: Report) -> str:
 
 def headers(currency: str) -> list[str]:
     """The group table's columns after the group name; the cost column names the currency."""
-    return ["ALLOCATABLE", "ALLOCATED", "USED", "IDLE", "UNKNOWN", "FREE", "ALLOC%", "ACTIVE%",
-            "UTIL%", "GPU-H", "IDLE GPU-H", f"IDLE {currency}"]
+    return ["ALLOCATABLE", "ALLOCATED", "USED", "IDLE", "UNKNOWN", "FAULTY", "FREE", "ALLOC%",
+            "ACTIVE%", "UTIL%", "GPU-H", "IDLE GPU-H", f"IDLE {currency}"]
 
 
 def _g(v: float | None, fmt: str = "{:g}") -> str:
@@ -120,7 +128,7 @@ def _g(v: float | None, fmt: str = "{:g}") -> str:
 def group_cells(g: GroupRow) -> list[str]:
     pct = "{:.0%}"
     return [g.name, _g(g.allocatable), _g(g.allocated), _g(g.used), _g(g.idle), _g(g.unknown),
-            _g(g.free), _g(g.allocation_ratio, pct), _g(g.active_ratio, pct),
+            _g(g.faulty), _g(g.free), _g(g.allocation_ratio, pct), _g(g.active_ratio, pct),
             _g(g.mean_util_percent, "{:.0f}"), _g(g.allocated_gpu_hours, "{:.2f}"),
             _g(g.idle_gpu_hours, "{:.2f}"), _g(g.idle_cost, "{:.2f}")]
 
@@ -133,6 +141,7 @@ def to_table(r: Report, look: Presentation = DEFAULT_LOOK) -> str:
     parts.append(table([group_cells(g) for g in r.groups], [r.by.upper(), *headers(look.currency)],
                        group_cells(r.totals)))
     parts.append(_idle_section(r, look.currency))
+    parts.append(_faulty_section(r))
     parts.append(_queue_section(r))
     parts.append(_quota_section(r))
     return "\n\n".join(p for p in parts if p) + "\n"
@@ -172,6 +181,11 @@ def queue_cells(g: QueueGroup) -> list[str]:
 
 
 QUEUE_HEADERS = ["TEAM", "CLASS", "PODS", "GPUS", "LONGEST WAIT"]
+FAULTY_HEADERS = ["POD", "TEAM", "NODE", "GPUS", "FAULT"]
+
+
+def faulty_cells(f: FaultyPod) -> list[str]:
+    return [f"{f.namespace}/{f.pod}", f.team, f.node, _g(f.gpus), f.fault]
 QUOTA_HEADERS = ["TEAM", "QUOTA", "USED", "BORROWED", "IDLE IN QUOTA", "IDLE BORROWED"]
 
 
@@ -186,6 +200,15 @@ def _idle_section(r: Report, currency: str) -> str:
         return "Top idle pods: none"
     return "Top idle pods\n" + table([idle_pod_cells(p) for p in r.top_idle],
                                      idle_pod_headers(currency), left=3)
+
+
+def _faulty_section(r: Report) -> str:
+    """Pods on faulty GPUs: shown only when there are any (a healthy fleet's report is as
+    before)."""
+    if not r.faulty:
+        return ""
+    return ("Pods on faulty GPUs (not idle, not reclaimed; the health pipeline owns the repair)\n"
+            + table([faulty_cells(f) for f in r.faulty], FAULTY_HEADERS, left=3))
 
 
 def _queue_section(r: Report) -> str:

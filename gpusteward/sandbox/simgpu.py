@@ -66,6 +66,7 @@ class SimGpu:
     power_w: float = 70.0
     xid: int = 0  # the gauge: dcgm-exporter keeps the last XID, however old
     xid_count: int = 0  # XIDs within the exporter's count window (all of code ``xid``)
+    xid_total: int = 0  # XIDs of code ``xid`` since the exporter started
     pod: PodRef | None = None
     shares: tuple[Share, ...] = ()  # per-pod copies (--kubernetes-virtual-gpus) in its place
     vgpu: str = ""  # on a per-pod copy: its replica id
@@ -121,6 +122,7 @@ def render_exposition(
     node_label: str = DEFAULT_NODE_LABEL,
     xid_count_window_ms: int | None = None,
     generation: Generation = LEGACY,
+    xid_total: bool = False,
 ) -> str:
     """One scrape of ``/metrics`` (text format 0.0.4) for the given GPUs.
 
@@ -132,7 +134,7 @@ def render_exposition(
     return render_text(dcgm_families(_entities(gpus), driver_version=driver_version,
                                      node_label=node_label,
                                      xid_count_window_ms=xid_count_window_ms,
-                                     generation=generation))
+                                     generation=generation, xid_total=xid_total))
 
 
 def render_openmetrics_history(
@@ -144,6 +146,7 @@ def render_openmetrics_history(
     xid_count_window_ms: int | None = None,
     scrape: Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]] | None = None,
     generation: Generation = LEGACY,
+    xid_total: bool = False,
 ) -> str:
     """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
@@ -164,11 +167,13 @@ def render_openmetrics_history(
     frames = [
         (ts, dcgm_families(_entities(gpus), driver_version=driver_version,
                            node_label=node_label, xid_count_window_ms=xid_count_window_ms,
-                           generation=generation))
+                           generation=generation, xid_total=xid_total))
         for ts, gpus in sorted(samples, key=lambda frame: frame[0])
     ]
     lines: list[str] = []
-    for i, field in enumerate(fields(xid_count_window_ms, generation)):
+    for i, field in enumerate(fields(xid_count_window_ms, generation, xid_total)):
+        # Typed gauge even for the XID counter: OpenMetrics names a counter's samples with a
+        # lower-case `_total`, which DCGM_EXP_XID_ERRORS_TOTAL is not; queries do not care.
         lines += [f"# HELP {field.name} {field.help}", f"# TYPE {field.name} gauge"]
         by_series: dict[str, list[str]] = {}
         for ts, families in frames:

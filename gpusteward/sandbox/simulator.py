@@ -229,12 +229,16 @@ class ExporterXids:
     """XIDs as dcgm-exporter shows them, from the XIDs the GPUs raise now.
 
     Its XID gauge keeps a GPU's last XID until the exporter restarts; its opt-in
-    DCGM_EXP_XID_ERRORS_COUNT counts the XIDs of the last ``window`` seconds (one per GPU here).
+    DCGM_EXP_XID_ERRORS_COUNT counts the XIDs of the last ``window`` seconds (one per GPU here)
+    and its opt-in DCGM_EXP_XID_ERRORS_TOTAL every XID since it started: one each time a GPU
+    starts raising one (a fault held for a while is one event).
     """
 
     def __init__(self, window: float = 0.0) -> None:
         self.window = window
         self._last: dict[tuple[str, int], tuple[int, float]] = {}
+        self._raised: dict[tuple[str, int], int] = {}  # the XID each GPU raised last time
+        self._total: dict[tuple[str, int, int], int] = {}
 
     def apply(self, gpus: Iterable[SimGpu], now: float) -> list[SimGpu]:
         out = []
@@ -242,9 +246,13 @@ class ExporterXids:
             key = (gpu.node, gpu.index)
             if gpu.xid:
                 self._last[key] = (gpu.xid, now)
+                if self._raised.get(key) != gpu.xid:
+                    self._total[(*key, gpu.xid)] = self._total.get((*key, gpu.xid), 0) + 1
+            self._raised[key] = gpu.xid
             xid, at = self._last.get(key, (0, 0.0))
             recent = bool(xid) and now - at <= self.window
-            out.append(dataclasses.replace(gpu, xid=xid, xid_count=int(recent)))
+            out.append(dataclasses.replace(gpu, xid=xid, xid_count=int(recent),
+                                           xid_total=self._total.get((*key, xid), 0)))
         return out
 
 
@@ -271,7 +279,7 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
         by_generation: dict[str, list[SimGpu]] = {"4.8": []}
         for gpu in gpus:  # each node's exporter prints its own generation's families
             by_generation.setdefault(_generation(fleet.nodes.get(gpu.node)), []).append(gpu)
-        text = "".join(render_exposition(group, xid_count_window_ms=window_ms,
+        text = "".join(render_exposition(group, xid_count_window_ms=window_ms, xid_total=True,
                                          generation=GENERATIONS[v],
                                          node_label=GENERATIONS[v].node_label)
                        for v, group in sorted(by_generation.items()) if group or v == "4.8")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpusteward.core.health import Fault, Source, pod_faults
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.model import Evidence, Snapshot, VerdictState
@@ -12,6 +13,7 @@ from gpusteward.core.report.aggregate import build_report
 from gpusteward.core.report.facts import pod_usages
 from gpusteward.core.report.model import DecisionState, ReportInput, Series, Window
 from gpusteward.core.report.sections import decisions
+from gpusteward.report.render import to_table
 from tests.factories import H100, L4
 
 NOW = 1_800_000_000.0
@@ -44,11 +46,12 @@ def samples(name: str, values: list[float | None], gpu: str = "0", node: str = "
 
 def report(pods: list[Pod], series: list[Series], *, by: str = "team",
            nodes: tuple[Node, ...] = NODES, evidence: dict[str, Evidence] | None = None,
-           telemetry_ok: bool = True, range_ok: bool = True):
+           telemetry_ok: bool = True, range_ok: bool = True,
+           faults: dict[str, Fault] | None = None):
     snap = Snapshot(now=NOW, pods=tuple(pods), nodes={n.name: n for n in nodes}, owners={},
                     namespace_labels={}, evidence={1800.0: evidence or {}},
                     telemetry_ok=telemetry_ok, telemetry_problem="" if telemetry_ok else "down",
-                    tiers={"h1": "premium", "l1": "economy"})
+                    tiers={"h1": "premium", "l1": "economy"}, faults=faults or {})
     inp = ReportInput(snap, WINDOW, tuple(series), range_ok=range_ok,
                       range_problem="" if range_ok else "prometheus down")
     return build_report(inp, POLICY, by=by)
@@ -213,3 +216,28 @@ def test_the_decision_column_has_a_word_for_every_verdict_and_for_a_halted_cycle
     (decision,) = decisions(snap, POLICY).values()
     assert (decision.state, decision.action) == ("halted", "none")
     assert "prometheus down" in decision.why
+
+
+def test_faulty_gpus_are_neither_idle_waste_nor_free():
+    # h1 has a pod on a GPU with an XID (idle by its readings); l1 is quarantined by NVSentinel
+    # (its free GPUs are faulty, not free) and its device plugin reports one GPU unhealthy.
+    xid = Fault(Source.XID, "XID 79 on GPU 0 within the health window")
+    quarantined = Node("l1", L4, 3, resources={"nvidia.com/gpu": 3},
+                       capacity={"nvidia.com/gpu": 4},
+                       annotation_keys=frozenset({"quarantineHealthEvent"}))
+    pods = [pod("broken"), pod("idle"), pod("on-l1", node="l1")]
+    nodes = (NODES[0], quarantined)
+    faults = pod_faults(pods, {n.name: n for n in nodes}, POLICY.health, {"ml/broken": xid})
+    r = report(pods, [samples("broken", ZERO), samples("idle", ZERO, gpu="1"),
+                      samples("on-l1", ZERO, node="l1")], by="card", nodes=nodes, faults=faults)
+    h100, l4 = r.groups
+    assert (h100.idle, h100.faulty, h100.free, h100.idle_gpu_hours) == (1.0, 1.0, 6.0,
+                                                                        pytest.approx(HOURS))
+    assert h100.idle_cost == pytest.approx(HOURS * 3.0)  # the healthy idle pod only
+    # on-l1 is faulty (its node is quarantined); 2 free GPUs there are faulty, 1 unhealthy
+    assert (l4.allocatable, l4.allocated, l4.idle, l4.faulty, l4.free) == (3.0, 1.0, 0.0, 4.0,
+                                                                           0.0)
+    assert [(f.pod, f.fault) for f in r.faulty] == [
+        ("broken", str(xid)), ("on-l1", "node l1 annotated quarantineHealthEvent "
+                                         "(node-annotation)")]
+    assert "Pods on faulty GPUs" in to_table(r)

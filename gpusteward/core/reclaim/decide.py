@@ -18,6 +18,7 @@ from gpusteward.core.owners import WHOLE_OWNER
 from gpusteward.core.policy import OwnerSwitch, Policy
 from gpusteward.core.reclaim import kinds, kueue, queue, selfservice, snooze
 from gpusteward.core.reclaim.model import (
+    FAULTY_GPU,
     IDLE_SINCE,
     RECLAIM_AT,
     RECLAIM_BLOCKED,
@@ -98,6 +99,14 @@ def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy, is_borrowed: bool,
         v = Verdict(pod.key, name, pod.gpus, VerdictState.PROTECTED, vetoes, rule=rule)
         clear = _clear(pod, name, Reason.PROTECTED, "; ".join(vetoes)) if _marked(pod) else None
         return v, clear, False, False
+    fault = snap.faults.get(pod.key)
+    if fault is not None:
+        v, note = _faulty(pod, name, str(fault), rule)
+        return v, note, False, False
+    if FAULTY_GPU in pod.annotations:  # repaired: the idle clock starts afresh
+        v = Verdict(pod.key, name, pod.gpus, VerdictState.UNKNOWN, ("GPU no longer faulty",),
+                    rule=rule)
+        return v, _clear(pod, name, Reason.HEALTHY, "its GPU is no longer faulty"), False, False
     own_state, _ = judge(_evidence(snap, rule, pod), rule, pod.gpus)
     rule = _effective(rule, policy, name, is_borrowed)
     evidence = _evidence(snap, rule, pod)
@@ -112,6 +121,17 @@ def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy, is_borrowed: bool,
     verdict = Verdict(pod.key, name, pod.gpus, state, (why,), evidence, rule, is_borrowed)
     action, is_due = _stage(pod, name, state, why, rule, snap.now)
     return verdict, action, own_state == _IDLE, is_due
+
+
+def _faulty(pod: Pod, team_name: str, why: str, rule: Rule) -> tuple[Verdict, Action | None]:
+    """A pod on a faulty GPU: neither idle nor busy. Its marks go, and a note says why, once
+    (the annotation holds the reason, so an unchanged fault writes nothing)."""
+    v = Verdict(pod.key, team_name, pod.gpus, VerdictState.FAULTY, (f"on a faulty GPU: {why}",),
+                rule=rule)
+    if pod.annotations.get(FAULTY_GPU) == why:
+        return v, None
+    return v, Action(ActionKind.FAULT, pod, team_name, Reason.FAULTY,
+                     f"on a faulty GPU, not judged idle: {why}")
 
 
 def _effective(rule: Rule, policy: Policy, team_name: str, is_borrowed: bool) -> Rule:
@@ -153,7 +173,8 @@ def _clear(pod: Pod, team_name: str, reason: Reason, why: str) -> Action:
 
 
 def _marked(pod: Pod) -> bool:
-    return IDLE_SINCE in pod.annotations or RECLAIM_AT in pod.annotations
+    a = pod.annotations
+    return IDLE_SINCE in a or RECLAIM_AT in a or FAULTY_GPU in a
 
 
 def how_to_reclaim(owner: Owner, policy: Policy) -> How:

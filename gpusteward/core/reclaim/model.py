@@ -9,6 +9,7 @@ from typing import Self
 
 import msgspec
 
+from gpusteward.core.health import Fault
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.owners import How
 
@@ -19,6 +20,7 @@ RECLAIM_REASON = "gpusteward.io/reclaim-reason"
 RECLAIMED_AT = "gpusteward.io/reclaimed-at"  # on an owner stopped through its own switch
 FENCED_AT = "gpusteward.io/fenced-at"  # on an owner a new leader fenced (core/reclaim/takeover)
 RECLAIM_BLOCKED = "gpusteward.io/reclaim-blocked"  # on a due pod: why nothing was stopped
+FAULTY_GPU = "gpusteward.io/faulty-gpu"  # on a pod whose GPU is faulty: why (core/health.py)
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"
 # Set by a workload's owner (core/reclaim/snooze.py): an RFC 3339 time or a duration.
@@ -36,6 +38,7 @@ class ActionKind(StrEnum):
     RECLAIM = "reclaim"  # due, or claimed by the queue: act on the owner
     BLOCK = "block"  # due, but no safe way to stop the owner: an Event says why
     FENCE = "fence"  # a new leader touches the owner of a reclaim begun by another (takeover.py)
+    FAULT = "fault"  # its GPU is faulty: write faulty-gpu, remove the idle marks
 
 
 class Reason(StrEnum):
@@ -47,10 +50,13 @@ class Reason(StrEnum):
     ACTIVE = "active"  # busy again: marks cleared
     PROTECTED = "protected"  # protected since it was marked: marks cleared
     SNOOZED = "snoozed"  # its owner snoozed reclaim: marks cleared until the snooze ends
+    FAULTY = "faulty"  # on a faulty GPU: not idle, whatever it reads (core/health.py)
+    HEALTHY = "healthy"  # its GPU is no longer faulty: the fault note goes, judged afresh
 
 
 class VerdictState(StrEnum):
     PROTECTED = "protected"  # a rule forbids touching the pod
+    FAULTY = "faulty"  # on a faulty GPU: never idle, never reclaimed as idle
     UNKNOWN = "unknown"  # the evidence says neither idle nor busy
     BUSY = "busy"
     IDLE = "idle"
@@ -301,6 +307,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     kueue: KueueDemand | None = None  # Workloads waiting for quota, where Kueue is installed
     # Utilization series named as percent that read as ratios (adapters/unitaudit.py)
     doubted_series: int = 0
+    # Bound pod key -> the fault its GPUs are under (core/health.pod_faults)
+    faults: Mapping[str, Fault] = msgspec.field(default_factory=dict)
 
 
 class Action(msgspec.Struct, frozen=True):

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
+from gpusteward.core.reclaim.model import FAULTY_GPU, IDLE_SINCE, RECLAIM_AT
 
-MARKS = (IDLE_SINCE, RECLAIM_AT)
+MARKS = (IDLE_SINCE, RECLAIM_AT, FAULTY_GPU)  # a fault noted meanwhile stops a reclaim
 DEFAULT_POD_GRACE = 30  # the API server's default terminationGracePeriodSeconds
 
 

@@ -62,7 +62,8 @@ def _present(pod: Pod, snap: Snapshot, policy: Policy, prices: Prices) -> PodFac
         owner=f"{owner.kind}/{owner.name}", gpus=physical(pod.resources, pod.gpus, node),
         expected_series=pod.gpus if shares == 1 else 1,
         start=pod.bound_at or pod.created_at, threshold=rule.threshold_percent,
-        min_coverage=rule.min_coverage, price=prices.of(node.product if node else None))
+        min_coverage=rule.min_coverage, price=prices.of(node.product if node else None),
+        fault=str(snap.faults.get(pod.key, "")))
 
 
 def _gone(key: str, series: list[Series], nodes: Mapping[str, Node],

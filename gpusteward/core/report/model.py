@@ -2,8 +2,9 @@
 
 Counts are in physical GPUs: a pod's `nvidia.com/gpu` request divided by its node's GFD
 `nvidia.com/gpu.replicas` (time-slicing), so shared GPUs are never counted twice. GPU-hours are
-GPUs times hours. A state is `busy`, `idle` or `unknown` — missing telemetry is unknown, never idle
-or busy.
+GPUs times hours. A state is `busy`, `idle`, `unknown` or `faulty` — missing telemetry is unknown,
+never idle or busy; a pod on a GPU a health source calls faulty (core/health.py) is faulty, and
+its hours are never idle waste.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class UsageState(StrEnum):
     BUSY = "busy"
     IDLE = "idle"
     UNKNOWN = "unknown"
+    FAULTY = "faulty"  # on a faulty GPU now: neither idle nor the team's waste
     GONE = "gone"  # left the cluster inside the window: counts for GPU-hours only
 
 
@@ -33,6 +35,7 @@ class DecisionState(StrEnum):
     or halted when the cycle stopped before judging any pod."""
 
     PROTECTED = VerdictState.PROTECTED.value
+    FAULTY = VerdictState.FAULTY.value
     UNKNOWN = VerdictState.UNKNOWN.value
     BUSY = VerdictState.BUSY.value
     IDLE = VerdictState.IDLE.value
@@ -120,6 +123,8 @@ class GroupRow(msgspec.Struct, frozen=True):
     used: float
     idle: float
     unknown: float
+    # held by pods on faulty GPUs, and faulty GPUs no pod holds (never counted as free)
+    faulty: float
     free: float | None
     allocation_ratio: float | None  # allocated / allocatable
     active_ratio: float | None  # used / allocated
@@ -150,6 +155,17 @@ class IdlePod(msgspec.Struct, frozen=True):
     idle_gpu_hours: float
     idle_cost: float | None
     reclaimer: Decision
+
+
+class FaultyPod(msgspec.Struct, frozen=True):
+    """A pod holding a GPU a health source calls faulty, and what it says."""
+
+    namespace: str
+    pod: str
+    team: str
+    node: str
+    gpus: float
+    fault: str
 
 
 class QueuedPod(msgspec.Struct, frozen=True):
@@ -199,3 +215,4 @@ class Report(msgspec.Struct, frozen=True):
     quotas: tuple[TeamQuota, ...]
     # dimension (team, card) -> group -> allocated vs used per slot
     timelines: Mapping[str, Mapping[str, tuple[TimePoint, ...]]]
+    faulty: tuple[FaultyPod, ...] = ()  # pods on faulty GPUs, most GPUs first

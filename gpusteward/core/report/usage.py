@@ -39,6 +39,7 @@ class PodFacts(msgspec.Struct, frozen=True):
     threshold: float  # idle threshold, percent
     min_coverage: float
     price: float | None  # $ per GPU-hour
+    fault: str = ""  # its GPUs are faulty now (core/health.py): why
 
 
 class _Slot(msgspec.Struct):
@@ -87,6 +88,10 @@ def pod_usage(facts: PodFacts, series: list[Series], window: Window) -> PodUsage
         timeline[t] = (facts.gpus, facts.gpus if used else 0.0)
     gpus_seen = len({(s.node, s.gpu) for s in series if s.points})
     state, why = _state(facts, tally, gpus_seen, window.end - window.start)
+    if facts.fault and state != UsageState.GONE:
+        # A broken GPU reads 0 %: its hours are no one's waste, and no evidence of idleness.
+        state, why = UsageState.FAULTY, f"on a faulty GPU: {facts.fault}"
+        tally.unknown, tally.idle, tally.idle_run_from = tally.unknown + tally.idle, 0.0, None
     idle_hours = facts.gpus * tally.idle / HOUR
     return PodUsage(
         namespace=facts.namespace, name=facts.name, team=facts.team, card=facts.card,
