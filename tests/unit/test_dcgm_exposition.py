@@ -149,6 +149,17 @@ def test_xid_series_carries_code_and_message(xid: int, err_msg: str) -> None:
     assert f'err_code="{xid}",err_msg="{err_msg}"}} {xid}' in line
 
 
+def test_the_xid_counter_is_opt_in_a_counter_and_appears_with_the_first_xid() -> None:
+    # DCGM_EXP_XID_ERRORS_TOTAL (dcgm-exporter >= 4.8.3, commented out of default-counters.csv
+    # as "counter, Total XID errors observed since exporter start."): labelled like the
+    # windowed count, with `xid`; no series before the GPU's first XID.
+    assert "DCGM_EXP_XID_ERRORS_TOTAL" not in render_exposition([free_gpu(xid_total=2)])
+    text = render_exposition([free_gpu(xid_total=2), busy_gpu()], xid_total=True)
+    assert "# TYPE DCGM_EXP_XID_ERRORS_TOTAL counter" in text
+    (line,) = sample_lines(text, "DCGM_EXP_XID_ERRORS_TOTAL")
+    assert line.endswith('DCGM_FI_DRIVER_VERSION="550.90.07",xid="79"} 2')
+
+
 def test_node_label_name_can_follow_the_rename_on_exporter_main() -> None:
     text = render_exposition([free_gpu()], node_label="hostname", driver_version="570.86.15")
 

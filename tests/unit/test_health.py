@@ -28,9 +28,9 @@ from tests.factories import H100, readings, state
 from tests.unit.test_reclaim_decide import NOW, POLICY, gpu_pod, kinds, snapshot, warned
 
 HEALTH = POLICY.health  # NVSentinel's conditions and annotation: no taint by default
-# NVSentinel's taints are per rule set; this is the one its fault-quarantine e2e test configures
-# (fault-quarantine reconciler_e2e_test.go, "syslog-xid-critical-errors").
-QUARANTINE = Taint("nvidia.com/syslog-xid-error", "true", "NoSchedule")
+# NVSentinel's taints are per rule set, none by default; this is the commented example of its
+# chart (distros/kubernetes/nvsentinel/charts/fault-quarantine/values.yaml, `taint:`).
+QUARANTINE = Taint("nvidia.com/gpu-error", "fatal", "NoSchedule")
 TAINTED = parse_policy({"health": {"nodeTaints": [QUARANTINE.key]}}).health
 XID79 = Fault(Source.XID, "XID 79 on GPU 0 within the health window (DCGM_EXP_XID_ERRORS_TOTAL "
                           "rose)")

@@ -224,3 +224,21 @@ def test_exported_xids_stick_in_the_gauge_and_leave_the_count_after_its_window()
     assert shown(0, 111) == (79, 1)  # the label went, the count lasts its window
     assert shown(0, 112) == (79, 0)  # the gauge keeps the last XID, as dcgm-exporter's does
     assert shown(48, 200) == (48, 1)
+
+
+def test_the_xid_counter_counts_each_xid_a_gpu_starts_raising():
+    # DCGM_EXP_XID_ERRORS_TOTAL: cumulative since the exporter started, per GPU and code; a
+    # fault held across scrapes is one event (dcgm-exporter README, "Cumulative XID and clock
+    # event counters").
+    xids = ExporterXids(window=10)
+
+    def total(xid: int, at: float) -> tuple[int, int]:
+        (gpu,) = xids.apply([SimGpu("n", 0, "NVIDIA L4", xid=xid)], at)
+        return gpu.xid, gpu.xid_total
+
+    assert total(0, 100) == (0, 0)  # no series before the first XID
+    assert total(79, 101) == (79, 1)
+    assert total(79, 102) == (79, 1)  # still raising it: the same event
+    assert total(0, 103) == (79, 1)
+    assert total(79, 104) == (79, 2)
+    assert total(48, 105) == (48, 1)  # another code, another series
