@@ -15,7 +15,7 @@ from typing import Any
 from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.promql import exact_range, fault_queries
 from gpusteward.core.attribution import Attribution
-from gpusteward.core.dcgm import gpu_id
+from gpusteward.core.dcgm import MAX_XID, gpu_id
 from gpusteward.core.health import Fault, Source
 from gpusteward.core.policy import Policy
 
@@ -23,7 +23,6 @@ log = logging.getLogger("gpusteward.faults")
 
 _NAMES = {"xid_total": "DCGM_EXP_XID_ERRORS_TOTAL rose", "xid_new": "DCGM_EXP_XID_ERRORS_TOTAL",
           "xid_counted": "DCGM_EXP_XID_ERRORS_COUNT", "xid_gauge": "the XID gauge"}
-_MAX_XID = 10_000  # as adapters/telemetry.py: driver codes are small
 
 
 async def gpu_faults(prometheus: PrometheusClient, policy: Policy, who: Attribution
@@ -63,7 +62,7 @@ def _code(name: str, labels: Mapping[str, str], value: str) -> int | None:
         number = float(text)
     except ValueError:
         number = math.nan
-    if not (math.isfinite(number) and number.is_integer() and 0 < number <= _MAX_XID):
+    if not (math.isfinite(number) and number.is_integer() and 0 < number <= MAX_XID):
         log.warning("fault series %s skipped: %r is no XID (%s)", name, text, labels)
         return None
     return int(number)

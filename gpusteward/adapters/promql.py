@@ -84,6 +84,17 @@ def keeping(labels: Sequence[str]) -> str:
 GPU_PLACE = ("gpu", "UUID", "GPU_I_ID")  # with the node labels: one GPU, whoever holds it
 
 
+def xid_matchers(health: Health) -> list[str]:
+    """Label matchers of the XID series that count (``xid`` labelled, not ignored)."""
+    codes = "|".join(str(x) for x in sorted(health.ignored_xids))
+    return ['xid!=""'] + ([f'xid!~"{codes}"'] if codes else [])
+
+
+def not_ignored(health: Health) -> str:
+    """A filter for an XID gauge's value: no XID (0) and ignored XIDs dropped."""
+    return "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
+
+
 def fault_queries(health: Health, node_labels: Sequence[str], vocabulary: Vocabulary,
                   window: float, window_span: str) -> dict[str, str]:
     """Per GPU (and the pod its series name), the XIDs that count as faults within
@@ -105,11 +116,9 @@ def fault_queries(health: Health, node_labels: Sequence[str], vocabulary: Vocabu
     by = keeping([*labels, "xid"])
     gpu = ", ".join(dict.fromkeys([*node_labels, *GPU_PLACE]))
     place = f"{gpu}, xid"
-    codes = "|".join(str(x) for x in sorted(health.ignored_xids))
-    skip = ['xid!=""'] + ([f'xid!~"{codes}"'] if codes else [])
-    total = f"{XID_TOTAL}{{{', '.join(skip)}}}"
-    counted = total.replace(XID_TOTAL, XID_COUNT)
-    ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
+    matchers = ", ".join(xid_matchers(health))
+    total, counted = f"{XID_TOTAL}{{{matchers}}}", f"{XID_COUNT}{{{matchers}}}"
+    ignored = not_ignored(health)
     return {
         "xid_total": by + f"(increase({total}[{window_span}]) > 0)",
         "xid_new": f"{by}({total}) unless on ({place}) "

@@ -21,11 +21,13 @@ from gpusteward.adapters.promql import (
     exact_range,
     gpu_labels,
     keeping,
+    not_ignored,
     sampled,
     utilization,
+    xid_matchers,
 )
 from gpusteward.core.attribution import claimed_pod, honor_mode, is_per_pod, node_of
-from gpusteward.core.dcgm import XID_COUNT, gpu_id
+from gpusteward.core.dcgm import MAX_XID, XID_COUNT, gpu_id
 from gpusteward.core.model import GpuReading, Telemetry
 from gpusteward.core.policy import Health, TelemetryPolicy
 from gpusteward.core.vocabulary import Concept, Unit, Vocabulary
@@ -52,15 +54,14 @@ def queries(health: Health, node_labels: Sequence[str],
     exporter also has its windowed DCGM_EXP_XID_ERRORS_COUNT enabled (``xid_nodes``: one series
     per node), that count is believed instead (``xid_counted``: only GPUs with a non-ignored
     XID in the window)."""
-    ignored = "".join(f" != {x}" for x in sorted({0, *health.ignored_xids}))
+    ignored = not_ignored(health)
     window = f"{int(health.xid_window)}s"
     step = f"{max(1, int(health.xid_window) // 40)}s"  # ~40 points per series and window
     words = vocabulary or Vocabulary()
     labels = gpu_labels(node_labels)
     by = keeping(labels)
     xid_window = f"[{exact_range(health.xid_window, left_closed)}:{step}]"
-    counted = ['xid!=""'] + ([f'xid!~"{"|".join(str(x) for x in sorted(health.ignored_xids))}"']
-                             if health.ignored_xids else [])
+    counted = xid_matchers(health)
     return {
         # instant readings: unmarked (see Vocabulary.union)
         "util": by + utilization(words, Unit.RATIO, mark=False),
@@ -210,7 +211,7 @@ class PrometheusSource:
         if name == "xid_counted":
             xid = labels.get("xid")
             if not (isinstance(xid, str) and xid.isascii() and xid.isdigit()
-                    and int(xid) <= _MAX_XID):
+                    and int(xid) <= MAX_XID):
                 raise BadSeries("malformed", f"xid label {xid!r}", key)
         return key, labels, value
 
@@ -252,12 +253,10 @@ class BadSeries(ValueError):
         self.key = key
 
 
-# XIDs are small driver codes (the highest documented is below 200); a bound keeps int() sane.
-_MAX_XID = 10_000
 # Plausible values per query (finite bounds, so one comparison also refuses NaN and ±Inf);
 # anything else is a broken exporter or a bad recording rule.
 _RANGE = {"util": (0.0, 1.0 + 1e-6), "util_at": (0.0, 1e11), "temp": (-50.0, 200.0),
-          "fb_used": (0.0, 1e9), "xid": (0.0, _MAX_XID), "xid_counted": (0.0, 1e12),
+          "fb_used": (0.0, 1e9), "xid": (0.0, MAX_XID), "xid_counted": (0.0, 1e12),
           "xid_nodes": (0.0, 1e12)}
 _ANY = (-1e300, 1e300)
 _WHOLE = frozenset({"xid", "xid_counted"})

@@ -75,6 +75,7 @@ __all__ = [
 
 DEFAULT_DRIVER_VERSION = "550.90.07"
 XID_GPU_LOST = 79  # what the driver logs when a GPU falls off the bus (NVML: GPU_IS_LOST)
+MAX_XID = 10_000  # XIDs are small driver codes (the highest documented is below 200)
 MIB = 1 << 20  # NVML counts memory in bytes, the exporter prints MiB
 DEFAULT_NODE_LABEL = "Hostname"
 

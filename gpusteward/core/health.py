@@ -28,6 +28,9 @@ import msgspec
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import Health
 
+# A condition's reason is free text its writer chose; it goes into an annotation and an Event.
+REASON_CHARS = 128
+
 
 class Source(StrEnum):
     """Where a fault was read: shown after its reason, in Events, the report and filter reasons."""
@@ -58,7 +61,7 @@ def node_faults(node: Node, health: Health) -> tuple[Fault, ...]:
                  + (f"={t.value}" if t.value else "") + f":{t.effect}")
            for t in node.taints if t.key in health.node_taints]
     out += [Fault(Source.NODE_CONDITION, f"node {node.name} condition {c.type}"
-                  + (f" ({c.reason})" if c.reason else ""))
+                  + (f" ({c.reason[:REASON_CHARS]})" if c.reason else ""))
             for c in node.conditions if c.status == "True" and c.type in health.node_conditions]
     out += [Fault(Source.NODE_ANNOTATION, f"node {node.name} annotated {key}")
             for key in sorted(node.annotation_keys & set(health.node_annotations))]

@@ -10,9 +10,8 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from gpusteward.core import model
 from gpusteward.core.cards import PRODUCT_LABEL
-from gpusteward.core.model import Node, OwnerRef, Pod, Taint, Toleration
+from gpusteward.core.model import Node, NodeCondition, OwnerRef, Pod, Taint, Toleration
 from gpusteward.core.times import parse_time
 
 
@@ -55,9 +54,12 @@ class PodSpec(msgspec.Struct, rename="camel"):
 
 
 class Condition(msgspec.Struct, rename="camel"):
+    """A pod's or a node's condition."""
+
     type: str = ""
     status: str = ""
     reason: str | None = None
+    message: str | None = None
     last_transition_time: str | None = None
 
 
@@ -78,17 +80,10 @@ class NodeSpec(msgspec.Struct):
     unschedulable: bool = False
 
 
-class NodeCondition(msgspec.Struct):
-    type: str = ""
-    status: str = ""
-    reason: str | None = None
-    message: str | None = None
-
-
 class NodeStatus(msgspec.Struct):
     allocatable: dict[str, str | int | float] | None = None
     capacity: dict[str, str | int | float] | None = None
-    conditions: list[NodeCondition] | None = None
+    conditions: list[Condition] | None = None
 
 
 class WireNode(msgspec.Struct):
@@ -179,7 +174,7 @@ def to_node(w: WireNode, names: Sequence[str]) -> Node:
         unschedulable=w.spec.unschedulable,
         resources=resources,
         capacity=_allocatable(w.status.capacity, names),
-        conditions=tuple(model.NodeCondition(c.type, c.status, c.reason or "", c.message or "")
+        conditions=tuple(NodeCondition(c.type, c.status, c.reason or "", c.message or "")
                          for c in w.status.conditions or ()),
         annotation_keys=frozenset(w.metadata.annotations or ()),
     )

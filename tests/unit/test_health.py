@@ -161,3 +161,11 @@ def test_the_device_plugins_unhealthy_gpus_are_already_out_of_allocatable():
     s = state(n, gpu_readings=readings(utils=[0.0] * 7))
     assert filter_node(s, Demand(gpus=7, card_patterns=(), class_name="training")).ok
     assert not filter_node(s, Demand(gpus=8, card_patterns=(), class_name="training")).ok
+
+
+def test_a_conditions_free_text_reason_is_bounded_in_the_fault():
+    # It is written into the pod's annotation and an Event: a node writer's 1 MB reason must
+    # not make every fault write fail.
+    n = node(conditions=(NodeCondition("GpuMemWatch", "True", "X" * 1_000_000),))
+    (fault,) = node_faults(n, HEALTH)
+    assert len(fault.reason) < 200

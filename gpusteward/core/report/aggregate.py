@@ -69,8 +69,9 @@ Spare = tuple[float, float]  # faulty GPUs no pod holds: (of the allocatable, be
 
 def faulty_spare(inp: ReportInput, policy: Policy) -> dict[str, Spare]:
     """Node -> physical GPUs no pod holds that a health source calls faulty: every free GPU of
-    a node quarantined by taint or condition (allocatable, so not free), and the unhealthy
-    devices the kubelet keeps out of allocatable (capacity - allocatable)."""
+    a node quarantined by a pipeline's condition, annotation or taint (allocatable, so not
+    free), and the unhealthy devices the kubelet keeps out of allocatable (capacity -
+    allocatable)."""
     snap = inp.snapshot
     held: dict[str, float] = defaultdict(float)
     for p in snap.pods:
@@ -106,8 +107,7 @@ def _by_group(inp: ReportInput, by: str, spare: Mapping[str, Spare]) -> dict[str
 
 
 def faulty_pods(usages: Iterable[PodUsage]) -> tuple[FaultyPod, ...]:
-    found = [FaultyPod(u.namespace, u.name, u.team, u.node, u.gpus,
-                       u.why.removeprefix("on a faulty GPU: "))
+    found = [FaultyPod(u.namespace, u.name, u.team, u.node, u.gpus, u.fault)
              for u in usages if u.state == UsageState.FAULTY]
     return tuple(sorted(found, key=lambda f: (-f.gpus, f.namespace, f.pod)))
 

@@ -110,6 +110,7 @@ class PodUsage(msgspec.Struct, frozen=True):
     idle_cost: float | None
     # slot end -> (allocated GPUs, used GPUs) for the timeline charts
     timeline: Mapping[float, tuple[float, float]] = msgspec.field(default_factory=dict)
+    fault: str = ""  # state faulty: what the health source says
 
     @property
     def key(self) -> str:

@@ -102,7 +102,7 @@ def pod_usage(facts: PodFacts, series: list[Series], window: Window) -> PodUsage
         util_seconds=facts.gpus * tally.util, measured_seconds=facts.gpus * tally.measured,
         idle_since=tally.idle_run_from,  # start of the idle slots that end the window
         idle_cost=None if facts.price is None else idle_hours * facts.price,
-        timeline=timeline)
+        timeline=timeline, fault=facts.fault if state == UsageState.FAULTY else "")
 
 
 def _count(tally: _Tally, facts: PodFacts, slot: _Slot | None, lo: float, dt: float) -> bool:
