@@ -219,13 +219,17 @@ class Answers:
     def created(self, a: int, b: int) -> list[str]:
         return self._static(a, b, lambda p: ({"uid": p.uid}, f"{self.at(p.pending_from):.0f}"))
 
+    def xid(self, a: int, b: int) -> list[str]:
+        return []  # a healthy fleet: no GPU's DCGM_EXP_XID_ERRORS_TOTAL series exists
+
     def model(self, a: int, b: int) -> list[str]:
         return [self._series({"UUID": f"GPU-{n:04d}-{g}", "gpu": str(g), "Hostname": node,
                               "modelName": MODELS[n % 2]}, [(range(b, b + 1), "0")])
                 for n, node in enumerate(self.fleet.nodes) for g in range(8)]
 
 
-KINDS = [("info", "kube_pod_info"), ("phase", "kube_pod_status_phase"),
+KINDS = [("xid", "DCGM_EXP_XID_ERRORS_TOTAL"),
+         ("info", "kube_pod_info"), ("phase", "kube_pod_status_phase"),
          ("gpus", "kube_pod_container_resource_requests"), ("owner", "kube_pod_owner"),
          ("labels", "kube_pod_labels"), ("created", "kube_pod_created"), ("model", "modelName"),
          # by the DCGM selector inside, whatever wraps it (core/vocabulary.py's union)

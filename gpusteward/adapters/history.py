@@ -6,8 +6,10 @@ the number of queries is ``len(QUERIES) * chunks`` whatever the number of pods, 
 
 * per step (ranges covering ``(t - step, t]`` on every Prometheus major, see ``step_range``):
   which pods existed and on which node (``kube_pod_info``), their phase
-  (``kube_pod_status_phase``), and each GPU's peak and sample count, by the live reclaimer's
-  own evidence PromQL at a window of one step (``adapters.snapshot.evidence_queries``);
+  (``kube_pod_status_phase``), each GPU's peak and sample count, by the live reclaimer's
+  own evidence PromQL at a window of one step (``adapters.snapshot.evidence_queries``), and
+  each GPU's cumulative XID count per code (``DCGM_EXP_XID_ERRORS_TOTAL``, the XIDs the policy
+  does not ignore), whose rises are the faults the replay holds for ``health.xidWindow``;
 * once per chunk (``last_over_time`` over the chunk): GPU requests
   (``kube_pod_container_resource_requests``), owners (``kube_pod_owner``), allow-listed labels
   (``kube_pod_labels``), creation times (``kube_pod_created``) and each GPU's model name.
@@ -19,8 +21,9 @@ import re
 
 from gpusteward.adapters.historyfold import Facts, ksm_resource
 from gpusteward.adapters.promclient import PrometheusClient, is_left_closed
-from gpusteward.adapters.promql import exact_range, keeping, utilization
+from gpusteward.adapters.promql import GPU_PLACE, exact_range, keeping, utilization, xid_matchers
 from gpusteward.adapters.snapshot import evidence_queries
+from gpusteward.core.dcgm import XID_TOTAL
 from gpusteward.core.policy import Policy
 from gpusteward.core.times import HOUR
 from gpusteward.core.whatif.history import Grid, History
@@ -40,6 +43,10 @@ def queries(policy: Policy, step: float, chunk: float,
                  f'{{phase=~"Pending|Running"}}[{s}])) == 1',
         "peak": peak,
         "count": count,
+        # per GPU, not per pod: a pod arriving on a GPU with an old XID carries its count
+        "xid": keeping([*policy.telemetry.node_labels, *GPU_PLACE, "xid"])
+               + f"(last_over_time({XID_TOTAL}{{{', '.join(xid_matchers(policy.health))}}}"
+                 f"[{s}]))",
         # summed over containers; the series of one pod before and after binding differ in
         # their node label, so the largest of those sums
         "gpus": f'max by (uid, resource) (sum by (uid, resource, node) (last_over_time('
@@ -53,7 +60,7 @@ def queries(policy: Policy, step: float, chunk: float,
     }
 
 
-PER_STEP = ("info", "phase", "peak", "count")
+PER_STEP = ("info", "phase", "peak", "count", "xid")
 
 
 class HistoryReader:

@@ -67,6 +67,8 @@ class Facts:
         self.created: dict[str, float] = {}
         self.models: dict[str, tuple[str, str]] = {}  # GPU (UUID) -> (node label, modelName)
         self.gpu_series: dict[tuple[tuple[str, str], ...], Figures] = {}
+        # (node, GPU, XID code) -> (step, cumulative count) as recorded
+        self.xids: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
         self.telemetry = array("b", bytes(grid.steps))
 
     def index(self, t: float) -> int:
@@ -76,7 +78,8 @@ class Facts:
         """Fold the rows of query ``name`` (adapters.history ``queries``)."""
         fold = {"info": self._info, "phase": self._phase, "peak": self._peak,
                 "count": self._count, "gpus": self._gpus, "owner": self._owner,
-                "labels": self._labels, "created": self._created, "model": self._model}
+                "labels": self._labels, "created": self._created, "model": self._model,
+                "xid": self._xid}
         fold[name](rows)
 
     def _span(self, spans: dict[Any, list[int]], key: Any, values: Sequence[Any]) -> None:
@@ -176,6 +179,14 @@ class Facts:
             if s.values:
                 self.created[s.metric.get("uid", "")] = float(s.values[-1][1])
 
+    def _xid(self, rows: list[Series]) -> None:
+        for s in rows:
+            key = (node_of(s.metric, self.node_labels) or "", gpu_id(s.metric),
+                   s.metric.get("xid", ""))
+            points = self.xids.setdefault(key, [])
+            points += ((self.index(t), v) for t, text in s.values
+                       if not math.isnan(v := float(text)))
+
     def _model(self, rows: list[Series]) -> None:
         for s in rows:
             self.models[gpu_id(s.metric)] = (
@@ -197,8 +208,10 @@ class Facts:
         nodes = self._nodes()
         who = Attribution.of(policy.telemetry.node_labels, policy.telemetry.honor_labels,
                              nodes, pods.values())
-        uses, models = self._uses(who)
-        records = tuple(self._record(p, uses.get(p.key, []), models.get(p.key, ""))
+        uses, models, held = self._uses(who)
+        xids = _rises(self.xids)
+        records = tuple(self._record(p, uses.get(p.key, []), models.get(p.key, ""),
+                                     _faults_on(held.get(p.key, ()), xids))
                         for p in pods.values())
         stale = max(1, math.ceil(float(policy.telemetry.stale_after) / self.grid.step))
         tiers = TierTable([(t.name, t.products) for t in policy.card_tiers])
@@ -239,9 +252,11 @@ class Facts:
             nodes.setdefault(n, Node(n, None, 0))
         return nodes
 
-    def _uses(self, who: Attribution) -> tuple[dict[str, list[Figures]], dict[str, str]]:
+    def _uses(self, who: Attribution) -> tuple[dict[str, list[Figures]], dict[str, str],
+                                               dict[str, list[tuple[str, str]]]]:
         """pod key -> its GPUs' figures; a pod's own per-pod series stand for a shared GPU
-        (as in adapters.snapshot.per_pod); series of one GPU over time are merged."""
+        (as in adapters.snapshot.per_pod); series of one GPU over time are merged. Also the
+        pod's card, and its GPUs as (node, GPU)."""
         found: dict[str, dict[tuple[str, str], dict[bool, list[Figures]]]] = {}
         models: dict[str, str] = {}
         for key, piece in self.gpu_series.items():
@@ -257,9 +272,10 @@ class Facts:
         self.gpu_series = {}  # merged below; the per-series figures are no longer needed
         out = {pod: [Figures.merged(kinds.get(True) or kinds[False]) for kinds in gpus.values()]
                for pod, gpus in found.items()}
-        return out, models
+        return out, models, {pod: list(gpus) for pod, gpus in found.items()}
 
-    def _record(self, pod: Pod, pieces: Sequence[Figures], card: str) -> PodRecord:
+    def _record(self, pod: Pod, pieces: Sequence[Figures], card: str,
+                xids: Sequence[tuple[int, str]]) -> PodRecord:
         running = self.phase.get((pod.uid, "Running"))
         pending = self.phase.get((pod.uid, "Pending"))
         span = Span(*running) if running and pod.node else None
@@ -267,8 +283,10 @@ class Facts:
         if span is not None:
             ends += [max(0, span.first), min(self.grid.steps - 1, span.last) + 1]
         first, end = (min(ends), max(ends)) if ends else (0, 0)
+        faults = tuple(x for x in xids if span is not None and span.holds(x[0]))
         return PodRecord(pod, card, running=span, pending=Span(*pending) if pending else None,
-                         gpus=tuple(p.framed(first, end) for p in pieces), offset=first)
+                         gpus=tuple(p.framed(first, end) for p in pieces), offset=first,
+                         faults=faults)
 
     def _gaps(self, records: Sequence[PodRecord], policy: Policy) -> Iterable[str]:
         first = min(s[0] for s in self.seen.values())
@@ -280,6 +298,11 @@ class Facts:
         if blind:
             yield (f"{len(blind)} GPU pod(s) have no GPU telemetry attributed to them "
                    f"(e.g. {blind[0]}): judged unknown, never reclaimed, as live")
+        if self.xids:
+            yield ("XIDs are replayed from DCGM_EXP_XID_ERRORS_TOTAL (not the XID gauge or the "
+                   "windowed count): a count already recorded at the window's start, or "
+                   "recorded again after a gap, is taken as an XID then (its time is not in "
+                   "the record), so its pods count as on a faulty GPU, never reclaimed")
         dark = self.grid.steps - sum(self.telemetry)
         if dark:
             yield (f"{dark} of {self.grid.steps} cycles have no GPU sample at all: the replay "
@@ -330,3 +353,23 @@ def _fresh(sampled: array, stale: int) -> list[bool]:
     return out
 
 
+def _rises(xids: Mapping[tuple[str, str, str], list[tuple[int, float]]],
+           ) -> dict[tuple[str, str], list[tuple[int, str]]]:
+    """(node, GPU) -> (step, reason) for each step its XID count rose. A series of the count
+    appears with a GPU's first XID of a code after the exporter starts; one first seen, or seen
+    again after a gap, is taken as a rise then: whether it was fresh the record cannot tell, and
+    taking it as one never reclaims a broken GPU's pod."""
+    out: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    for (node, gpu, code), points in xids.items():
+        last_step, last = -2, 0.0
+        for step, count in sorted(points):
+            if step > last_step + 1 or count > last:
+                out.setdefault((node, gpu), []).append(
+                    (step, f"XID {code} on GPU {gpu} (DCGM_EXP_XID_ERRORS_TOTAL rose)"))
+            last_step, last = step, count
+    return out
+
+
+def _faults_on(gpus: Iterable[tuple[str, str]],
+               rises: Mapping[tuple[str, str], list[tuple[int, str]]]) -> list[tuple[int, str]]:
+    return sorted(x for g in gpus for x in rises.get(g, ()))

@@ -98,7 +98,7 @@ class SnapshotReader:
         now = self.clock()
         wires, wire_nodes, ns_labels, owned = await self._lists()
         names = self.policy.resources
-        pods, nodes, by_uuid = await self._join_dra(
+        pods, nodes, by_uuid, tainted = await self._join_dra(
             [to_node(w, names) for w in wire_nodes],
             [p for p in (_pod(w, names) for w in wires) if p is not None])
         chains = OwnerChains(self.api, self.catalog)
@@ -113,13 +113,13 @@ class SnapshotReader:
         del wires, wire_nodes, chains
         self.who = self.attribution(nodes, pods, pod_nodes, by_uuid)
         evidence, ok, problem = await self.evidence(pods, now, self.who)
-        faults: dict[str, Fault] = {}
+        telemetry: dict[str, Fault] = {}
         if ok:
             try:
-                faults = pod_faults(pods, nodes, self.policy.health,
-                                    await gpu_faults(self.prometheus, self.policy, self.who))
+                telemetry = await gpu_faults(self.prometheus, self.policy, self.who)
             except TelemetryUnavailable as e:  # no reclaim on evidence that may hide a fault
                 ok, problem = False, f"GPU fault series unreadable: {e}"
+        faults = pod_faults(pods, nodes, self.policy.health, telemetry, tainted)
         return Snapshot(
             now=now, pods=pods, nodes=nodes, owners=owners,
             namespace_labels=ns_labels,
@@ -145,8 +145,10 @@ class SnapshotReader:
         return _decode(pods_raw, WirePod), _decode(nodes_raw, WireNode), ns_labels, owned
 
     async def _join_dra(self, nodes: list[Node], pods: list[Pod],
-                        ) -> tuple[tuple[Pod, ...], dict[str, Node], dict[str, str]]:
-        """Nodes and GPU pods with their DRA devices (core/dra.py), and DRA GPU UUID -> pod."""
+                        ) -> tuple[tuple[Pod, ...], dict[str, Node], dict[str, str],
+                                   dict[str, Fault]]:
+        """Nodes and GPU pods with their DRA devices (core/dra.py), DRA GPU UUID -> pod, and
+        pod -> the fault a taint on its devices declares."""
         store = FleetStore()
         dra = DraFleet(store, self.dra_driver)
         self.api_calls += len(DRA_KINDS)
@@ -154,7 +156,8 @@ class SnapshotReader:
         dra.replace_all(nodes, pods)
         by_uuid = {d.uuid: p.key for p in store.pods.values() for d in dra.devices_of(p.uid)
                    if d.uuid}
-        return tuple(store.pods.values()), dict(store.nodes), by_uuid
+        return (tuple(store.pods.values()), dict(store.nodes), by_uuid,
+                dra.faults(self.policy.health))
 
     async def _list(self, path: str) -> list[msgspec.Raw]:
         self.api_calls += 1

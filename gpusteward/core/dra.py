@@ -14,11 +14,16 @@ import re
 
 import msgspec
 
+from gpusteward.core.model import Taint
 from gpusteward.core.sharing import FULL_GPU, MIG_RESOURCE_PREFIX
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 _LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# A device taint's effects (KEP-5055, resource.k8s.io/v1 DeviceTaint): NoSchedule keeps new
+# claims off the device, NoExecute also evicts the pods using it, None only informs (NVIDIA's
+# DRA driver taints a device `gpu.nvidia.com/xid=<code>` with None for application XIDs).
+WITHHOLDING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 
 class DraDevice(msgspec.Struct, frozen=True):
@@ -28,6 +33,12 @@ class DraDevice(msgspec.Struct, frozen=True):
     uuid: str = ""
     product: str | None = None  # GFD spelling of productName
     profile: str | None = None  # MIG profile, for a MIG device
+    taints: tuple[Taint, ...] = ()  # spec.devices[].taints of its ResourceSlice
+
+    @property
+    def withheld_by(self) -> Taint | None:
+        """The first taint that keeps new claims off the device, if any."""
+        return next((t for t in self.taints if t.effect in WITHHOLDING_EFFECTS), None)
 
     @property
     def resource(self) -> str:

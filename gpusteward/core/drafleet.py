@@ -5,6 +5,8 @@ watchers feed it, and the store holds the joined result. A node's GPUs are its d
 allocatable plus its DRA devices; a pod's are its extended-resource requests plus the devices of
 its allocated claims (before allocation, what its claims ask of GPU classes). A request that
 the pod's `status.extendedResourceClaimStatus` maps to a claim counts once, as the claim.
+A device a NoSchedule or NoExecute taint withholds and no claim holds is the node's
+`withheld`: counted in its GPUs, offered to no new pod.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import msgspec
 
 from gpusteward.core.dra import DEFAULT_DRIVER, DraClaim, DraClass, DraDevice
 from gpusteward.core.fleet import FleetStore
-from gpusteward.core.model import Node, Pod
+from gpusteward.core.health import Fault, device_fault
+from gpusteward.core.model import Node, Pod, WithheldDevice
+from gpusteward.core.policy import Health
 from gpusteward.core.sharing import FULL_GPU
 
 
@@ -37,6 +41,7 @@ class DraFleet:
         self._devices: dict[tuple[str, str], DraDevice] = {}  # (pool, device name)
         self._on_node: dict[str, dict[tuple[str, str], DraDevice]] = {}
         self._of_pod: dict[str, list[DraClaim]] = {}
+        self._held: dict[tuple[str, str], int] = {}  # (pool, device) -> claims allocating it
 
     # -- what the joined objects are
     def node(self, base: Node) -> Node:
@@ -48,8 +53,11 @@ class DraFleet:
         for d in devices:
             resources[d.resource] = resources.get(d.resource, 0) + 1
         product = base.product or next((d.product for d in devices if d.product), None)
+        withheld = tuple(WithheldDevice(d.resource, taint) for d in devices
+                         if (taint := d.withheld_by) is not None
+                         and not self._held.get((d.pool, d.name)))
         return msgspec.structs.replace(base, product=product, gpus=sum(resources.values()),
-                                       resources=resources)
+                                       resources=resources, withheld=withheld)
 
     def pod(self, base: Pod) -> Pod:
         claims = self._of_pod.get(base.uid)
@@ -78,6 +86,19 @@ class DraFleet:
         """The known devices allocated to a pod's claims (telemetry joins by their UUIDs)."""
         return [d for c in self._of_pod.get(pod_uid, ()) for _, pool, name in c.devices
                 if (d := self._devices.get((pool, name))) is not None]
+
+    def faults(self, health: Health) -> dict[str, Fault]:
+        """Pod key -> the fault a taint on one of its allocated devices declares."""
+        out = {}
+        for uid in self._of_pod:
+            pod = self.base_pods.get(uid)
+            if pod is None:
+                continue
+            found = next((f for d in self.devices_of(uid)
+                          if (f := device_fault(d, health)) is not None), None)
+            if found is not None:
+                out[pod.key] = found
+        return out
 
     def _served_by_claim(self, resource: str, claims: list[DraClaim]) -> bool:
         """An extended resource a DeviceClass serves, once the scheduler made its claim."""
@@ -175,6 +196,8 @@ class DraFleet:
 
     def set_claim(self, key: str, claim: DraClaim | None) -> None:
         old = self.claims.pop(key, None)
+        self._hold(old, -1)
+        self._hold(claim, 1)
         for uid in old.pods if old else ():
             left = [c for c in self._of_pod.get(uid, ()) if c.key != key]
             if left:
@@ -186,15 +209,32 @@ class DraFleet:
             for uid in claim.pods:
                 self._of_pod.setdefault(uid, []).append(claim)
         self._refresh_pods({*(old.pods if old else ()), *(claim.pods if claim else ())})
+        self._refresh_withheld({k for c in (old, claim) if c for k in _keys(c)})
 
     def replace_claims(self, claims: Iterable[DraClaim]) -> None:
         touched = set(self._of_pod)
+        was_held = set(self._held)
         self.claims = {c.key: c for c in claims}
-        self._of_pod = {}
+        self._of_pod, self._held = {}, {}
         for claim in self.claims.values():
+            self._hold(claim, 1)
             for uid in claim.pods:
                 self._of_pod.setdefault(uid, []).append(claim)
         self._refresh_pods(touched | set(self._of_pod))
+        self._refresh_withheld(was_held ^ set(self._held))
+
+    def _hold(self, claim: DraClaim | None, by: int) -> None:
+        for key in _keys(claim) if claim else ():
+            left = self._held.get(key, 0) + by
+            if left > 0:
+                self._held[key] = left
+            else:
+                self._held.pop(key, None)
+
+    def _refresh_withheld(self, keys: set[tuple[str, str]]) -> None:
+        """The nodes of tainted devices a claim took or let go: their `withheld` changed."""
+        self._refresh_nodes({d.node for k in keys
+                             if (d := self._devices.get(k)) is not None and d.withheld_by})
 
     def _add_devices(self, devices: Iterable[DraDevice]) -> None:
         for d in devices:
@@ -209,3 +249,7 @@ class DraFleet:
     def _refresh_pods(self, uids: set[str]) -> None:
         for uid in uids:
             self._forward_pod(uid)
+
+
+def _keys(claim: DraClaim) -> list[tuple[str, str]]:
+    return [(pool, name) for _, pool, name in claim.devices]

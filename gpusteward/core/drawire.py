@@ -4,7 +4,10 @@ core/dra.py makes of each:
 * ResourceSlice: a driver's devices on a node. NVIDIA's DRA driver for GPUs (driver
   `gpu.nvidia.com`; NVIDIA/k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/deviceinfo.go`) gives
   every device the attributes `type` ("gpu" or "mig"), `uuid` and `productName` (NVML's name,
-  with spaces), and a MIG device its `profile` too.
+  with spaces), and a MIG device its `profile` too. A device's `taints` (KEP-5055, beta in
+  1.36) are `{key, value, effect, timeAdded}`; with its NVMLDeviceHealthCheck gate on, the
+  driver taints a GPU after a critical XID `gpu.nvidia.com/xid=<code>:NoSchedule`, after an
+  application XID the same key with effect None (its tests/bats GPU health tests).
 * DeviceClass: its CEL selectors name the driver; `extendedResourceName` (KEP-5004) lets a pod
   ask `nvidia.com/gpu` and be served by the class through a claim the scheduler makes.
 * ResourceClaim: `spec.devices.requests` (what is asked), `status.allocation.devices.results`
@@ -26,15 +29,23 @@ from gpusteward.core.dra import (
     gfd_product,
 )
 from gpusteward.core.kubewire import MAX_COUNT, Meta
+from gpusteward.core.model import Taint
 
 
 class Attribute(msgspec.Struct):
     string: str | None = None  # the ones read here are strings (int, bool, version unread)
 
 
+class DeviceTaint(msgspec.Struct):
+    key: str = ""
+    value: str = ""
+    effect: str = ""  # timeAdded unread
+
+
 class WireDevice(msgspec.Struct):
     name: str = ""
     attributes: dict[str, Attribute] | None = None
+    taints: list[DeviceTaint] | None = None
 
 
 class SlicePool(msgspec.Struct):
@@ -146,7 +157,9 @@ def slice_devices(w: WireSlice, driver: str) -> tuple[DraDevice, ...]:
         profile = _string(attrs, "profile", driver) if kind == "mig" else None
         out.append(DraDevice(node=w.spec.node_name, pool=w.spec.pool.name, name=d.name,
                              uuid=_string(attrs, "uuid", driver) or "",
-                             product=gfd_product(name) if name else None, profile=profile))
+                             product=gfd_product(name) if name else None, profile=profile,
+                             taints=tuple(Taint(t.key, t.value, t.effect)
+                                          for t in d.taints or () if t.key)))
     return tuple(out)
 
 

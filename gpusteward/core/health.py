@@ -14,8 +14,10 @@ Node sources (every GPU of the node is suspect: they do not say which GPU failed
   records the event it quarantined the node for;
 - GPUs allocatable below capacity: the device plugin reported devices Unhealthy, and the
   kubelet keeps them in capacity but leaves them out of allocatable.
-The GPU source is telemetry (adapters/faults.py): an XID counted within the window. It names
-one GPU and the pod holding it.
+The device sources name one GPU and the pod holding it:
+- a DRA device taint whose key the policy lists (``health.deviceTaints``) with effect
+  NoSchedule or NoExecute, as NVIDIA's DRA driver taints a device after a critical XID;
+- telemetry (adapters/faults.py): an XID counted within the window.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from enum import StrEnum
 
 import msgspec
 
+from gpusteward.core.dra import WITHHOLDING_EFFECTS, DraDevice
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.policy import Health
 
@@ -39,12 +42,14 @@ class Source(StrEnum):
     NODE_CONDITION = "node-condition"
     NODE_ANNOTATION = "node-annotation"
     DEVICE_PLUGIN = "device-plugin"  # allocatable below capacity
+    DEVICE_TAINT = "device-taint"  # a DRA device's
     XID = "xid"
 
 
 # A pipeline's verdict names what failed; the device plugin's count only that something did.
-_RANK = {s: i for i, s in enumerate((Source.XID, Source.NODE_CONDITION, Source.NODE_ANNOTATION,
-                                      Source.NODE_TAINT, Source.DEVICE_PLUGIN))}
+_RANK = {s: i for i, s in enumerate((Source.XID, Source.DEVICE_TAINT, Source.NODE_CONDITION,
+                                      Source.NODE_ANNOTATION, Source.NODE_TAINT,
+                                      Source.DEVICE_PLUGIN))}
 
 
 class Fault(msgspec.Struct, frozen=True):
@@ -57,8 +62,7 @@ class Fault(msgspec.Struct, frozen=True):
 
 def node_faults(node: Node, health: Health) -> tuple[Fault, ...]:
     """What the node's own object says is wrong with its GPUs, the most telling first."""
-    out = [Fault(Source.NODE_TAINT, f"node {node.name} tainted {t.key}"
-                 + (f"={t.value}" if t.value else "") + f":{t.effect}")
+    out = [Fault(Source.NODE_TAINT, f"node {node.name} tainted {t}")
            for t in node.taints if t.key in health.node_taints]
     out += [Fault(Source.NODE_CONDITION, f"node {node.name} condition {c.type}"
                   + (f" ({c.reason[:REASON_CHARS]})" if c.reason else ""))
@@ -74,16 +78,25 @@ def node_faults(node: Node, health: Health) -> tuple[Fault, ...]:
     return tuple(sorted(out, key=lambda f: (_RANK[f.source], f.reason)))
 
 
+def device_fault(device: DraDevice, health: Health) -> Fault | None:
+    """The fault a DRA device's taints declare: a listed key that withholds the device."""
+    for t in device.taints:
+        if t.key in health.device_taints and t.effect in WITHHOLDING_EFFECTS:
+            return Fault(Source.DEVICE_TAINT, f"device {device.pool}/{device.name} tainted {t}")
+    return None
+
+
 def pod_faults(pods: Iterable[Pod], nodes: Mapping[str, Node], health: Health,
-               gpu_faults: Mapping[str, Fault]) -> dict[str, Fault]:
-    """Bound pod key -> the fault its GPUs are under: its own GPU's (telemetry, keyed by the
-    pod that series names) before its node's. Pods on healthy GPUs are absent."""
+               *gpu_faults: Mapping[str, Fault]) -> dict[str, Fault]:
+    """Bound pod key -> the fault its GPUs are under: its own GPUs' (each of ``gpu_faults``
+    keyed by pod, the more telling first: telemetry, then DRA device taints) before its
+    node's. Pods on healthy GPUs are absent."""
     by_node = {name: node_faults(node, health) for name, node in nodes.items()}
     out = {}
     for p in pods:
         if p.node is None:
             continue
-        own = gpu_faults.get(p.key)
+        own = next((f for faults in gpu_faults if (f := faults.get(p.key)) is not None), None)
         on_node = by_node.get(p.node, ())
         if own is not None or on_node:
             out[p.key] = own if own is not None else on_node[0]

@@ -19,6 +19,17 @@ class Taint(msgspec.Struct, frozen=True):
     value: str = ""
     effect: str = ""
 
+    def __str__(self) -> str:  # as kubectl writes it
+        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
+
+
+class WithheldDevice(msgspec.Struct, frozen=True):
+    """A DRA device no claim holds that a NoSchedule or NoExecute device taint keeps from new
+    claims (KEP-5055): the scheduler allocates it to no pod that does not tolerate the taint."""
+
+    resource: str  # the device-plugin unit it stands for (core/dra.DraDevice.resource)
+    taint: Taint
+
 
 class Toleration(msgspec.Struct, frozen=True):
     key: str = ""
@@ -63,6 +74,8 @@ class Node(msgspec.Struct, frozen=True):
     # The keys of its annotations only: a health pipeline's quarantine annotation holds a whole
     # event, and 5,000 nodes' annotations were many megabytes the extender never reads.
     annotation_keys: frozenset[str] = frozenset()
+    # Its DRA devices that count in `gpus` but take no new claim (core/drafleet.py).
+    withheld: tuple[WithheldDevice, ...] = ()
 
 
 class OwnerRef(msgspec.Struct, frozen=True):

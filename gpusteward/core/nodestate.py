@@ -41,7 +41,8 @@ class NodeState(msgspec.Struct, frozen=True):
 
     @property
     def healthy_free(self) -> int:
-        return max(0, self.free - (self.unhealthy_free or 0))
+        """Free GPUs new work may take: not faulty, not withheld by a DRA device taint."""
+        return max(0, self.free - (self.unhealthy_free or 0) - len(self.node.withheld))
 
     @property
     def telemetry_known(self) -> bool:

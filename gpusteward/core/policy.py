@@ -92,6 +92,10 @@ NVSENTINEL_CONDITIONS = (
     "GpuThermalWatch", "GpuPowerWatch", "GpuNvswitchFatalWatch", "GpuThermalMarginWatch",
     "GpuPowerBrakeWatch", "SysLogsXIDError", "SysLogsSXIDError", "SysLogsGPUFallenOff")
 NVSENTINEL_ANNOTATIONS = ("quarantineHealthEvent",)
+# NVIDIA's DRA driver for GPUs (NVMLDeviceHealthCheck gate): `gpu.nvidia.com/xid=<code>` on a
+# device after an XID (NoSchedule when critical, None when an application's), and
+# `gpu.nvidia.com/gpu-lost` on one that fell off the bus.
+NVIDIA_DRA_DEVICE_TAINTS = ("gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost")
 
 
 class Health(Config, frozen=True):
@@ -108,6 +112,10 @@ class Health(Config, frozen=True):
         default_factory=lambda: list(NVSENTINEL_CONDITIONS))
     node_annotations: list[Name] = msgspec.field(
         default_factory=lambda: list(NVSENTINEL_ANNOTATIONS))
+    # DRA device taint keys (ResourceSlice devices[].taints, DeviceTaintRules) that mean the
+    # device failed, when their effect is NoSchedule or NoExecute. Default: NVIDIA's driver's.
+    device_taints: list[Name] = msgspec.field(
+        default_factory=lambda: list(NVIDIA_DRA_DEVICE_TAINTS))
 
 
 class CardTier(Config, frozen=True):

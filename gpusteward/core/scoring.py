@@ -113,6 +113,9 @@ def _capacity_reason(state: NodeState, demand: Demand) -> str:
     reason = f"pod needs {demand.gpus} healthy free GPUs, node has {state.healthy_free}"
     if state.unhealthy_free:
         reason += f" (unhealthy: {state.health_reason})"
+    if state.node.withheld:
+        taints = sorted({str(w.taint) for w in state.node.withheld})
+        reason += f" ({len(state.node.withheld)} DRA devices tainted {', '.join(taints)})"
     return reason
 
 

@@ -61,6 +61,7 @@ from gpusteward.core.reclaim.model import (
     ActResult,
     How,
     Owner,
+    noted_fault,
 )
 from gpusteward.core.reclaim.recheck import changed, eviction_grace
 from gpusteward.core.times import stamp
@@ -194,7 +195,7 @@ class Actor:
 
     async def _fault(self, action: Action, version: str) -> None:
         await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None,
-                                      FAULTY_GPU: action.message.partition(": ")[2]}, version)
+                                      FAULTY_GPU: noted_fault(action)}, version)
 
     async def _block(self, action: Action, version: str) -> None:
         await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]},

@@ -38,7 +38,8 @@ def run_whatif(args: argparse.Namespace) -> int:
 def history_key(policy: Policy) -> str:
     """What a policy's history depends on: policies equal in it share one read."""
     return repr((policy.reclaim.interval, policy.telemetry, policy.resources,
-                 policy.card_tiers, sorted(policy.reclaim.exclude_pod_labels)))
+                 policy.card_tiers, sorted(policy.reclaim.exclude_pod_labels),
+                 sorted(policy.health.ignored_xids)))
 
 
 async def _replay_all(policies: Sequence[tuple[str, Policy]], url: PrometheusConnection,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
+from gpusteward.core.reclaim.model import FAULTY_GPU, IDLE_SINCE, RECLAIM_AT
 from gpusteward.core.times import stamp
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox
@@ -126,6 +126,34 @@ async def an_idle_pod_is_warned_then_evicted(ns: Namespace, rec: Reclaimer,
     assert not gone(ns, "idle")
     await cycle_until(rec, "eviction", lambda: gone(ns, "idle"))
     assert {"GPUIdle", "GPUIdleWarning", "GPUReclaimed"} <= set(reasons(ns, "idle"))
+
+
+async def the_faulty_pod_stays_and_its_idle_neighbour_goes(ns: Namespace, rec: Reclaimer,
+                                                           fault: str) -> None:
+    """"broken" and "beside", both idle and due: the reclaimer evicts "beside" and leaves
+    "broken", whose GPU is faulty (``fault``: words of its fault), noted once, unmarked."""
+    await cycle_until(rec, "the idle neighbour evicted", lambda: gone(ns, "beside"))
+    assert not gone(ns, "broken")
+    marks = annotations(ns, "broken")
+    assert fault in marks.get(FAULTY_GPU, ""), marks
+    assert IDLE_SINCE not in marks and RECLAIM_AT not in marks
+    noted = [m for reason, m in events(ns, "broken") if reason == "GPUFaulty"]
+    assert len(noted) == 1 and fault in noted[0], noted
+
+
+def whatif(sandbox: Sandbox, start: float, end: float, *policies: Path) -> list[dict]:
+    """``gpusteward whatif`` over [start, end] of the sandbox's Prometheus: its JSON outcomes."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gpusteward", "whatif", *(f"--policy={p}" for p in policies),
+         f"--window={int(end - start)}s", f"--end={stamp(end)}", "--format=json",
+         f"--prometheus-url={sandbox.prometheus_url}"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return list(json.loads(out.stdout)["policies"])
+
+
+def in_namespace(outcome: dict, ns: str) -> dict[str, dict]:
+    return {r["pod"]: r for r in outcome["reclaimed"] if r["pod"].startswith(f"{ns}/")}
 
 
 def due_pod(name: str, **kw) -> dict:

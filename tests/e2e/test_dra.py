@@ -14,11 +14,13 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import yaml
 
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
+from gpusteward.core.times import stamp
 from gpusteward.sandbox import dra
 from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox
 from gpusteward.sandbox.fleet import XID_GPUS_LABEL, XID_LABEL, Pool
@@ -259,3 +261,46 @@ def test_the_report_is_exact_for_a_known_dra_workload(sandbox, tmp_path,
             8.0, 4.0)
     finally:
         ns.delete()
+
+
+@contextmanager
+def devices_tainted(box: Sandbox, node: str, devices: set[str]) -> Iterator[None]:
+    """The devices tainted in the node's slice as NVIDIA's DRA driver taints a GPU after XID 79
+    (NVMLDeviceHealthCheck gate; NVIDIA/k8s-dra-driver-gpu tests/bats GPU health tests: one
+    `gpu.nvidia.com/xid` taint per device, the code as value, a timeAdded)."""
+    api = box.api()
+    path = f"{dra.RESOURCE_API}/resourceslices/{dra.slice_name(node)}"
+    clean = api.get(path)["spec"]["devices"]
+    taint = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule",
+             "timeAdded": stamp(time.time())}
+    api.merge_patch(path, {"spec": {"devices": [
+        {**d, "taints": [taint]} if d["name"] in devices else d for d in clean]}})
+    try:
+        yield
+    finally:
+        api.merge_patch(path, {"spec": {"devices": clean}})
+
+
+def allocated_device(ns: Namespace, pod: str) -> str:
+    return pod_claim(ns, pod)["status"]["allocation"]["devices"]["results"][0]["device"]
+
+
+async def test_a_device_tainted_no_schedule_is_never_offered_and_its_idle_pod_is_faulty(
+        sandbox, ns, reclaimer, dra_pool):
+    """l40s-dra-0 has 4 GPUs: "broken" and "beside" hold one each, both idle and past their
+    deadline; the driver taints broken's GPU and one free GPU."""
+    node = "l40s-dra-0"
+    claim_template(ns, "one-gpu", 1)
+    marks = {IDLE_SINCE: stamp(time.time() - 60), RECLAIM_AT: stamp(time.time() - 1)}
+    for name in ("broken", "beside"):
+        ns.create_pod(claim_pod(name, "one-gpu", node=node, util="0", annotations=marks))
+        ns.running(name)
+    held = {allocated_device(ns, n) for n in ("broken", "beside")}
+    free = sorted({f"gpu-{i}" for i in range(L40S.gpus)} - held)
+    assert scenarios.filter_passes(sandbox, node, gpus=2)
+    with devices_tainted(sandbox, node, {allocated_device(ns, "broken"), free[0]}):
+        wait_for("the extender to withhold the tainted free GPU",
+                 lambda: not scenarios.filter_passes(sandbox, node, gpus=2), timeout=30)
+        assert scenarios.filter_passes(sandbox, node, gpus=1)  # the untainted one
+        await scenarios.the_faulty_pod_stays_and_its_idle_neighbour_goes(
+            ns, await reclaimer("enforce"), "gpu.nvidia.com/xid=79:NoSchedule")

@@ -11,21 +11,27 @@ a node condition per fatal check, e.g. `GpuMemWatch`/`GpuMemWatchIsNotHealthy`."
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+import yaml
 
-from gpusteward.core.reclaim.model import FAULTY_GPU, IDLE_SINCE, RECLAIM_AT
+from gpusteward.core.reclaim.model import FAULTY_GPU
 from gpusteward.core.report.aggregate import build_report
 from gpusteward.core.report.model import ReportInput, Window
+from gpusteward.sandbox.cluster import SANDBOX_POLICY
 from gpusteward.sandbox.fleet import XID_GPUS_LABEL, XID_LABEL
 from gpusteward.sandbox.kubehttp import wait_for
+from tests.e2e import scenarios
 from tests.e2e.kube import (
     annotations,
     cycle_until,
     events,
     gone,
+    gpu_pod,
     promql,
     wait_for_gpu_samples,
 )
@@ -34,6 +40,7 @@ from tests.e2e.scenarios import due_pod, filter_passes
 # One node per test: an XID stays in the exporter's windowed count after its test ends, and a
 # pod placed on that GPU then is on a faulty GPU (rightly).
 XID_NODE, QUARANTINED = "a100-1", "a100-0"
+REPLAYED = "l4-2"  # the what-if replay counts an XID counter present at its start as new
 
 
 @contextmanager
@@ -79,13 +86,7 @@ async def test_a_pod_on_a_gpu_with_an_xid_is_faulty_and_its_idle_neighbour_is_re
         wait_for("the XID counter", lambda: promql(sandbox.prometheus_url, held_by(
             "broken", ns, "DCGM_EXP_XID_ERRORS_TOTAL", ', xid="79"')), timeout=30)
         rec = await reclaimer("enforce")
-        await cycle_until(rec, "the neighbour evicted", lambda: gone(ns, "beside"))
-        assert not gone(ns, "broken")
-        marks = annotations(ns, "broken")
-        assert "XID 79" in marks.get(FAULTY_GPU, ""), marks
-        assert IDLE_SINCE not in marks and RECLAIM_AT not in marks
-        faulty = [m for reason, m in events(ns, "broken") if reason == "GPUFaulty"]
-        assert len(faulty) == 1 and "XID 79" in faulty[0], faulty
+        await scenarios.the_faulty_pod_stays_and_its_idle_neighbour_goes(ns, rec, "XID 79")
         assert "XID 79" in (await faulty_report(rec, ns))["broken"]
 
 
@@ -120,9 +121,36 @@ async def test_a_quarantined_nodes_gpus_are_faulty_never_offered_and_never_recla
                if reason == "GPUActive")
 
 
+async def test_the_whatif_replay_holds_a_pod_on_an_xid_gpu_faulty_and_reclaims_its_neighbour(
+        sandbox, ns, tmp_path):
+    """The same two idle pods, replayed by `gpusteward whatif` from Prometheus alone
+    (kube-state-metrics' pod series, the DCGM double's series with its XID counter) under the
+    sandbox policy with a 10 m xidWindow: the neighbour is reclaimed, the pod whose GPU's XID
+    count rose is not."""
+    start = float(math.floor(time.time())) - 20  # whatif reads 1 m at least
+    for name in ("broken", "beside"):
+        ns.create_pod(gpu_pod(name, 1, node=REPLAYED, util="0"))
+        ns.running(name)
+    wait_for_gpu_samples(sandbox.prometheus_url, ns.name, ["broken", "beside"], settle=0)
+    gpu = gpu_of(sandbox, ns, "broken")
+    with node_patch(sandbox, REPLAYED,
+                    {"metadata": {"labels": {XID_LABEL: "79", XID_GPUS_LABEL: gpu}}},
+                    {"metadata": {"labels": {XID_LABEL: None, XID_GPUS_LABEL: None}}}):
+        wait_for("the XID counter", lambda: promql(sandbox.prometheus_url, held_by(
+            "broken", ns, "DCGM_EXP_XID_ERRORS_TOTAL", ', xid="79"')), timeout=30)
+    policy = yaml.safe_load(SANDBOX_POLICY.read_text())
+    policy["health"]["xidWindow"] = "10m"
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(policy))
+    # idle window 15 s + a cycle to warn + grace 4 s: the neighbour is due well within 40 s
+    time.sleep(max(0.0, start + 20 + 45 - time.time()))
+    (outcome,) = scenarios.whatif(sandbox, start, time.time() - 2, path)
+    assert set(scenarios.in_namespace(outcome, ns.name)) == {f"{ns.name}/beside"}, outcome
+
+
 @pytest.fixture(autouse=True)
 def _node_left_healthy(sandbox):
     yield
-    for node in (XID_NODE, QUARANTINED):
+    for node in (XID_NODE, QUARANTINED, REPLAYED):
         wait_for(f"{node} offered again", lambda n=node: filter_passes(sandbox, n, gpus=1),
                  timeout=60)

@@ -9,17 +9,14 @@ workloads, reclaim them within one cycle of the real times, and count the same G
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import subprocess
-import sys
 import time
 
 import pytest
 
 from gpusteward.adapters.policyfile import load_policy
-from gpusteward.core.times import stamp
 from tests.e2e.kube import gone, gpu_pod, wait_for_gpu_samples
+from tests.e2e.scenarios import in_namespace, whatif
 
 INTERVAL = 5.0
 POLICY = """\
@@ -77,20 +74,6 @@ async def live(rec, seconds: float) -> dict[str, float]:
         tick += INTERVAL
         await asyncio.sleep(max(0.0, tick - time.monotonic()))
     return reclaimed
-
-
-def whatif(sandbox, start: float, end: float, *policies) -> list[dict]:
-    out = subprocess.run(
-        [sys.executable, "-m", "gpusteward", "whatif", *(f"--policy={p}" for p in policies),
-         f"--window={int(end - start)}s", f"--end={stamp(end)}", "--format=json",
-         f"--prometheus-url={sandbox.prometheus_url}"],
-        capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["policies"]
-
-
-def in_namespace(outcome: dict, ns: str) -> dict[str, dict]:
-    return {r["pod"]: r for r in outcome["reclaimed"] if r["pod"].startswith(f"{ns}/")}
 
 
 async def test_whatif_names_the_workloads_times_and_gpu_hours_the_reclaimer_freed(

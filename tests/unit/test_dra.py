@@ -27,11 +27,12 @@ from gpusteward.core.drawire import (
     to_class,
 )
 from gpusteward.core.fleet import FleetStore
+from gpusteward.core.health import pod_faults
 from gpusteward.core.kubewire import WirePod, to_pod
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.nodestate import NodeState
 from gpusteward.core.policy import parse_policy
-from gpusteward.core.scoring import filter_node
+from gpusteward.core.scoring import Demand, filter_node
 from gpusteward.core.sharing import node_physical_gpus
 from gpusteward.extender.view import PlacementView
 
@@ -263,3 +264,58 @@ def test_the_extender_waits_for_a_pods_template_claims_then_asks_what_they_ask()
     assert (demand.claims_unseen, demand.gpus, demand.resources) == (
         False, 2, (("nvidia.com/gpu", 2),))
     assert filter_node(state, demand).ok
+
+
+# --- device taints (KEP-5055): NVIDIA's DRA driver with its NVMLDeviceHealthCheck gate writes
+# `gpu.nvidia.com/xid=<code>` with a timeAdded on the device, NoSchedule for a critical XID and
+# None for an application's (NVIDIA/k8s-dra-driver-gpu tests/bats GPU health tests).
+def tainted(index: int, value: str = "79", effect: str = "NoSchedule",
+            key: str = "gpu.nvidia.com/xid") -> dict[str, Any]:
+    return {**gpu(index), "taints": [{"key": key, "value": value, "effect": effect,
+                                      "timeAdded": "2026-12-02T14:00:00Z"}]}
+
+
+def tainted_fleet(devices: list[dict[str, Any]]) -> tuple[FleetStore, DraFleet]:
+    store, dra = joined()
+    dra.set_slice("dra-0-gpu.nvidia.com", slice_devices(slice_of("dra-0", devices), DRIVER))
+    return store, dra
+
+
+def test_a_withholding_device_taint_keeps_a_free_device_from_new_pods_until_a_claim_holds_it():
+    store, dra = tainted_fleet([tainted(0), tainted(1, "43", "None"), gpu(2), gpu(3)])
+    node = store.nodes["dra-0"]
+    assert node.gpus == 4  # still the node's, and still allocatable as far as the API goes
+    assert [(w.resource, str(w.taint)) for w in node.withheld] == [
+        ("nvidia.com/gpu", "gpu.nvidia.com/xid=79:NoSchedule")]  # None only informs
+    fit = filter_node(NodeState(node, None, 2, None, None), Demand(2, (), "batch"))
+    assert not fit.ok
+    assert fit.reason == ("pod needs 2 healthy free GPUs, node has 1 "
+                          "(1 DRA devices tainted gpu.nvidia.com/xid=79:NoSchedule)")
+    # A pod allocated the device before the taint holds it: it is allocated, not withheld.
+    dra.upsert_pod(Pod("ml", "p", "uid-1", 0, node="dra-0", claims=("gpu",)))
+    dra.set_claim("ml/c", to_claim(claim("c", "uid-1", 1, [("dra-0", "gpu-0")]), DRIVER))
+    assert store.nodes["dra-0"].withheld == ()
+    dra.set_claim("ml/c", None)
+    assert len(store.nodes["dra-0"].withheld) == 1
+    dra.replace_claims([to_claim(claim("c", "uid-1", 1, [("dra-0", "gpu-0")]), DRIVER)])
+    assert store.nodes["dra-0"].withheld == ()
+
+
+def test_a_listed_withholding_taint_makes_the_pods_on_that_device_faulty_and_no_other():
+    store, dra = tainted_fleet([tainted(0), tainted(1, "13", "None"),
+                                tainted(2, key="example.com/maintenance"), gpu(3)])
+    for i, uid in enumerate(("on-xid", "on-app-xid", "on-maintenance", "healthy")):
+        dra.upsert_pod(Pod("ml", uid, uid, 0, node="dra-0", claims=("gpu",)))
+        dra.set_claim(f"ml/{uid}", to_claim(claim(uid, uid, 1, [("dra-0", f"gpu-{i}")]),
+                                            DRIVER))
+    health = parse_policy({}).health
+    faults = dra.faults(health)
+    assert {k: str(f) for k, f in faults.items()} == {
+        "ml/on-xid": "device dra-0/gpu-0 tainted gpu.nvidia.com/xid=79:NoSchedule "
+                     "(device-taint)"}
+    # Another pipeline's key counts once the policy names it.
+    named = parse_policy({"health": {"deviceTaints": ["example.com/maintenance"]}}).health
+    assert set(dra.faults(named)) == {"ml/on-maintenance"}
+    # The node's own object says nothing: only the pod on the tainted device is faulty.
+    assert set(pod_faults(store.pods.values(), store.nodes, health, {}, faults)) == {
+        "ml/on-xid"}

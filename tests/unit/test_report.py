@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpusteward.core.health import Fault, Source, pod_faults
-from gpusteward.core.model import Node, Pod
+from gpusteward.core.model import Node, Pod, Taint, WithheldDevice
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.model import Evidence, Snapshot, VerdictState
 from gpusteward.core.report.aggregate import build_report
@@ -241,3 +241,18 @@ def test_faulty_gpus_are_neither_idle_waste_nor_free():
         ("broken", str(xid)), ("on-l1", "node l1 annotated quarantineHealthEvent "
                                          "(node-annotation)")]
     assert "Pods on faulty GPUs" in to_table(r)
+
+
+def test_free_dra_devices_tainted_by_a_health_key_are_faulty_not_free():
+    # A DRA node's devices as core/drafleet.py joins them: one free device NVIDIA's DRA driver
+    # tainted after XID 79, one withheld by an operator's maintenance taint (not a fault).
+    xid = Taint("gpu.nvidia.com/xid", "79", "NoSchedule")
+    maintenance = Taint("example.com/maintenance", "", "NoSchedule")
+    dra = Node("d1", L4, 4, resources={"nvidia.com/gpu": 4},
+               withheld=(WithheldDevice("nvidia.com/gpu", xid),
+                         WithheldDevice("nvidia.com/gpu", maintenance)))
+    pods = [pod("on-d1", node="d1")]
+    r = report(pods, [samples("on-d1", ZERO, node="d1")], by="card", nodes=(NODES[0], dra))
+    (l4,) = [g for g in r.groups if g.name == L4]
+    assert (l4.allocatable, l4.allocated, l4.faulty, l4.free) == (4.0, 1.0, 1.0, 2.0)
+    assert r.faulty == ()  # the pod's own device is untainted

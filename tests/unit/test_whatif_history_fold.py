@@ -38,13 +38,18 @@ def test_pods_without_gpu_telemetry_in_the_window_are_no_history_to_replay():
         facts_with_pods().history(POLICY)
 
 
-def test_a_replicaset_pod_belongs_to_its_deployment_and_keeps_its_team():
+def facts_with_an_idle_gpu() -> Facts:
+    """The pod of facts_with_pods on GPU-1 of n1, idle at 2 samples a step."""
     facts = facts_with_pods()
     gpu = {"UUID": "GPU-1", "Hostname": "n1", "gpu": "0", "exported_namespace": "ml",
            "exported_pod": "web-5d8f-abcde"}
     facts.add("peak", [Series(gpu, points(0, 9, "0"))])
     facts.add("count", [Series(gpu, points(0, 9, "2"))])
-    history = facts.history(POLICY)
+    return facts
+
+
+def test_a_replicaset_pod_belongs_to_its_deployment_and_keeps_its_team():
+    history = facts_with_an_idle_gpu().history(POLICY)
     (record,) = history.pods
     assert record.pod.gpus == 2 and record.pod.labels == {"gpusteward.io/team": "vision"}
     assert history.owners["u1"].key == "ml/Deployment/web"
@@ -120,3 +125,26 @@ async def test_a_range_answer_is_read_as_typed_series_infinities_included(answer
 async def test_a_malformed_range_answer_is_telemetry_unavailable_naming_it(answering, answer):
     with pytest.raises(TelemetryUnavailable, match="answered garbage"):
         await answering(answer).query_matrix("up", 1_800_000_000, 1_800_000_120, 60)
+
+
+def test_a_gpus_xid_count_rising_while_its_pod_ran_is_a_fault_at_that_step():
+    # DCGM_EXP_XID_ERRORS_TOTAL per GPU and code, kept by (node, GPU place, xid) as the history
+    # query keeps it: a series appears with the GPU's first XID of a code after the exporter
+    # starts (dcgm-exporter README, "Cumulative XID and clock event counters").
+    facts = facts_with_an_idle_gpu()
+    place = {"UUID": "GPU-1", "Hostname": "n1", "gpu": "0"}
+    facts.add("xid", [
+        # appears at 2 (the first XID 79), stays, rises at 5; gone at 7, back at 9 (a restart)
+        Series({**place, "xid": "79"}, [(GRID.time(i), v) for i, v in
+                                        ((2, "1"), (3, "1"), (4, "1"), (5, "2"), (6, "2"),
+                                         (9, "1"))]),
+        Series({**place, "xid": "48"}, [(GRID.time(i), "NaN") for i in range(3)]),
+        # another GPU's XID is not this pod's fault
+        Series({"UUID": "GPU-2", "Hostname": "n1", "gpu": "1", "xid": "79"},
+               points(4, 9)),
+    ])
+    history = facts.history(POLICY)
+    (record,) = history.pods
+    assert [step for step, _ in record.faults] == [2, 5, 9]
+    assert record.faults[0][1] == "XID 79 on GPU GPU-1 (DCGM_EXP_XID_ERRORS_TOTAL rose)"
+    assert any("DCGM_EXP_XID_ERRORS_TOTAL" in g for g in history.gaps)

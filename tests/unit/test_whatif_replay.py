@@ -213,6 +213,11 @@ def random_history(seed: int) -> History:
         rec = record(f"p{n}", utils[:steps], gpus=gpus, first=first, last=last, pending=pending,
                      labels={"gpusteward.io/team": rng.choice(["a", "b"])},
                      priority=rng.choice([0, 0, 100]))
+        if n % 4 == 2:  # an XID on its GPUs now and then (its own draws: the rest unchanged)
+            xids = random.Random(seed * 100 + n)
+            rec = msgspec.structs.replace(rec, faults=tuple(sorted(
+                (xids.randrange(max(0, first), min(steps, last + 1)), "XID 79")
+                for _ in range(xids.randrange(1, 3)))))
         records.append(rec)
         if n % 5 == 1:
             owners[rec.pod.uid] = Owner("Deployment", "ml", f"d{n // 10}")
@@ -266,3 +271,24 @@ def test_figures_kept_only_for_a_pods_own_time_replay_the_same():
         GpuUse(g.peaks[10:40], g.samples[10:40]) for g in whole.gpus))
     a, b = replay(history(whole), policy()), replay(history(own), policy())
     assert a.reclaimed and a == b
+
+
+def test_a_pod_on_a_gpu_whose_xid_count_rose_is_faulty_for_the_xid_window_not_idle():
+    # An XID at cycle 2 holds its GPU faulty for health.xidWindow (600 s: cycles 2..11), as
+    # the live fault queries would find it each cycle; the idle neighbour goes as usual.
+    xid = (2, "XID 79 on GPU GPU-1 (DCGM_EXP_XID_ERRORS_TOTAL rose)")
+    broken = msgspec.structs.replace(record("broken", IDLE), faults=(xid,))
+    out = replay(history(broken, record("beside", IDLE)), policy(), "p")
+    warned = {w.pod: w for w in out.warned}
+    reclaimed = {r.pod: r for r in out.reclaimed}
+    assert set(reclaimed) == {"ml/broken", "ml/beside"}
+    (alone,) = replay(history(record("beside", IDLE)), policy(), "p").reclaimed
+    assert reclaimed["ml/beside"].at == alone.at
+    # Once the window passes it is judged afresh: marked, warned, reclaimed a grace later.
+    assert warned["ml/broken"].at > t(11)
+    assert reclaimed["ml/broken"].at == warned["ml/broken"].at + 300
+    # An XID again before the first window ends keeps it faulty: never reclaimed.
+    again = msgspec.structs.replace(broken, faults=tuple((i, xid[1]) for i in range(2, 60, 9)))
+    held = replay(history(again, record("beside", IDLE)), policy(), "p")
+    assert [r.pod for r in held.reclaimed] == ["ml/beside"]
+    assert [w.pod for w in held.warned] == ["ml/beside"]

@@ -18,6 +18,7 @@ from gpusteward.core.owners import WHOLE_OWNER
 from gpusteward.core.policy import OwnerSwitch, Policy
 from gpusteward.core.reclaim import kinds, kueue, queue, selfservice, snooze
 from gpusteward.core.reclaim.model import (
+    FAULT_NOTE,
     FAULTY_GPU,
     IDLE_SINCE,
     RECLAIM_AT,
@@ -130,8 +131,7 @@ def _faulty(pod: Pod, team_name: str, why: str, rule: Rule) -> tuple[Verdict, Ac
                 rule=rule)
     if pod.annotations.get(FAULTY_GPU) == why:
         return v, None
-    return v, Action(ActionKind.FAULT, pod, team_name, Reason.FAULTY,
-                     f"on a faulty GPU, not judged idle: {why}")
+    return v, Action(ActionKind.FAULT, pod, team_name, Reason.FAULTY, FAULT_NOTE + why)
 
 
 def _effective(rule: Rule, policy: Policy, team_name: str, is_borrowed: bool) -> Rule:

@@ -326,6 +326,14 @@ class Action(msgspec.Struct, frozen=True):
     peers: tuple[Pod, ...] = ()
 
 
+FAULT_NOTE = "on a faulty GPU, not judged idle: "  # a FAULT action's message, then the fault
+
+
+def noted_fault(action: Action) -> str:
+    """What a FAULT action writes in the pod's FAULTY_GPU annotation: the fault alone."""
+    return action.message.removeprefix(FAULT_NOTE)
+
+
 class Verdict(msgspec.Struct, frozen=True):
     """The audit record of one pod in one cycle."""
 

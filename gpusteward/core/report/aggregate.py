@@ -14,7 +14,7 @@ card tier's `costPerGpuHour` where the policy gives one.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
 from gpusteward.core.health import Source, node_faults
@@ -70,7 +70,8 @@ Spare = tuple[float, float]  # faulty GPUs no pod holds: (of the allocatable, be
 def faulty_spare(inp: ReportInput, policy: Policy) -> dict[str, Spare]:
     """Node -> physical GPUs no pod holds that a health source calls faulty: every free GPU of
     a node quarantined by a pipeline's condition, annotation or taint (allocatable, so not
-    free), and the unhealthy devices the kubelet keeps out of allocatable (capacity -
+    free), its DRA devices withheld by a taint that ``health.deviceTaints`` lists (allocatable
+    too), and the unhealthy devices the kubelet keeps out of allocatable (capacity -
     allocatable)."""
     snap = inp.snapshot
     held: dict[str, float] = defaultdict(float)
@@ -80,10 +81,13 @@ def faulty_spare(inp: ReportInput, policy: Policy) -> dict[str, Spare]:
     out = {}
     for node in snap.nodes.values():
         faults = node_faults(node, policy.health)
-        if not faults:
+        tainted = Counter(w.resource for w in node.withheld
+                          if w.taint.key in policy.health.device_taints)
+        if not faults and not tainted:
             continue
         quarantined = any(f.source != Source.DEVICE_PLUGIN for f in faults)
-        free = max(0.0, node_physical_gpus(node) - held[node.name]) if quarantined else 0.0
+        free = (max(0.0, node_physical_gpus(node) - held[node.name]) if quarantined
+                else physical(tainted, 0, node))
         lost = {n: c - node.resources.get(n, 0) for n, c in node.capacity.items()}
         out[node.name] = (free, physical({n: c for n, c in lost.items() if c > 0}, 0, node))
     return out

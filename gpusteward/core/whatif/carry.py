@@ -8,6 +8,7 @@ import math
 
 from gpusteward.core.reclaim.decide import GROUP_ACTIONS
 from gpusteward.core.reclaim.model import (
+    FAULTY_GPU,
     IDLE_SINCE,
     RECLAIM_AT,
     Action,
@@ -16,6 +17,7 @@ from gpusteward.core.reclaim.model import (
     PastAction,
     Plan,
     Reason,
+    noted_fault,
 )
 from gpusteward.core.reclaim.quota import team
 from gpusteward.core.times import HOUR, stamp
@@ -54,6 +56,10 @@ def carry_out(decided: Plan, now: float, state: ReplayState, history: History, i
             state.warned.append(Warned(a.pod.key, a.team, a.pod.gpus, now, a.reclaim_at))
         elif a.kind == ActionKind.CLEAR:
             _cleared(a, decided, now, state)
+        elif a.kind == ActionKind.FAULT:  # the idle marks go, the fault is noted
+            state.marks[uid] = {FAULTY_GPU: noted_fault(a)}
+            state.deadline.pop(uid, None)
+            state.idle_at.pop(uid, None)
         elif a.kind == ActionKind.RECLAIM:
             _reclaim(a, now, state, history, i)
 

@@ -107,6 +107,8 @@ class PodRecord(msgspec.Struct, frozen=True):
     pending: Span | None = None  # Pending, not bound to a node
     gpus: tuple[GpuUse, ...] = ()
     offset: int = 0  # the step of its GPUs' first figures (they cover only its own time)
+    # (step, reason): an XID the policy does not ignore rose on one of its GPUs while it ran
+    faults: tuple[tuple[int, str], ...] = ()
 
     @property
     def last(self) -> int:

@@ -5,7 +5,9 @@ recorded, bound or pending, carrying the marks this replay wrote (idle-since, re
 evidence over each window the policy needs, the reclaims of the last hour (for the limits). Then
 ``plan()`` decides, and its actions are carried out on the replay's state as enforce mode would:
 marks are written, reclaimed pods (and the rest of a suspended or scaled-down workload, later
-pods included) leave the record from then on.
+pods included) leave the record from then on. A pod whose GPU's XID count rose within
+``health.xidWindow`` is on a faulty GPU at that step (core/health.py), as the live reclaimer's
+fault queries would find it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
+from gpusteward.core.health import Fault, Source
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
@@ -80,8 +83,20 @@ def _watch(r: PodRecord, policy: Policy, history: History, watches: dict[str, Po
         return
     w = watches[r.pod.uid] = PodWatch(r, policy, history)
     first, last = max(0, r.running.first), min(history.grid.steps - 1, r.running.last)
-    for i in {first} | {f for f in w.flips() if first < f <= last}:
+    held = fault_steps(policy, history)
+    faults = {edge for f, _ in r.faults for edge in (f, f + held)}
+    for i in {first} | {f for f in (*w.flips(), *faults) if first < f <= last}:
         flips.setdefault(i, []).append(r.pod.uid)
+
+
+def fault_steps(policy: Policy, history: History) -> int:
+    """The cycles an XID keeps its GPU faulty: those within health.xidWindow of it."""
+    return max(1, math.ceil(float(policy.health.xid_window) / history.grid.step))
+
+
+def _fault_at(r: PodRecord, i: int, held: int) -> Fault | None:
+    found = [why for f, why in r.faults if f <= i < f + held]
+    return Fault(Source.XID, found[-1]) if found else None
 
 
 def _shown(r: PodRecord, i: int, state: ReplayState, watches: dict[str, PodWatch],
@@ -101,12 +116,14 @@ def _snapshot(present: list[PodRecord], i: int, ok: bool, state: ReplayState,
     pods = tuple(_pod_at(r, i, state, cache, history) for r in present)
     running = [(r, p) for r, p in zip(present, pods, strict=True) if p.node]
     needed = {w for r, _ in running for w in watches[r.pod.uid].evidence}
+    held = fault_steps(policy, history)
+    faults = {p.key: f for r, p in running if (f := _fault_at(r, i, held)) is not None}
     return Snapshot(
         now=now, pods=pods, nodes=history.nodes, owners=history.owners, namespace_labels={},
         tiers=history.tiers,
         evidence={w: dict(_window(running, w, i, watches)) for w in needed},
         telemetry_ok=ok, telemetry_problem="" if ok else "no GPU sample within staleAfter",
-        recent_actions=tuple(a for a in state.recent if now - a.at < HOUR))
+        recent_actions=tuple(a for a in state.recent if now - a.at < HOUR), faults=faults)
 
 
 def _by_end(history: History) -> dict[int, list[PodRecord]]:
