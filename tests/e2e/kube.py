@@ -86,8 +86,21 @@ class Namespace:
         return self.api.get(self.path())["items"]
 
     def node_of(self, name: str, timeout: float = 60) -> str:
-        return wait_for(f"pod {self.name}/{name} to be scheduled",
-                        lambda: self.pod(name)["spec"].get("nodeName"), timeout=timeout)
+        try:
+            return wait_for(f"pod {self.name}/{name} to be scheduled",
+                            lambda: self.pod(name)["spec"].get("nodeName"), timeout=timeout)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; {self.scheduling(name)}") from None
+
+    def scheduling(self, name: str) -> str:
+        """What the scheduler last said of a pending pod, and the namespace's Events."""
+        status = self.pod(name)["status"]
+        said = [f"{c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+                for c in status.get("conditions") or ()]
+        seen = [f"{e['involvedObject']['name']} {e['reason']}: {e.get('message', '')}"
+                for e in self.api.get(self.path("events"))["items"]]
+        return (f"nominatedNodeName={status.get('nominatedNodeName')!r}, conditions {said}, "
+                f"events {seen[-12:]}")
 
     def running(self, name: str, timeout: float = 60) -> dict[str, Any]:
         return wait_for(f"pod {self.name}/{name} to run",

@@ -56,6 +56,25 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     yield from started(tmp_path_factory, "sandbox")
 
 
+# A test on the sandbox that fails carries the tails of these components' logs: CI keeps only
+# its output, and the sandbox's state directory is gone with the machine.
+LOGGED, TAIL_LINES, LINE_CHARS = ("scheduler", "extender", "controller-manager"), 15, 400
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    box = getattr(item, "funcargs", {}).get("sandbox")
+    if report.when != "call" or not report.failed or not isinstance(box, Sandbox):
+        return
+    for name in LOGGED:
+        path = box.dir / "logs" / f"{name}.log"
+        lines = path.read_text(errors="replace").splitlines()[-TAIL_LINES:] if path.exists() else []
+        report.sections.append((f"sandbox {name} log, last {TAIL_LINES} lines",
+                                "\n".join(line[:LINE_CHARS] for line in lines)))
+
+
 @pytest.fixture
 def scheduler_with(sandbox: Sandbox) -> Callable[..., None]:
     """scheduler_with(preemption=, preempt_verb=, node_cache_capable=): restart the shared
