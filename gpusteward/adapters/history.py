@@ -9,7 +9,9 @@ the number of queries is ``len(QUERIES) * chunks`` whatever the number of pods, 
   (``kube_pod_status_phase``), each GPU's peak and sample count, by the live reclaimer's
   own evidence PromQL at a window of one step (``adapters.snapshot.evidence_queries``), and
   each GPU's cumulative XID count per code (``DCGM_EXP_XID_ERRORS_TOTAL``, the XIDs the policy
-  does not ignore), whose rises are the faults the replay holds for ``health.xidWindow``;
+  does not ignore), whose rises are the faults the replay holds for ``health.xidWindow``: read
+  from ``health.xidWindow`` before the window, so that an XID just before it counts and a
+  count that was there all along does not;
 * once per chunk (``last_over_time`` over the chunk): GPU requests
   (``kube_pod_container_resource_requests``), owners (``kube_pod_owner``), allow-listed labels
   (``kube_pod_labels``), creation times (``kube_pod_created``) and each GPU's model name.
@@ -26,7 +28,7 @@ from gpusteward.adapters.snapshot import evidence_queries
 from gpusteward.core.dcgm import XID_TOTAL
 from gpusteward.core.policy import Policy
 from gpusteward.core.times import HOUR
-from gpusteward.core.whatif.history import Grid, History
+from gpusteward.core.whatif.history import Grid, History, xid_steps
 
 CHUNK = 6 * HOUR  # a range query's span: 360 points per series at a 60 s step
 
@@ -78,11 +80,14 @@ class HistoryReader:
                                    await is_left_closed(self.prometheus))
             self._probed = True
         grid = Grid(start, self.step, int((end - start) // self.step) + 1)
-        facts = Facts(grid, self.policy.telemetry.node_labels)
+        lead = xid_steps(self.policy, self.step)  # XID history from one xidWindow before
+        facts = Facts(grid, self.policy.telemetry.node_labels, -lead)
         for a in range(0, grid.steps, max(1, int(self.chunk // self.step))):
             b = min(grid.steps - 1, a + int(self.chunk // self.step) - 1)
             for name, promql in self.queries.items():
                 first = a if name in PER_STEP else b
+                if name == "xid" and a == 0:
+                    first = -lead
                 facts.add(name, await self.prometheus.query_matrix(
                     promql, grid.time(first), grid.time(b), self.step))
         return facts.history(self.policy)

@@ -54,9 +54,10 @@ def ksm_resource(name: str) -> str:
 class Facts:
     """What the queries returned, folded as it arrives (each chunk's JSON is dropped after)."""
 
-    def __init__(self, grid: Grid, node_labels: Sequence[str]):
+    def __init__(self, grid: Grid, node_labels: Sequence[str], xid_from: int = 0):
         self.grid = grid
         self.node_labels = node_labels
+        self.xid_from = xid_from  # the step the XID counts are read from (<= 0)
         self.info: dict[str, dict[str, str]] = {}  # uid -> namespace, pod, priority_class
         self.node: dict[str, str] = {}  # uid -> the node it was bound to
         self.seen: dict[str, list[int]] = {}  # uid -> [first, last] step recorded
@@ -209,7 +210,7 @@ class Facts:
         who = Attribution.of(policy.telemetry.node_labels, policy.telemetry.honor_labels,
                              nodes, pods.values())
         uses, models, held = self._uses(who)
-        xids = _rises(self.xids)
+        xids = _rises(self.xids, self.xid_from)
         records = tuple(self._record(p, uses.get(p.key, []), models.get(p.key, ""),
                                      _faults_on(held.get(p.key, ()), xids))
                         for p in pods.values())
@@ -283,7 +284,9 @@ class Facts:
         if span is not None:
             ends += [max(0, span.first), min(self.grid.steps - 1, span.last) + 1]
         first, end = (min(ends), max(ends)) if ends else (0, 0)
-        faults = tuple(x for x in xids if span is not None and span.holds(x[0]))
+        # An XID before the window is this pod's if it was running when the window began.
+        faults = tuple(x for x in xids if span is not None and (
+            span.holds(x[0]) or (x[0] < 0 and span.first <= 0)))
         return PodRecord(pod, card, running=span, pending=Span(*pending) if pending else None,
                          gpus=tuple(p.framed(first, end) for p in pieces), offset=first,
                          faults=faults)
@@ -300,9 +303,10 @@ class Facts:
                    f"(e.g. {blind[0]}): judged unknown, never reclaimed, as live")
         if self.xids:
             yield ("XIDs are replayed from DCGM_EXP_XID_ERRORS_TOTAL (not the XID gauge or the "
-                   "windowed count): a count already recorded at the window's start, or "
-                   "recorded again after a gap, is taken as an XID then (its time is not in "
-                   "the record), so its pods count as on a faulty GPU, never reclaimed")
+                   "windowed count), read from health.xidWindow before the window: a count "
+                   "recorded again after a gap in its series is taken as an XID then, so its "
+                   "pods count as on a faulty GPU (never reclaimed), and an XID just before "
+                   "the window is held against the pods running on its GPU when it began")
         dark = self.grid.steps - sum(self.telemetry)
         if dark:
             yield (f"{dark} of {self.grid.steps} cycles have no GPU sample at all: the replay "
@@ -354,16 +358,17 @@ def _fresh(sampled: array, stale: int) -> list[bool]:
 
 
 def _rises(xids: Mapping[tuple[str, str, str], list[tuple[int, float]]],
-           ) -> dict[tuple[str, str], list[tuple[int, str]]]:
+           first: int) -> dict[tuple[str, str], list[tuple[int, str]]]:
     """(node, GPU) -> (step, reason) for each step its XID count rose. A series of the count
-    appears with a GPU's first XID of a code after the exporter starts; one first seen, or seen
-    again after a gap, is taken as a rise then: whether it was fresh the record cannot tell, and
-    taking it as one never reclaims a broken GPU's pod."""
+    appears with a GPU's first XID of a code after the exporter starts: one that appears after
+    ``first`` (where the read began), or again after a gap, is taken as a rise then (whether an
+    exporter restart or a scrape gap came between the record cannot tell, and taking it as one
+    never reclaims a broken GPU's pod); one there from ``first`` on is older history."""
     out: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for (node, gpu, code), points in xids.items():
-        last_step, last = -2, 0.0
+        last_step, last = first - 1, math.inf
         for step, count in sorted(points):
-            if step > last_step + 1 or count > last:
+            if (step > last_step + 1 and step > first) or count > last:
                 out.setdefault((node, gpu), []).append(
                     (step, f"XID {code} on GPU {gpu} (DCGM_EXP_XID_ERRORS_TOTAL rose)"))
             last_step, last = step, count

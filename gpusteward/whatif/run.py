@@ -39,7 +39,7 @@ def history_key(policy: Policy) -> str:
     """What a policy's history depends on: policies equal in it share one read."""
     return repr((policy.reclaim.interval, policy.telemetry, policy.resources,
                  policy.card_tiers, sorted(policy.reclaim.exclude_pod_labels),
-                 sorted(policy.health.ignored_xids)))
+                 sorted(policy.health.ignored_xids), policy.health.xid_window))
 
 
 async def _replay_all(policies: Sequence[tuple[str, Policy]], url: PrometheusConnection,

@@ -20,8 +20,8 @@ def points(first: int, last: int, value: str = "1") -> list[list]:
     return [[GRID.time(i), value] for i in range(first, last + 1)]
 
 
-def facts_with_pods() -> Facts:
-    facts = Facts(GRID, POLICY.telemetry.node_labels)
+def facts_with_pods(xid_from: int = 0) -> Facts:
+    facts = Facts(GRID, POLICY.telemetry.node_labels, xid_from)
     facts.add("info", [Series({"namespace": "ml", "pod": "web-5d8f-abcde", "uid": "u1",
                                "node": "n1", "priority_class": ""}, points(0, 9))])
     facts.add("phase", [Series({"uid": "u1", "phase": "Running"}, points(0, 9))])
@@ -38,9 +38,9 @@ def test_pods_without_gpu_telemetry_in_the_window_are_no_history_to_replay():
         facts_with_pods().history(POLICY)
 
 
-def facts_with_an_idle_gpu() -> Facts:
+def facts_with_an_idle_gpu(xid_from: int = 0) -> Facts:
     """The pod of facts_with_pods on GPU-1 of n1, idle at 2 samples a step."""
-    facts = facts_with_pods()
+    facts = facts_with_pods(xid_from)
     gpu = {"UUID": "GPU-1", "Hostname": "n1", "gpu": "0", "exported_namespace": "ml",
            "exported_pod": "web-5d8f-abcde"}
     facts.add("peak", [Series(gpu, points(0, 9, "0"))])
@@ -148,3 +148,17 @@ def test_a_gpus_xid_count_rising_while_its_pod_ran_is_a_fault_at_that_step():
     assert [step for step, _ in record.faults] == [2, 5, 9]
     assert record.faults[0][1] == "XID 79 on GPU GPU-1 (DCGM_EXP_XID_ERRORS_TOTAL rose)"
     assert any("DCGM_EXP_XID_ERRORS_TOTAL" in g for g in history.gaps)
+
+
+def test_xid_counts_read_from_an_xid_window_before_tell_history_from_fresh_faults():
+    # The reader asks for the counts from health.xidWindow before the window (step -3 here):
+    # a count there from the read's first step on is history; one that rose just before the
+    # window is held against the pod running when the window began.
+    place = {"UUID": "GPU-1", "Hostname": "n1", "gpu": "0"}
+    old, fresh = facts_with_an_idle_gpu(xid_from=-3), facts_with_an_idle_gpu(xid_from=-3)
+    for facts, values in ((old, ["1"] * 13), (fresh, ["0", "1"] + ["1"] * 11)):
+        facts.add("xid", [Series({**place, "xid": "79"},
+                                 [(GRID.time(i), v) for i, v in zip(range(-3, 10), values,
+                                                                   strict=True)])])
+    assert old.history(POLICY).pods[0].faults == ()
+    assert [s for s, _ in fresh.history(POLICY).pods[0].faults] == [-2]

@@ -7,12 +7,14 @@ Step ``i`` stands for the reclaim cycle at ``start + i * step``; a GPU's per-ste
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Mapping, Sequence
 
 import msgspec
 
 from gpusteward.core.model import Node, Pod
+from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import Owner
 
 NO_SAMPLE = -1.0  # a step's peak where the GPU has no sample at all (readings are 0-100)
@@ -30,6 +32,11 @@ class Grid(msgspec.Struct, frozen=True):
     @property
     def end(self) -> float:
         return self.time(self.steps - 1)
+
+
+def xid_steps(policy: Policy, step: float) -> int:
+    """The cycles an XID keeps its GPU faulty: those within health.xidWindow of it."""
+    return max(1, math.ceil(float(policy.health.xid_window) / step))
 
 
 class Span(msgspec.Struct, frozen=True):

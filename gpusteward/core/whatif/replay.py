@@ -24,7 +24,7 @@ from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Evidence, Snapshot
 from gpusteward.core.times import HOUR
 from gpusteward.core.whatif.carry import ReplayState, carry_out, kept_down, notes
-from gpusteward.core.whatif.history import History, PodRecord
+from gpusteward.core.whatif.history import History, PodRecord, xid_steps
 from gpusteward.core.whatif.outcome import Outcome
 from gpusteward.core.whatif.pace import PodWatch, Times, boundaries, needs_everyone, step_at
 from gpusteward.core.whatif.waiting import started_earlier
@@ -83,15 +83,10 @@ def _watch(r: PodRecord, policy: Policy, history: History, watches: dict[str, Po
         return
     w = watches[r.pod.uid] = PodWatch(r, policy, history)
     first, last = max(0, r.running.first), min(history.grid.steps - 1, r.running.last)
-    held = fault_steps(policy, history)
+    held = xid_steps(policy, history.grid.step)
     faults = {edge for f, _ in r.faults for edge in (f, f + held)}
     for i in {first} | {f for f in (*w.flips(), *faults) if first < f <= last}:
         flips.setdefault(i, []).append(r.pod.uid)
-
-
-def fault_steps(policy: Policy, history: History) -> int:
-    """The cycles an XID keeps its GPU faulty: those within health.xidWindow of it."""
-    return max(1, math.ceil(float(policy.health.xid_window) / history.grid.step))
 
 
 def _fault_at(r: PodRecord, i: int, held: int) -> Fault | None:
@@ -116,7 +111,7 @@ def _snapshot(present: list[PodRecord], i: int, ok: bool, state: ReplayState,
     pods = tuple(_pod_at(r, i, state, cache, history) for r in present)
     running = [(r, p) for r, p in zip(present, pods, strict=True) if p.node]
     needed = {w for r, _ in running for w in watches[r.pod.uid].evidence}
-    held = fault_steps(policy, history)
+    held = xid_steps(policy, history.grid.step)
     faults = {p.key: f for r, p in running if (f := _fault_at(r, i, held)) is not None}
     return Snapshot(
         now=now, pods=pods, nodes=history.nodes, owners=history.owners, namespace_labels={},
