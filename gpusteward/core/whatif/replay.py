@@ -112,7 +112,8 @@ def _snapshot(present: list[PodRecord], i: int, ok: bool, state: ReplayState,
     running = [(r, p) for r, p in zip(present, pods, strict=True) if p.node]
     needed = {w for r, _ in running for w in watches[r.pod.uid].evidence}
     held = xid_steps(policy, history.grid.step)
-    faults = {p.key: f for r, p in running if (f := _fault_at(r, i, held)) is not None}
+    faults = {p.key: f for r, p in running
+              if r.faults and (f := _fault_at(r, i, held)) is not None}
     return Snapshot(
         now=now, pods=pods, nodes=history.nodes, owners=history.owners, namespace_labels={},
         tiers=history.tiers,
