@@ -27,7 +27,8 @@ _NAMES = {"xid_total": "DCGM_EXP_XID_ERRORS_TOTAL rose", "xid_new": "DCGM_EXP_XI
 
 async def gpu_faults(prometheus: PrometheusClient, policy: Policy, who: Attribution
                      ) -> dict[str, Fault]:
-    """Pod key -> the fault one of its GPUs shows within ``health.xidWindow``."""
+    """Pod key -> the fault one of its GPUs shows: an XID within ``health.xidWindow``, or
+    DCGM's own verdict now."""
     span = exact_range(float(policy.health.xid_window), bool(prometheus.left_closed))
     queries = fault_queries(policy.health, policy.telemetry.node_labels, prometheus.present,
                             float(policy.health.xid_window), span)
@@ -35,24 +36,51 @@ async def gpu_faults(prometheus: PrometheusClient, policy: Policy, who: Attribut
     return assemble(dict(zip(queries, answers, strict=True)), who)
 
 
+_HEALTH = {"health_failed", "row_remap_failed"}
+Seen = tuple[int, str, str, str]  # (XID, or past MAX_XID for DCGM's verdicts; GPU; query; why)
+
+
 def assemble(answers: Mapping[str, list[dict[str, Any]]], who: Attribution) -> dict[str, Fault]:
-    """The lowest-numbered fault per pod, so the reason is the same every cycle."""
-    found: dict[str, set[tuple[int, str, str]]] = {}
+    """One fault per pod, the same every cycle: its lowest XID, else the first of DCGM's own
+    verdicts on its GPUs."""
+    found: dict[str, set[Seen]] = {}
     for name, series in answers.items():
         for s in series:
             labels = s["metric"]
-            code = _code(name, labels, s["value"][1])
+            seen = _seen(name, labels, s["value"][1])
             node = who.node(labels)
             pod = who.pod(labels, node)
-            if code is None or pod is None:
-                continue
-            found.setdefault(pod, set()).add((code, gpu_id(labels), name))
+            if seen is not None and pod is not None:
+                found.setdefault(pod, set()).add(seen)
     return {pod: _fault(min(seen)) for pod, seen in found.items()}
 
 
-def _fault(seen: tuple[int, str, str]) -> Fault:
-    code, gpu, name = seen
-    return Fault(Source.XID, f"XID {code} on GPU {gpu} within the health window ({_NAMES[name]})")
+def _seen(name: str, labels: Mapping[str, str], value: str) -> Seen | None:
+    gpu = gpu_id(labels)
+    if name not in _HEALTH:
+        code = _code(name, labels, value)
+        return None if code is None else (
+            code, gpu, name, f"XID {code} on GPU {gpu} within the health window ({_NAMES[name]})")
+    if not _number(value):
+        log.warning("fault series %s skipped: %r is no number (%s)", name, value, labels)
+        return None
+    if name == "row_remap_failed":
+        why = f"row remapping failed on GPU {gpu} (DCGM_FI_DEV_ROW_REMAP_FAILURE)"
+    else:
+        why = (f"DCGM health watch {labels.get('health_watch', '?')} failed on GPU {gpu}: "
+               f"{labels.get('health_error_code', '?')} (DCGM_EXP_GPU_HEALTH_STATUS)")
+    return MAX_XID + 1, gpu, name, why
+
+
+def _fault(seen: Seen) -> Fault:
+    return Fault(Source.XID if seen[0] <= MAX_XID else Source.DCGM_HEALTH, seen[3])
+
+
+def _number(value: str) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 def _code(name: str, labels: Mapping[str, str], value: str) -> int | None:

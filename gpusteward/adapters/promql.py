@@ -7,7 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gpusteward.core.attribution import POD_LABELS, SCRAPE_NODE_LABELS, VIRTUAL_GPU_LABEL
-from gpusteward.core.dcgm import XID_COUNT, XID_TOTAL
+from gpusteward.core.dcgm import (
+    HEALTH_FAIL,
+    HEALTH_STATUS,
+    ROW_REMAP_FAILURE,
+    XID_COUNT,
+    XID_TOTAL,
+)
 from gpusteward.core.policy import Health
 from gpusteward.core.vocabulary import Concept, Unit, Vocabulary, fallback
 
@@ -111,7 +117,12 @@ def fault_queries(health: Health, node_labels: Sequence[str], vocabulary: Vocabu
       the last XID until the exporter restarts (NVIDIA/dcgm-exporter#500): a code it has held
       for longer is history. Each code is a series of its own (``err_code``, ``err_msg``), so
       the GPU's series then are compared, not one series' changes.
-    Ignored XIDs (application faults) count in none of them."""
+    Ignored XIDs (application faults) count in none of them. And, read at the instant:
+
+    - ``health_failed``: a DCGM health watch of the GPU failed (DCGM_EXP_GPU_HEALTH_STATUS at
+      DCGM's FAIL, 20; a warning, 10, is no fault);
+    - ``row_remap_failed``: the GPU could not remap a row of memory
+      (DCGM_FI_DEV_ROW_REMAP_FAILURE 1): it needs a reset, or replacing."""
     labels = ["UUID", *gpu_labels(node_labels)]  # UUID: a DRA pod's GPU is known by it
     by = keeping([*labels, "xid"])
     gpu = ", ".join(dict.fromkeys([*node_labels, *GPU_PLACE]))
@@ -128,4 +139,7 @@ def fault_queries(health: Health, node_labels: Sequence[str], vocabulary: Vocabu
             Concept.XID, Unit.CODE,
             lambda x: f"(({x}{ignored}) unless on ({gpu}, err_code) {x} offset {int(window)}s)",
             mark=False),
+        "health_failed": keeping([*labels, "health_watch", "health_error_code"])
+                         + f"({HEALTH_STATUS} >= {HEALTH_FAIL})",
+        "row_remap_failed": keeping(labels) + f"({ROW_REMAP_FAILURE} > 0)",
     }

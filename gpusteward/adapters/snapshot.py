@@ -1,5 +1,5 @@
 """Read one reclaim Snapshot: a fixed set of LISTs from the API server and a fixed set of PromQL
-queries (2 freshness queries + 2 per idle window + 4 for GPU faults), whatever the number of
+queries (2 freshness queries + 2 per idle window + 6 for GPU faults), whatever the number of
 pods.
 
 Evidence must reach the present: besides the fleet-wide probe (the newest sample of any GPU),

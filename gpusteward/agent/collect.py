@@ -62,6 +62,8 @@ class AgentGpu:
     xid: int = 0
     xid_count: int = 0  # always 0: the agent exports no DCGM_EXP_XID_ERRORS_COUNT
     xid_total: int = 0  # always 0: nor DCGM_EXP_XID_ERRORS_TOTAL
+    row_remap_failure: bool = False  # never printed: the agent exports no health families
+    health: tuple[tuple[str, int, str], ...] = ()
     pod: PodRef | None = None
     mig: MigInstance | None = None  # always None: the agent reads whole GPUs (docs/agent.md)
     error: str | None = None

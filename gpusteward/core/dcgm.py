@@ -31,6 +31,12 @@ commented out of its default CSV: per GPU one series per XID seen within the win
 a counter per GPU and ``xid`` since the exporter started, whose series appears only once that
 XID occurred; labelled like the windowed count, without ``window_size_in_ms``. The double keeps
 one code per GPU (its last), where the exporter keeps a series for each code seen.
+Optionally (``health``) the exporter's health families, after the others:
+``DCGM_FI_DEV_ROW_REMAP_FAILURE`` (field 395, in the default CSV: 1 once a row remap failed)
+and ``DCGM_EXP_GPU_HEALTH_STATUS`` (commented out of it: per GPU one series for each health
+watch DCGM runs, labelled ``health_watch`` and ``health_error_code`` among the attributes, its
+value DCGM's result, 0 pass, 10 warn, 20 fail; ``internal/pkg/collector/gpu_health_collector.go``).
+Neither is printed for a MIG instance: DCGM watches health and row remapping per GPU.
 
 Simplifications: ``DCGM_FI_DEV_FB_FREE`` is ``memory_mib - fb_used_mib`` (the
 real one also subtracts ``FB_RESERVED``); ``err_msg`` comes from a subset of the
@@ -39,7 +45,7 @@ exporter's XID table and other codes print ``Unknown Error``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -55,6 +61,10 @@ __all__ = [
     "MIB",
     "XID_COUNT",
     "XID_TOTAL",
+    "HEALTH_FAIL",
+    "HEALTH_WARN",
+    "HEALTH_STATUS",
+    "ROW_REMAP_FAILURE",
     "XID_ERROR",
     "XID_ERRORS",
     "XID_GPU_LOST",
@@ -129,6 +139,10 @@ class ExportedGpu(Protocol):
     def xid_count(self) -> int: ...  # XIDs within the exporter's count window (all of ``xid``)
     @property
     def xid_total(self) -> int: ...  # XIDs of code ``xid`` since the exporter started
+    @property
+    def row_remap_failure(self) -> bool: ...
+    @property
+    def health(self) -> tuple[tuple[str, int, str], ...]: ...  # (watch, result, error code)
     @property
     def pod(self) -> PodRef | None: ...
     @property
@@ -254,12 +268,29 @@ XID_TOTAL_FIELD = Field(
     XID_TOTAL, "Total XID errors observed since exporter start.", lambda g: _go_int(g.xid_total))
 
 
+ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+HEALTH_STATUS = "DCGM_EXP_GPU_HEALTH_STATUS"
+# The watches gpu_health_collector.go exports, in its order; ALL carries the GPU-wide faults
+# (XID 79, 95) no subsystem owns.
+HEALTH_WATCHES = ("PCIE", "NVLINK", "PMU", "MCU", "MEM", "SM", "INFOROM", "THERMAL", "POWER",
+                  "DRIVER", "ALL")
+HEALTH_PASS, HEALTH_WARN, HEALTH_FAIL = 0, 10, 20  # DCGM's dcgmHealthWatchResult_t
+HEALTH_OK = (HEALTH_PASS, "DCGM_FR_OK")
+ROW_REMAP_FIELD = Field(ROW_REMAP_FAILURE, "Whether remapping of rows has failed",
+                        lambda g: _go_int(g.row_remap_failure))
+HEALTH_FIELD = Field(HEALTH_STATUS, "Current DCGM-reported GPU health status.",
+                     lambda g: _go_int(HEALTH_PASS))  # one sample per watch: _samples
+_PER_GPU = frozenset({ROW_REMAP_FAILURE, HEALTH_STATUS})
+
+
 def fields(xid_count_window_ms: int | None = None, generation: Generation = LEGACY,
-           xid_total: bool = False) -> tuple[Field, ...]:
+           xid_total: bool = False, health: bool = False) -> tuple[Field, ...]:
     """The fields an exporter prints, with ``DCGM_EXP_XID_ERRORS_COUNT`` when it counts XIDs
-    in a window and ``DCGM_EXP_XID_ERRORS_TOTAL`` (``xid_total``) when it counts them all."""
+    in a window, ``DCGM_EXP_XID_ERRORS_TOTAL`` (``xid_total``) when it counts them all, and
+    the health families (``health``)."""
     return (generation.fields + ((XID_COUNT_FIELD,) if xid_count_window_ms else ())
-            + ((XID_TOTAL_FIELD,) if xid_total else ()))
+            + ((XID_TOTAL_FIELD,) if xid_total else ())
+            + ((ROW_REMAP_FIELD, HEALTH_FIELD) if health else ()))
 
 
 # Texts from dcgm-exporter's xidErrCodeToText for the XIDs a GPU fleet commonly sees.
@@ -292,12 +323,14 @@ EXPORTER_LABELS = frozenset(
      "DCGM_FI_SYSTEM_DRIVER_VERSION"}
     | {"GPU_I_PROFILE", "GPU_I_ID"}
     | {"container", "namespace", "pod", "vgpu", "err_code", "err_msg", "window_size_in_ms", "xid"}
+    | {"health_watch", "health_error_code"}
 )
 
 
 def _labels(
     gpu: ExportedGpu, field: Field, driver_version: str, node_label: str,
     xid_count_window_ms: int | None, driver_label: str = LEGACY.driver_label,
+    extra: Mapping[str, str] | None = None,
 ) -> tuple[tuple[str, str], ...]:
     labels = [
         ("gpu", str(gpu.index)),
@@ -315,7 +348,7 @@ def _labels(
             labels.append(("xid", str(gpu.xid)))
     if field.name == XID_TOTAL:
         labels.append(("xid", str(gpu.xid)))
-    attributes: dict[str, str] = {}
+    attributes: dict[str, str] = dict(extra or {})
     if field.name in _XID_FIELDS:
         attributes["err_code"] = str(gpu.xid)
         attributes["err_msg"] = _XID_TEXT.get(gpu.xid, "Unknown Error")
@@ -342,6 +375,8 @@ def sample(
     """
     if field.name == XID_TOTAL and not gpu.xid_total:
         return None  # its series appears with the first XID
+    if field.name in _PER_GPU and gpu.mig is not None:
+        return None
     if gpu.mig is not None and field.name in _UTIL_FIELDS:
         if gpu.mig.gpu_util == "absent":
             return None
@@ -360,17 +395,35 @@ def dcgm_families(
     xid_count_window_ms: int | None = None,
     generation: Generation = LEGACY,
     xid_total: bool = False,
+    health: bool = False,
 ) -> list[Family]:
     """Every family one scrape prints for these entities, each with their samples in order."""
     gpus = list(gpus)
 
     def printed(f: Field) -> tuple[Sample, ...]:
-        return tuple(s for g in gpus if (s := sample(
+        return tuple(s for g in gpus for s in _samples(
             f, g, driver_version=driver_version, node_label=node_label,
-            xid_count_window_ms=xid_count_window_ms, generation=generation)))
+            xid_count_window_ms=xid_count_window_ms, generation=generation))
 
     return [Family(f.name, f.help, printed(f))
-            for f in fields(xid_count_window_ms, generation, xid_total)]
+            for f in fields(xid_count_window_ms, generation, xid_total, health)]
+
+
+def _samples(field: Field, gpu: ExportedGpu, *, driver_version: str, node_label: str,
+             xid_count_window_ms: int | None, generation: Generation) -> Iterator[Sample]:
+    """``sample``, but a series per health watch for DCGM_EXP_GPU_HEALTH_STATUS."""
+    one = sample(field, gpu, driver_version=driver_version, node_label=node_label,
+                 xid_count_window_ms=xid_count_window_ms, generation=generation)
+    if one is None or field.name != HEALTH_STATUS:
+        yield from (one,) if one is not None else ()
+        return
+    found = {watch: (result, code) for watch, result, code in gpu.health}
+    for watch in HEALTH_WATCHES:
+        result, code = found.get(watch, HEALTH_OK)
+        yield Sample(_labels(gpu, field, driver_version, node_label, xid_count_window_ms,
+                             generation.driver_label,
+                             {"health_watch": watch, "health_error_code": code}),
+                     _go_int(result))
 
 
 def gpu_id(labels: Mapping[str, str]) -> str:

@@ -17,7 +17,8 @@ Node sources (every GPU of the node is suspect: they do not say which GPU failed
 The device sources name one GPU and the pod holding it:
 - a DRA device taint whose key the policy lists (``health.deviceTaints``) with effect
   NoSchedule or NoExecute, as NVIDIA's DRA driver taints a device after a critical XID;
-- telemetry (adapters/faults.py): an XID counted within the window.
+- telemetry (adapters/faults.py): an XID counted within the window; a DCGM health watch
+  failed (DCGM_EXP_GPU_HEALTH_STATUS) or a row remap failed (DCGM_FI_DEV_ROW_REMAP_FAILURE).
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ class Source(StrEnum):
     DEVICE_PLUGIN = "device-plugin"  # allocatable below capacity
     DEVICE_TAINT = "device-taint"  # a DRA device's
     XID = "xid"
+    DCGM_HEALTH = "dcgm-health"  # DCGM's health watches, its row remapping
 
 
 # A pipeline's verdict names what failed; the device plugin's count only that something did.
-_RANK = {s: i for i, s in enumerate((Source.XID, Source.DEVICE_TAINT, Source.NODE_CONDITION,
+_RANK = {s: i for i, s in enumerate((Source.XID, Source.DCGM_HEALTH, Source.DEVICE_TAINT,
+                                      Source.NODE_CONDITION,
                                       Source.NODE_ANNOTATION, Source.NODE_TAINT,
                                       Source.DEVICE_PLUGIN))}
 

@@ -67,6 +67,8 @@ class SimGpu:
     xid: int = 0  # the gauge: dcgm-exporter keeps the last XID, however old
     xid_count: int = 0  # XIDs within the exporter's count window (all of code ``xid``)
     xid_total: int = 0  # XIDs of code ``xid`` since the exporter started
+    row_remap_failure: bool = False
+    health: tuple[tuple[str, int, str], ...] = ()  # (watch, result, error code) not passing
     pod: PodRef | None = None
     shares: tuple[Share, ...] = ()  # per-pod copies (--kubernetes-virtual-gpus) in its place
     vgpu: str = ""  # on a per-pod copy: its replica id
@@ -123,6 +125,7 @@ def render_exposition(
     xid_count_window_ms: int | None = None,
     generation: Generation = LEGACY,
     xid_total: bool = False,
+    health: bool = False,
 ) -> str:
     """One scrape of ``/metrics`` (text format 0.0.4) for the given GPUs.
 
@@ -134,7 +137,8 @@ def render_exposition(
     return render_text(dcgm_families(_entities(gpus), driver_version=driver_version,
                                      node_label=node_label,
                                      xid_count_window_ms=xid_count_window_ms,
-                                     generation=generation, xid_total=xid_total))
+                                     generation=generation, xid_total=xid_total,
+                                     health=health))
 
 
 def render_openmetrics_history(
@@ -147,6 +151,7 @@ def render_openmetrics_history(
     scrape: Callable[[str, list[tuple[str, str]]], list[tuple[str, str]]] | None = None,
     generation: Generation = LEGACY,
     xid_total: bool = False,
+    health: bool = False,
 ) -> str:
     """OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``.
 
@@ -167,11 +172,11 @@ def render_openmetrics_history(
     frames = [
         (ts, dcgm_families(_entities(gpus), driver_version=driver_version,
                            node_label=node_label, xid_count_window_ms=xid_count_window_ms,
-                           generation=generation, xid_total=xid_total))
+                           generation=generation, xid_total=xid_total, health=health))
         for ts, gpus in sorted(samples, key=lambda frame: frame[0])
     ]
     lines: list[str] = []
-    for i, field in enumerate(fields(xid_count_window_ms, generation, xid_total)):
+    for i, field in enumerate(fields(xid_count_window_ms, generation, xid_total, health)):
         # Typed gauge even for the XID counter: OpenMetrics names a counter's samples with a
         # lower-case `_total`, which DCGM_EXP_XID_ERRORS_TOTAL is not; queries do not care.
         lines += [f"# HELP {field.name} {field.help}", f"# TYPE {field.name} gauge"]

@@ -5,7 +5,11 @@ Shapes: DCGM_FI_DEV_XID_ERRORS, the last-XID gauge printed for every GPU (0 unti
 the last one, NVIDIA/dcgm-exporter#500); DCGM_EXP_XID_ERRORS_TOTAL, the opt-in counter since
 dcgm-exporter 4.8.3, one series per GPU and `xid` label that appears with that XID's first
 occurrence ("cumulative XID errors observed since exporter start", dcgm-exporter README,
-"Cumulative XID and clock event counters"). Both printed by gpusteward.core.dcgm."""
+"Cumulative XID and clock event counters"). DCGM's own verdicts, at the instant:
+DCGM_EXP_GPU_HEALTH_STATUS, one series per GPU and health watch (`health_watch`,
+`health_error_code`; 0 pass, 10 warn, 20 fail: dcgm-exporter
+internal/pkg/collector/gpu_health_collector.go), and DCGM_FI_DEV_ROW_REMAP_FAILURE (1 once a row
+remap failed; in its default-counters.csv). All printed by gpusteward.core.dcgm."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from gpusteward.adapters.faults import assemble, gpu_faults
 from gpusteward.adapters.promclient import PrometheusClient
 from gpusteward.adapters.promql import exact_range, fault_queries
 from gpusteward.core.attribution import Attribution
-from gpusteward.core.dcgm import PodRef
+from gpusteward.core.dcgm import HEALTH_FAIL, HEALTH_WARN, PodRef
 from gpusteward.core.health import Source
 from gpusteward.core.policy import parse_policy
 from gpusteward.sandbox.simgpu import SimGpu, render_openmetrics_history
@@ -30,9 +34,10 @@ POLICY = parse_policy({"telemetry": {"scrapeInterval": "15s"}, "health": {"xidWi
 
 
 def gpus_at(now: float, t: float) -> list[SimGpu]:
-    def gpu(node: str, idx: int, pod: str | None, xid: int = 0, total: int = 0) -> SimGpu:
+    def gpu(node: str, idx: int, pod: str | None, xid: int = 0, total: int = 0,
+            **kw) -> SimGpu:
         return SimGpu(node, idx, "NVIDIA H100 80GB HBM3", util_percent=0.0, xid=xid,
-                      xid_total=total, pod=PodRef("ml", pod, "main") if pod else None)
+                      xid_total=total, pod=PodRef("ml", pod, "main") if pod else None, **kw)
 
     ago = now - t
     return [
@@ -48,6 +53,12 @@ def gpus_at(now: float, t: float) -> list[SimGpu]:
         # GPU's old count and the gauge its old code; neither is a fault of now.
         gpu("n2", 1, "newcomer" if ago <= 8 * MINUTE else None,
             *((79, 1) if ago <= 35 * MINUTE else (0, 0))),
+        # DCGM's memory watch failed two minutes ago; another GPU's only warns
+        gpu("n2", 2, "dbe", health=(("MEM", HEALTH_FAIL, "DCGM_FR_VOLATILE_DBE_DETECTED"),)
+            if ago <= 2 * MINUTE else ()),
+        gpu("n2", 3, "warned", health=(("PCIE", HEALTH_WARN, "DCGM_FR_PCI_REPLAY_RATE"),)),
+        # a failed row remap, long ago: it stays failed until the GPU is reset
+        gpu("n2", 4, "remap", row_remap_failure=True),
     ]
 
 
@@ -56,12 +67,13 @@ def history(now: float, honor: bool) -> str:
     while t <= now - 5:
         frames.append((t, gpus_at(now, t)))
         t += STEP
-    return render_openmetrics_history(frames, scrape=servicemonitor(honor), xid_total=True)
+    return render_openmetrics_history(frames, scrape=servicemonitor(honor), xid_total=True,
+                                      health=True)
 
 
 PODS = [gpu_pod(name, node=node) for name, node in [
     ("bad", "n1"), ("beside", "n1"), ("old-xid", "n1"), ("app-xid", "n1"), ("second", "n2"),
-    ("newcomer", "n2")]]
+    ("newcomer", "n2"), ("dbe", "n2"), ("warned", "n2"), ("remap", "n2")]]
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +98,14 @@ def faults(request, module_prometheus_factory, now):
     return read
 
 
-async def test_only_xids_of_the_window_are_faults_on_the_gpu_that_raised_them(faults):
+async def test_only_xids_of_the_window_and_dcgms_failures_are_faults_of_their_gpus(faults):
     found = await faults()
-    assert set(found) == {"ml/bad", "ml/second"}
-    assert all(f.source == Source.XID for f in found.values())
+    assert set(found) == {"ml/bad", "ml/second", "ml/dbe", "ml/remap"}
+    assert {k for k, f in found.items() if f.source == Source.XID} == {"ml/bad", "ml/second"}
+    assert found["ml/dbe"].source == found["ml/remap"].source == Source.DCGM_HEALTH
+    assert found["ml/dbe"].reason.startswith("DCGM health watch MEM failed on GPU GPU-")
+    assert "DCGM_FR_VOLATILE_DBE_DETECTED" in found["ml/dbe"].reason
+    assert found["ml/remap"].reason.startswith("row remapping failed on GPU GPU-")
     assert found["ml/bad"].reason.startswith("XID 79 on GPU ")
     assert found["ml/second"].reason.startswith("XID 48 on GPU ")
     # the new counter series, and the counter that rose: each found by its own query
@@ -101,6 +117,8 @@ async def test_only_xids_of_the_window_are_faults_on_the_gpu_that_raised_them(fa
     pytest.param("xid_new", {"ml/bad"}, id="counter-series-appeared"),
     pytest.param("xid_gauge", {"ml/bad"}, id="gauge-took-it-within-the-window"),
     pytest.param("xid_counted", set(), id="windowed-count-not-enabled"),
+    pytest.param("health_failed", {"ml/dbe"}, id="health-watch-failed-not-warned"),
+    pytest.param("row_remap_failed", {"ml/remap"}, id="row-remap-failed"),
 ])
 async def test_each_fault_query_finds_its_own_evidence(faults, query, pods):
     # The gauge does not see XID 48 again (it held 48 already), nor does increase() see a

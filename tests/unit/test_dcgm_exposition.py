@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusteward.core.dcgm import MigInstance, PodRef, gpu_id
+from gpusteward.core.dcgm import HEALTH_FAIL, MigInstance, PodRef, gpu_id
 from gpusteward.sandbox.simgpu import (
     Share,
     SimGpu,
@@ -158,6 +158,26 @@ def test_the_xid_counter_is_opt_in_a_counter_and_appears_with_the_first_xid() ->
     assert "# TYPE DCGM_EXP_XID_ERRORS_TOTAL counter" in text
     (line,) = sample_lines(text, "DCGM_EXP_XID_ERRORS_TOTAL")
     assert line.endswith('DCGM_FI_DRIVER_VERSION="550.90.07",xid="79"} 2')
+
+
+def test_the_health_families_are_opt_in_one_status_series_per_watch_none_for_mig() -> None:
+    # dcgm-exporter internal/pkg/collector/gpu_health_collector.go: per GPU one
+    # DCGM_EXP_GPU_HEALTH_STATUS series for each of its 11 watches, PASS (0) unless DCGM
+    # reported an incident, `health_watch`/`health_error_code` among the attributes;
+    # DCGM_FI_DEV_ROW_REMAP_FAILURE is a default-counters.csv gauge.
+    assert "HEALTH_STATUS" not in render_exposition([free_gpu()])
+    failed = free_gpu(row_remap_failure=True,
+                      health=(("MEM", HEALTH_FAIL, "DCGM_FR_VOLATILE_DBE_DETECTED"),))
+    text = render_exposition([failed, busy_gpu(), busy_gpu(mig=MigInstance(1, "3g.40gb"))],
+                             health=True)
+    status = sample_lines(text, "DCGM_EXP_GPU_HEALTH_STATUS")
+    assert len(status) == 2 * 11
+    (mem,) = [line for line in status if 'health_watch="MEM"' in line and "nvidia1" in line]
+    assert mem.endswith('health_error_code="DCGM_FR_VOLATILE_DBE_DETECTED",'
+                        'health_watch="MEM"} 20')
+    assert sum(line.endswith(" 0") for line in status) == 21
+    assert [line.rsplit(" ", 1)[1] for line in sample_lines(
+        text, "DCGM_FI_DEV_ROW_REMAP_FAILURE")] == ["1", "0"]
 
 
 def test_node_label_name_can_follow_the_rename_on_exporter_main() -> None:
