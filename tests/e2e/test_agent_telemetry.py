@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpusteward.core.dcgm import GENERATIONS
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet
 from gpusteward.sandbox.kubehttp import wait_for
@@ -71,13 +72,19 @@ def _post(url: str, body: dict[str, Any]) -> bytes:
         return bytes(resp.read())
 
 
+# What the agent exports: the double's families of dcgm-exporter's default CSV, under either
+# generation's names; not the exporter's opt-in XID counts nor the health families, which the
+# simulator prints too (docs/agent.md).
+AGENT_FAMILIES = frozenset(f.name for g in GENERATIONS.values() for f in g.fields)
+
+
 def dcgm_series(text: str) -> Series:
-    """The DCGM_FI_* samples of one exposition, by name and label set."""
+    """The samples of one exposition the agent also exports, by name and label set."""
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name.startswith("DCGM_FI_")
+        if s.name in AGENT_FAMILIES
     }
 
 
