@@ -280,7 +280,7 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
         for gpu in gpus:  # each node's exporter prints its own generation's families
             by_generation.setdefault(_generation(fleet.nodes.get(gpu.node)), []).append(gpu)
         text = "".join(render_exposition(group, xid_count_window_ms=window_ms, xid_total=True,
-                                         health=True, generation=GENERATIONS[v],
+                                         generation=GENERATIONS[v],
                                          node_label=GENERATIONS[v].node_label)
                        for v, group in sorted(by_generation.items()) if group or v == "4.8")
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
