@@ -14,7 +14,8 @@ the number of queries is ``len(QUERIES) * chunks`` whatever the number of pods, 
   count that was there all along does not;
 * once per chunk (``last_over_time`` over the chunk): GPU requests
   (``kube_pod_container_resource_requests``), owners (``kube_pod_owner``), allow-listed labels
-  (``kube_pod_labels``), creation times (``kube_pod_created``) and each GPU's model name.
+  (``kube_pod_labels``), creation times (``kube_pod_created``), each GPU's model name, and,
+  where a class has a minRuntime, start times (``kube_pod_start_time``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gpusteward.adapters.promql import GPU_PLACE, exact_range, keeping, utilizat
 from gpusteward.adapters.snapshot import evidence_queries
 from gpusteward.core.dcgm import XID_TOTAL
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim.rules import counts_runtime
 from gpusteward.core.times import HOUR
 from gpusteward.core.whatif.history import Grid, History, xid_steps
 
@@ -38,7 +40,7 @@ def queries(policy: Policy, step: float, chunk: float,
     resources = "|".join(re.escape(ksm_resource(r)) for r in policy.resources)
     words = policy.telemetry.vocabulary()
     peak, count = evidence_queries(step, policy.telemetry.node_labels, words, s)
-    return {
+    out = {
         "info": "max by (namespace, pod, uid, node, priority_class) "
                 f"(max_over_time(kube_pod_info[{s}]))",
         "phase": 'max by (uid, phase) (max_over_time(kube_pod_status_phase'
@@ -60,6 +62,9 @@ def queries(policy: Policy, step: float, chunk: float,
         "model": keeping(["UUID", "gpu", "GPU_I_ID", "modelName", *policy.telemetry.node_labels])
                  + utilization(words, None, lambda m: f"last_over_time({m}[{c}])"),
     }
+    if counts_runtime(policy):
+        out["started"] = f"max by (uid) (last_over_time(kube_pod_start_time[{c}]))"
+    return out
 
 
 PER_STEP = ("info", "phase", "peak", "count", "xid")

@@ -66,6 +66,7 @@ class Facts:
         self.owner: dict[str, tuple[str, str]] = {}
         self.labels: dict[str, dict[str, str]] = {}
         self.created: dict[str, float] = {}
+        self.started: dict[str, float] = {}  # status.startTime (minRuntime)
         self.models: dict[str, tuple[str, str]] = {}  # GPU (UUID) -> (node label, modelName)
         self.gpu_series: dict[tuple[tuple[str, str], ...], Figures] = {}
         # (node, GPU, XID code) -> (step, cumulative count) as recorded
@@ -79,8 +80,8 @@ class Facts:
         """Fold the rows of query ``name`` (adapters.history ``queries``)."""
         fold = {"info": self._info, "phase": self._phase, "peak": self._peak,
                 "count": self._count, "gpus": self._gpus, "owner": self._owner,
-                "labels": self._labels, "created": self._created, "model": self._model,
-                "xid": self._xid}
+                "labels": self._labels, "created": self._created, "started": self._started,
+                "model": self._model, "xid": self._xid}
         fold[name](rows)
 
     def _span(self, spans: dict[Any, list[int]], key: Any, values: Sequence[Any]) -> None:
@@ -176,9 +177,10 @@ class Facts:
             self.labels[s.metric.get("uid", "")] = s.metric
 
     def _created(self, rows: list[Series]) -> None:
-        for s in rows:
-            if s.values:
-                self.created[s.metric.get("uid", "")] = float(s.values[-1][1])
+        _last_values(rows, self.created)
+
+    def _started(self, rows: list[Series]) -> None:
+        _last_values(rows, self.started)
 
     def _xid(self, rows: list[Series]) -> None:
         for s in rows:
@@ -238,7 +240,8 @@ class Facts:
             priority=SYSTEM_PRIORITIES.get(info["priority_class"], 0),
             labels=_pod_labels(self.labels.get(uid, {}), policy),
             owners=(OwnerRef(kind, name, controller=True),) if kind and kind != "<none>" else (),
-            created_at=self.created.get(uid, self.grid.time(first)))
+            created_at=self.created.get(uid, self.grid.time(first)),
+            started_at=self.started.get(uid))
 
     def _nodes(self) -> dict[str, Node]:
         gpus: dict[str, set[str]] = {}
@@ -378,3 +381,10 @@ def _rises(xids: Mapping[tuple[str, str, str], list[tuple[int, float]]],
 def _faults_on(gpus: Iterable[tuple[str, str]],
                rises: Mapping[tuple[str, str], list[tuple[int, str]]]) -> list[tuple[int, str]]:
     return sorted(x for g in gpus for x in rises.get(g, ()))
+
+
+def _last_values(rows: list[Series], into: dict[str, float]) -> None:
+    """Each pod's newest value of a per-pod time series (creation, start)."""
+    for s in rows:
+        if s.values:
+            into[s.metric.get("uid", "")] = float(s.values[-1][1])

@@ -65,6 +65,7 @@ class Condition(msgspec.Struct, rename="camel"):
 
 class PodStatus(msgspec.Struct, rename="camel"):
     phase: str | None = None
+    start_time: str | None = None
     conditions: list[Condition] | None = None
     nominated_node_name: str | None = None
 
@@ -204,6 +205,7 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
     """bound_at: when the caller first saw the binding; else the PodScheduled condition's time."""
     m, s = w.metadata, w.spec
     conditions = (w.status.conditions if w.status else None) or ()
+    started = w.status.start_time if w.status else None
     annotations = m.annotations or {}
     if bound_at is None and s.node_name:
         bound_at = _scheduled_at(conditions)
@@ -224,6 +226,7 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
         owners=tuple(m.owner_references or ()),
         created_at=parse_time(m.creation_timestamp) or 0.0,
         bound_at=bound_at,
+        started_at=parse_time(started),
         deleting=m.deletion_timestamp is not None,
         node_selector=s.node_selector or {},
         tolerations=tuple(s.tolerations or ()),

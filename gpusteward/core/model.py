@@ -102,6 +102,8 @@ class Pod(msgspec.Struct, frozen=True):
     created_at: float = 0.0
     # Wall-clock time the pod was first seen bound to its node (burst correction).
     bound_at: float | None = None
+    # status.startTime: when its kubelet took the pod (the start of its run).
+    started_at: float | None = None
     deleting: bool = False
     node_selector: Mapping[str, str] = msgspec.field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
@@ -123,6 +125,11 @@ class Pod(msgspec.Struct, frozen=True):
     @property
     def controller(self) -> OwnerRef | None:
         return next((o for o in self.owners if o.controller), None)
+
+    @property
+    def run_start(self) -> float:
+        """When its run began: the kubelet's startTime, else its binding, else its creation."""
+        return self.started_at or self.bound_at or self.created_at
 
 
 class GpuReading(msgspec.Struct, frozen=True):

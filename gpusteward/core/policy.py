@@ -32,6 +32,7 @@ Name = Annotated[str, msgspec.Meta(min_length=1)]
 Period = Annotated[Duration, Between(1, HOUR)]  # how often a loop runs
 Window = Annotated[Duration, Between(1, 7 * DAY)]  # how far back evidence or an XID reaches
 Wait = Annotated[Duration, Between(1, DAY)]  # how long something waits before an action
+Shelter = Annotated[Duration, Between(0, DAY)]  # how long work is protected from reclaim; 0: not
 
 
 class Config(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
@@ -168,6 +169,10 @@ class WorkloadClass(Config, frozen=True):
     # Caps the eviction grace of this class's pods (else their own grace is the floor).
     eviction_grace_cap: Wait | None = None
     snooze: SnoozeCaps = _factory(SnoozeCaps)
+    # Protection windows (core/reclaim/rules.shelters); unset: reclaim.minRuntime and
+    # reclaim.reclaimCooldown.
+    min_runtime: Shelter | None = None
+    reclaim_cooldown: Shelter | None = None
 
 
 def _default_classes() -> dict[str, WorkloadClass]:
@@ -244,6 +249,12 @@ class Reclaim(Config, frozen=True):
     # Idle GPUs inside a team's quota are only reclaimed after this longer window.
     within_quota_window: Window = Duration(4 * HOUR)
     min_pod_age: Wait = Duration(1800)
+    # No reclaim, and no preempt-verb victim, before a pod has run this long (from its
+    # status.startTime), whatever its GPUs read: fairness, not telemetry warm-up.
+    min_runtime: Shelter = Duration(0)
+    # A workload reclaimed is not reclaimed again within this long of that reclaim (the ledger
+    # remembers reclaims this long).
+    reclaim_cooldown: Shelter = Duration(0)
     # Pods at or above this priority are never touched (system-*-critical are 2e9).
     protected_priority: int = 1_000_000
     priority_classes: dict[str, PriorityOverride] = msgspec.field(default_factory=dict)

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, or_
 from typing import NamedTuple, Protocol
 
 import msgspec
@@ -67,7 +67,8 @@ class PreemptionMetrics:
         self.dropped = Counter(
             "gpusteward_extender_preemption_dropped_nodes_total",
             "Candidate nodes left out of preempt answers, by why (protected: a busy victim "
-            "shielded by protectBusy; ranked: more PDB violations or less idle than others).",
+            "shielded by protectBusy, or a victim inside its class's minRuntime; ranked: more "
+            "PDB violations or less idle than others).",
             ["why"], registry=registry)
         self.evidence_ok = Gauge(
             "gpusteward_extender_preemption_evidence_ok",
@@ -133,6 +134,7 @@ class Preempter:
         if shield:
             candidates.shielded = [self._shielded(p, shield, full.get(n, {}))
                                    for n, p in zip(candidates.nodes, pods, strict=True)]
+        self._shelter(candidates, pods)
         choice = choose(candidates, self.policy.preemption)
         self._count(choice)
         # The request's map less what was left out is the kept nodes in the request's order.
@@ -146,6 +148,19 @@ class Preempter:
         return not book.shielded(shield).isdisjoint(uids) or any(
             shield.covers(book.class_of_unjudged(u, self.fleet, pods.get(u)))
             for u in uids if u not in book.classes)
+
+    def _shelter(self, candidates: Candidates, pods: list[list[MetaPod]]) -> None:
+        """Veto the candidates with a victim inside its class's minRuntime, like a shielded
+        one: the scheduler then preempts elsewhere, or the preemptor waits."""
+        if not self.book.counts_runtime:
+            return
+        inside = self.book.inside_runtime(set(map(_UID, chain.from_iterable(pods))),
+                                          self.fleet, self.clock())
+        if not inside:
+            return
+        hit = [not inside.isdisjoint(map(_UID, p)) for p in pods]
+        shielded = candidates.shielded
+        candidates.shielded = hit if shielded is None else list(map(or_, shielded, hit))
 
     def _count(self, choice: Choice) -> None:
         self.metrics.answers.labels(choice.tier or "none").inc()

@@ -14,7 +14,7 @@ from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import Policy
 from gpusteward.core.preemption import Shield, idle_flags
 from gpusteward.core.reclaim.model import Evidence, Rule, VerdictState
-from gpusteward.core.reclaim.rules import judge, rule_for
+from gpusteward.core.reclaim.rules import counts_runtime, judge, rule_for, shelter_of
 from gpusteward.extender.preemptwire import MetaPod
 
 EvidenceByWindow = Mapping[float, Mapping[str, Evidence]]
@@ -29,16 +29,25 @@ class VictimBook:
         self.idle: set[str] = set()  # uids
         self.classes: dict[str, str] = {}  # uid -> workload class, every judged pod
         self._shielded: dict[Shield, set[str]] = {}  # busy uids each Shield covers
+        # uid -> when its class's minRuntime ends, for every pod of a class that has one
+        self.sheltered: dict[str, float] = {}
+        self.runtimes = {c: shelter_of(c, policy).min_runtime for c in policy.classes}
+        self.base_runtime = float(policy.reclaim.min_runtime)  # a class the policy lacks
+        self.counts_runtime = counts_runtime(policy)
 
     def rebuild(self, pods: Iterable[Pod], evidence: EvidenceByWindow) -> None:
         rules: dict[tuple[str, str], Rule] = {}  # rule_for depends on class and PriorityClass
         idle: list[tuple[str, str]] = []  # (node, uid)
         classes = {}
+        sheltered = {}
         for pod in pods:
             if pod.node is None:
                 continue
             cls = classes[pod.uid] = class_of(pod.labels, pod.annotations,
                                               self.policy.default_class)
+            runtime = self.runtimes.get(cls, self.base_runtime)
+            if runtime:
+                sheltered[pod.uid] = pod.run_start + runtime
             rule = rules.get((cls, pod.priority_class))
             if rule is None:
                 rule = rules[(cls, pod.priority_class)] = rule_for(pod, self.policy)
@@ -46,6 +55,23 @@ class VictimBook:
             if state == VerdictState.IDLE:
                 idle.append((pod.node, pod.uid))
         self.idle, self.classes, self._shielded = _laid_out(idle), classes, {}
+        self.sheltered = sheltered
+
+    def inside_runtime(self, uids: set[str], fleet: FleetStore, now: float) -> set[str]:
+        """The victims whose class's minRuntime has not ended: judged ones from the rebuild,
+        the ones bound since from the watch (a pod gpusteward does not know is not one)."""
+        if not self.counts_runtime:
+            return set()
+        found = {u for u in uids & self.sheltered.keys() if self.sheltered[u] > now}
+        for u in uids - self.classes.keys():
+            pod = fleet.pods.get(u)
+            if pod is None:
+                continue
+            cls = class_of(pod.labels, pod.annotations, self.policy.default_class)
+            runtime = self.runtimes.get(cls, self.base_runtime)
+            if runtime and pod.run_start + runtime > now:
+                found.add(u)
+        return found
 
     def idle_flags(self, pods: list[list[MetaPod]], victims: list[int]) -> tuple[int, int]:
         """Per candidate node, whether all and whether some of its victims are idle, packed as

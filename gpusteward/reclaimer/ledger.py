@@ -1,5 +1,6 @@
-"""The reclaimer's ledger: the last hour's reclaims, kept in a ConfigMap so the per-hour limits
-outlive the process that counted them.
+"""The reclaimer's ledger: the last hour's reclaims (the longest reclaimCooldown's, where that
+is longer), kept in a ConfigMap so the per-hour limits and the cooldowns outlive the process
+that counted them.
 
 Without it a restarted or failed-over reclaimer starts from an empty count, and one that crash
 loops could reclaim ``maxPerCycle`` pods on every start. The ConfigMap sits beside the Lease

@@ -43,7 +43,7 @@ from gpusteward.core.reclaim.model import (
     Verdict,
     VerdictState,
 )
-from gpusteward.core.times import HOUR
+from gpusteward.core.reclaim.rules import remembered
 from gpusteward.reclaimer.ledger import LedgerConflict
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
 from gpusteward.reclaimer.outbox import Outbox
@@ -164,7 +164,7 @@ class Reclaimer:
         if self.ledger is not None and not self._ledger_read:
             # Unreadable ledger: the cycle fails here, before anything is decided or done.
             loaded = await self.ledger.load()
-            self.recent = self._last_hour(loaded)
+            self.recent = self._remembered(loaded)
             # Future-dated entries were clamped to now: store that, so they age from here.
             self._ledger_behind = any(a.at > self.clock() for a in loaded)
             self._ledger_read = True
@@ -251,7 +251,9 @@ class Reclaimer:
             stop, unrecorded = await self._record_stop(action)
             if unrecorded is not None:
                 return unrecorded
-            intent = PastAction(self.clock(), action.team, action.pod.key, PastState.INTENT)
+            assert action.owner is not None  # a reclaim always names what it stops
+            intent = PastAction(self.clock(), action.team, action.pod.key, PastState.INTENT,
+                                action.owner.key)
             await self._record(intent)
             result = await self.writer.apply(action)
         except LeaseLost as e:  # a write refused by the Lease's deadline: the intent counts
@@ -302,7 +304,7 @@ class Reclaimer:
 
     async def _record(self, intent: PastAction) -> None:
         """Write ahead: the intent is stored before the reclaim, or the reclaim is not tried."""
-        ahead = [*self._last_hour(self.recent), intent]
+        ahead = [*self._remembered(self.recent), intent]
         if self.ledger is not None:
             try:
                 await self.ledger.save(ahead)
@@ -324,15 +326,16 @@ class Reclaimer:
         if result == ActResult.ERROR:
             return
         rest = [a for a in self.recent if a is not intent]
-        self.recent = rest + ([PastAction(intent.at, intent.team, intent.pod)]
-                              if result == ActResult.DONE else [])
+        done = msgspec.structs.replace(intent, state=PastState.DONE)
+        self.recent = rest + ([done] if result == ActResult.DONE else [])
         self._ledger_behind = self.ledger is not None
 
-    def _last_hour(self, actions: list[PastAction]) -> list[PastAction]:
-        """Entries dated in the future (a skewed clock, a hand edit) count from now."""
-        now = self.clock()
+    def _remembered(self, actions: list[PastAction]) -> list[PastAction]:
+        """The reclaims the limits or a cooldown still need (rules.remembered). Entries dated
+        in the future (a skewed clock, a hand edit) count from now."""
+        now, keep = self.clock(), remembered(self.policy)
         clamped = (a if a.at <= now else msgspec.structs.replace(a, at=now) for a in actions)
-        return [a for a in clamped if now - a.at < HOUR]
+        return [a for a in clamped if now - a.at < keep]
 
     async def _write_ledger(self) -> None:
         """The settled intents; a failed write is retried after the next cycle (until then the
@@ -341,7 +344,7 @@ class Reclaimer:
             return
         try:
             await self._fenced()
-            await self.ledger.save(self._last_hour(self.recent))
+            await self.ledger.save(self._remembered(self.recent))
         except (Halt, LeaseLost) as h:
             log.warning("per-hour ledger not written: %s", h)
             return

@@ -19,6 +19,8 @@ and generates (``internal/store/pod.go``):
 * ``kube_pod_labels`` (gauge, 1): ``label_<sanitized key>`` for the labels on the allow-list
   (``--metric-labels-allowlist=pods=[...]``); none by default.
 * ``kube_pod_created`` (gauge): the creation time in Unix seconds.
+* ``kube_pod_start_time`` (gauge): ``status.startTime`` in Unix seconds, once the kubelet has
+  taken the pod.
 
 Every series starts with ``namespace, pod, uid`` (the pod store's common labels). The sandbox's
 Prometheus scrapes it with ``honor_labels: true``, as kube-prometheus's kube-state-metrics
@@ -89,7 +91,9 @@ def _value(v: float) -> str:
 def pod_families(pods: Iterable[Mapping[str, Any]],
                  allowed_labels: Iterable[str] = ()) -> list[Family]:
     allowed = set(allowed_labels)
-    info, requests, owners, phases, labels, created = [], [], [], [], [], []
+    info, requests, owners, phases, labels = [], [], [], [], []
+    created: list[Sample] = []
+    started: list[Sample] = []
     for p in pods:
         meta, spec, status = p.get("metadata", {}), p.get("spec", {}), p.get("status", {})
         base = (("namespace", meta.get("namespace", "")), ("pod", meta.get("name", "")),
@@ -119,9 +123,11 @@ def pod_families(pods: Iterable[Mapping[str, Any]],
         kept = sorted((f"label_{sanitize(k)}", v) for k, v in (meta.get("labels") or {}).items()
                       if k in allowed)
         labels.append(Sample(base + tuple(kept), "1"))
-        if meta.get("creationTimestamp"):
-            at = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
-            created.append(Sample(base, _value(at.timestamp())))
+        for when, into in ((meta.get("creationTimestamp"), created),
+                           (status.get("startTime"), started)):
+            if when:
+                at = datetime.fromisoformat(when.replace("Z", "+00:00"))
+                into.append(Sample(base, _value(at.timestamp())))
     return [
         Family("kube_pod_info", "Information about pod.", tuple(info)),
         Family("kube_pod_container_resource_requests",
@@ -131,6 +137,7 @@ def pod_families(pods: Iterable[Mapping[str, Any]],
         Family("kube_pod_labels", "Kubernetes labels converted to Prometheus labels.",
                tuple(labels)),
         Family("kube_pod_created", "Unix creation timestamp", tuple(created)),
+        Family("kube_pod_start_time", "Start time in unix timestamp for a pod.", tuple(started)),
     ]
 
 

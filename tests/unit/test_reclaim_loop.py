@@ -141,14 +141,15 @@ async def test_the_intent_is_in_the_ledger_before_the_reclaim_and_settled_after(
     rec = reclaimer([warned("due")], ledger=ledger, writer=writer)
     await rec.cycle()
     assert writer.applied == [("reclaim", "due")]
-    assert writer.ledger_at_apply == [[PastAction(NOW, "ml", "ml/due", PastState.INTENT)]]
-    assert ledger.entries == [PastAction(NOW, "ml", "ml/due", "done")]
+    assert writer.ledger_at_apply == [[PastAction(NOW, "ml", "ml/due", PastState.INTENT,
+                                                  "ml/Pod/due")]]
+    assert ledger.entries == [PastAction(NOW, "ml", "ml/due", "done", "ml/Pod/due")]
 
 
 @pytest.mark.parametrize(("result", "kept"), [
     pytest.param("blocked", [], id="pdb-refused-nothing-happened-intent-dropped"),
     pytest.param("stale", [], id="pod-changed-nothing-happened-intent-dropped"),
-    pytest.param("error", [PastAction(NOW, "ml", "ml/due", PastState.INTENT)],
+    pytest.param("error", [PastAction(NOW, "ml", "ml/due", PastState.INTENT, "ml/Pod/due")],
                  id="error-may-have-half-happened-intent-kept"),
 ])
 async def test_the_intent_is_reconciled_by_what_the_action_did(result, kept):

@@ -231,7 +231,8 @@ def random_history(seed: int) -> History:
 RECLAIMS = {"defaults-shortened": {}, "tight-limits": {"limits": {"maxPerCycle": 1,
                                                                   "maxPerHour": 3}},
             "older-longer": {"minPodAge": "20m", "idle": {"window": "600s", "grace": "120s",
-                                                          "minCoverage": 0.5}}}
+                                                          "minCoverage": 0.5}},
+            "windows": {"minRuntime": "15m", "reclaimCooldown": "40m"}}
 EXTRAS = {"no-queue": {"queue": {"enabled": False}},
           "queue": {"queue": {"enabled": True, "minWait": "60s"}},
           "team-quota": {"teams": {"a": {"quotaGpus": 2}},

@@ -36,7 +36,7 @@ from gpusteward.core.reclaim.model import (
     VerdictState,
 )
 from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
-from gpusteward.core.reclaim.rules import judge, protections, rule_for
+from gpusteward.core.reclaim.rules import judge, last_reclaims, protections, rule_for
 from gpusteward.core.times import HOUR, parse_time, stamp
 
 GROUP_ACTIONS = WHOLE_OWNER  # act on a whole workload: only when all its pods are idle
@@ -54,7 +54,8 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
         return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}",
                     restores=back)
     over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers)
-    snoozed = _snoozes(snap, policy)
+    cooled = last_reclaims(snap.recent_actions)
+    snoozed = _snoozes(snap, policy, cooled)
     verdicts: list[Verdict] = []
     staged: list[Action] = []
     idle_now: dict[str, bool] = {}  # pod uid -> idle by its own (not within-quota) rule
@@ -63,7 +64,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
         if pod.node is None:
             continue
         v, action, idle, is_due = _judge_pod(pod, snap, policy, pod.uid in over,
-                                             snoozed.until.get(pod.uid))
+                                             snoozed.until.get(pod.uid), cooled)
         verdicts.append(v)
         idle_now[pod.uid] = idle
         if is_due:
@@ -82,20 +83,27 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
                 snoozes=snoozed.changed, restores=back)
 
 
-def _snoozes(snap: Snapshot, policy: Policy) -> snooze.Review:
+def _snoozes(snap: Snapshot, policy: Policy, cooled: Mapping[str, float]) -> snooze.Review:
     return snooze.review(
         (p for p in snap.pods if p.node is not None), snap.snoozes, snap.now, policy,
         lambda p: owner_of(p, snap), lambda p: team(p, snap.namespace_labels),
-        lambda p: tuple(protections(p, owner_of(p, snap), policy, snap.now)))
+        lambda p: _vetoes(p, owner_of(p, snap), snap, policy, cooled))
+
+
+def _vetoes(pod: Pod, owner: Owner, snap: Snapshot, policy: Policy,
+            cooled: Mapping[str, float]) -> tuple[str, ...]:
+    """cooled: each workload's last reclaim the ledger remembers (reclaimCooldown)."""
+    return tuple(protections(pod, owner, policy, snap.now, cooled.get(owner.key)))
 
 
 def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy, is_borrowed: bool,
-               snoozed_until: float | None) -> tuple[Verdict, Action | None, bool, bool]:
+               snoozed_until: float | None,
+               cooled: Mapping[str, float]) -> tuple[Verdict, Action | None, bool, bool]:
     """(audit verdict, stage action, idle by its own rule, due for reclaim)."""
     name = team(pod, snap.namespace_labels)
     owner = owner_of(pod, snap)
     rule = rule_for(pod, policy)
-    vetoes = tuple(protections(pod, owner, policy, snap.now))
+    vetoes = _vetoes(pod, owner, snap, policy, cooled)
     if vetoes:
         v = Verdict(pod.key, name, pod.gpus, VerdictState.PROTECTED, vetoes, rule=rule)
         clear = _clear(pod, name, Reason.PROTECTED, "; ".join(vetoes)) if _marked(pod) else None

@@ -177,13 +177,15 @@ class PastState(StoredWord):
 
 
 class PastAction(msgspec.Struct, frozen=True):
-    """A reclaim of the last hour. An intent counts against the limits like a done one (the
-    actor may have died mid-way)."""
+    """A reclaim the ledger remembers: of the last hour (the limits), or of the longest
+    reclaimCooldown. An intent counts against the limits like a done one (the actor may have
+    died mid-way)."""
 
     at: float
     team: str
     pod: str = ""  # namespace/name
     state: PastState = PastState.DONE
+    owner: str = ""  # the workload reclaimed, Owner.key; empty in entries of older versions
 
 
 class SnoozeOutcome(StoredWord):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import IdleRule, Policy
-from gpusteward.core.reclaim.model import OPT_OUT, Evidence, Owner, Rule, VerdictState
+from gpusteward.core.reclaim.model import OPT_OUT, Evidence, Owner, PastAction, Rule, VerdictState
+from gpusteward.core.times import HOUR, stamp
 
 # judge runs twice per pod: Python 3.11 looks every `Enum.MEMBER` up through
 # EnumType.__getattr__ (~0.1 µs, twenty times a global), so it reads them from module names.
@@ -100,8 +102,52 @@ def judge(evidence: Evidence | None, rule: Rule, gpus: int) -> tuple[VerdictStat
                    f"(coverage {evidence.coverage:.0%})")
 
 
-def protections(pod: Pod, owner: Owner | None, policy: Policy, now: float) -> Iterator[str]:
-    """Every reason this pod may not be touched (none: it may be)."""
+class Shelter(NamedTuple):
+    """A class's protection windows in seconds (0: none): the pod's own run, and its workload's
+    time since its last reclaim."""
+
+    min_runtime: float
+    cooldown: float
+
+
+def shelter_of(class_name: str, policy: Policy) -> Shelter:
+    r, cls = policy.reclaim, policy.classes.get(class_name)
+    runtime = cls.min_runtime if cls is not None else None
+    cooldown = cls.reclaim_cooldown if cls is not None else None
+    return Shelter(float(r.min_runtime if runtime is None else runtime),
+                   float(r.reclaim_cooldown if cooldown is None else cooldown))
+
+
+def shelter_for(pod: Pod, policy: Policy) -> Shelter:
+    return shelter_of(class_of(pod.labels, pod.annotations, policy.default_class), policy)
+
+
+def counts_runtime(policy: Policy) -> bool:
+    """Whether any class has a minRuntime (the what-if history then reads start times)."""
+    return bool(policy.reclaim.min_runtime) or any(
+        c.min_runtime for c in policy.classes.values())
+
+
+def remembered(policy: Policy) -> float:
+    """How long the ledger keeps a reclaim: the per-hour limits' hour, or the longest cooldown."""
+    cooldowns = [c.reclaim_cooldown for c in policy.classes.values()
+                 if c.reclaim_cooldown is not None]
+    return max([float(HOUR), float(policy.reclaim.reclaim_cooldown), *map(float, cooldowns)])
+
+
+def last_reclaims(recent: Iterable[PastAction]) -> dict[str, float]:
+    """Workload (owner key) -> its latest reclaim, from the ledger."""
+    out: dict[str, float] = {}
+    for a in recent:
+        if a.owner and a.at > out.get(a.owner, float("-inf")):
+            out[a.owner] = a.at
+    return out
+
+
+def protections(pod: Pod, owner: Owner | None, policy: Policy, now: float,
+                reclaimed_at: float | None = None) -> Iterator[str]:
+    """Every reason this pod may not be touched (none: it may be). reclaimed_at: its
+    workload's last reclaim, where the ledger remembers one."""
     r = policy.reclaim
     override = r.priority_classes.get(pod.priority_class)
     if pod.priority >= r.protected_priority:
@@ -125,5 +171,13 @@ def protections(pod: Pod, owner: Owner | None, policy: Policy, now: float) -> It
         yield f"opted out ({OPT_OUT}: never)"
     if now - pod.created_at < r.min_pod_age:
         yield f"younger than {float(r.min_pod_age):.0f}s"
+    shelter = shelter_for(pod, policy)
+    if shelter.min_runtime and now - pod.run_start < shelter.min_runtime:
+        yield (f"inside minRuntime: running {max(0.0, now - pod.run_start):.0f}s of "
+               f"{shelter.min_runtime:.0f}s, until {stamp(pod.run_start + shelter.min_runtime)}")
+    if shelter.cooldown and reclaimed_at is not None and now - reclaimed_at < shelter.cooldown:
+        what = f"{owner.kind} {owner.name}" if owner is not None else "its workload"
+        yield (f"inside reclaimCooldown: {what} was reclaimed at {stamp(reclaimed_at)}, "
+               f"not again until {stamp(reclaimed_at + shelter.cooldown)}")
     if pod.phase != "Running":
         yield f"phase {pod.phase}"

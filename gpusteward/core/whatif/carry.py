@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import GROUP_ACTIONS
 from gpusteward.core.reclaim.model import (
     FAULTY_GPU,
@@ -20,6 +21,7 @@ from gpusteward.core.reclaim.model import (
     noted_fault,
 )
 from gpusteward.core.reclaim.quota import team
+from gpusteward.core.reclaim.rules import shelter_for
 from gpusteward.core.times import HOUR, stamp
 from gpusteward.core.whatif.history import History, PodRecord
 from gpusteward.core.whatif.outcome import Comeback, Reclaimed, Warned
@@ -43,7 +45,8 @@ class ReplayState:
         self.wakeups: list[float] = []  # times a decision falls due: deadlines, limits easing
 
 
-def carry_out(decided: Plan, now: float, state: ReplayState, history: History, i: int) -> None:
+def carry_out(decided: Plan, now: float, state: ReplayState, history: History, i: int,
+              policy: Policy) -> None:
     for a in decided.actions:
         uid = a.pod.uid
         if a.kind == ActionKind.MARK:
@@ -61,7 +64,7 @@ def carry_out(decided: Plan, now: float, state: ReplayState, history: History, i
             state.deadline.pop(uid, None)
             state.idle_at.pop(uid, None)
         elif a.kind == ActionKind.RECLAIM:
-            _reclaim(a, now, state, history, i)
+            _reclaim(a, now, state, history, i, shelter_for(a.pod, policy).cooldown)
 
 
 def _cleared(a: Action, decided: Plan, now: float, state: ReplayState) -> None:
@@ -77,10 +80,13 @@ def _cleared(a: Action, decided: Plan, now: float, state: ReplayState) -> None:
                                     peak or 0.0, reclaimed=False))
 
 
-def _reclaim(a: Action, now: float, state: ReplayState, history: History, i: int) -> None:
+def _reclaim(a: Action, now: float, state: ReplayState, history: History, i: int,
+             cooldown: float) -> None:
     assert a.owner is not None
-    state.recent.append(PastAction(now, a.team, a.pod.key))
+    state.recent.append(PastAction(now, a.team, a.pod.key, owner=a.owner.key))
     state.wakeups.append(now + HOUR)  # the per-hour limits ease
+    if cooldown:
+        state.wakeups.append(now + cooldown)  # a recreated workload's cooldown ends
     if a.how in GROUP_ACTIONS:
         state.stopped.add(a.owner.key)
     records = {r.pod.uid: r for r in history.pods}

@@ -26,7 +26,7 @@ import msgspec
 
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import VerdictState
-from gpusteward.core.reclaim.rules import judge, rule_for, windows
+from gpusteward.core.reclaim.rules import judge, rule_for, shelter_for, windows
 from gpusteward.core.whatif.evidence import PodEvidence
 from gpusteward.core.whatif.history import History, PodRecord, Span
 
@@ -61,6 +61,14 @@ def step_at(history: History, t: float) -> int:
     return max(0, math.ceil((t - history.grid.start) / history.grid.step - 1e-9))
 
 
+def started_at(r: PodRecord, history: History) -> float | None:
+    """When the record's pod began to run: its startTime (kube_pod_start_time), else the first
+    step it was recorded running."""
+    if r.running is None:
+        return None
+    return r.pod.started_at or history.grid.time(r.running.first)
+
+
 def boundaries(history: History, policy: Policy) -> set[int]:
     """Cycles at which the record itself changes what plan() sees."""
     out: set[int] = set()
@@ -71,6 +79,9 @@ def boundaries(history: History, policy: Policy) -> set[int]:
             if span is not None:
                 out |= {span.first, span.last + 1, span.last + 2}
         out.add(step_at(history, r.pod.created_at + age))
+        runtime, start = shelter_for(r.pod, policy).min_runtime, started_at(r, history)
+        if runtime and start is not None:  # its minRuntime ends
+            out.add(step_at(history, start + runtime))
         if r.pending is not None:
             out.add(step_at(history, history.grid.time(r.pending.first) + wait))
     telemetry = history.telemetry

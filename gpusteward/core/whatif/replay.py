@@ -22,11 +22,18 @@ from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Evidence, Snapshot
-from gpusteward.core.times import HOUR
+from gpusteward.core.reclaim.rules import remembered
 from gpusteward.core.whatif.carry import ReplayState, carry_out, kept_down, notes
 from gpusteward.core.whatif.history import History, PodRecord, xid_steps
 from gpusteward.core.whatif.outcome import Outcome
-from gpusteward.core.whatif.pace import PodWatch, Times, boundaries, needs_everyone, step_at
+from gpusteward.core.whatif.pace import (
+    PodWatch,
+    Times,
+    boundaries,
+    needs_everyone,
+    started_at,
+    step_at,
+)
 from gpusteward.core.whatif.waiting import started_earlier
 
 
@@ -65,7 +72,7 @@ def replay(history: History, policy: Policy, name: str = "policy",
         decided = plan(_snapshot(present, i, ok, state, cache, watches, history, policy), policy)
         halted += bool(decided.halted)
         carry = bool(decided.actions or decided.held_back)
-        carry_out(decided, grid.time(i), state, history, i)
+        carry_out(decided, grid.time(i), state, history, i, policy)
         due |= {step_at(history, t) for t in state.wakeups}
         state.wakeups.clear()
     return Outcome(
@@ -119,7 +126,8 @@ def _snapshot(present: list[PodRecord], i: int, ok: bool, state: ReplayState,
         tiers=history.tiers,
         evidence={w: dict(_window(running, w, i, watches)) for w in needed},
         telemetry_ok=ok, telemetry_problem="" if ok else "no GPU sample within staleAfter",
-        recent_actions=tuple(a for a in state.recent if now - a.at < HOUR), faults=faults)
+        recent_actions=tuple(a for a in state.recent if now - a.at < remembered(policy)),
+        faults=faults)
 
 
 def _by_end(history: History) -> dict[int, list[PodRecord]]:
@@ -173,7 +181,8 @@ def _pod_at(r: PodRecord, i: int, state: ReplayState, cache: dict[str, Pod],
     pod = msgspec.structs.replace(
         r.pod, phase="Running" if running else "Pending", node=r.pod.node if running else None,
         annotations={**r.pod.annotations, **marks},
-        unschedulable_since=None if running else pending_since)
+        unschedulable_since=None if running else pending_since,
+        started_at=started_at(r, history) if running else None)
     cache[r.pod.uid] = pod
     return pod
 
