@@ -58,6 +58,13 @@ class WatchExpired(KubeRefused):
     STATUS = 410
 
 
+class KubeUnprocessable(KubeRefused):
+    """422: the write is invalid as sent; for a JSON patch, also a ``test`` op that failed
+    (the field no longer holds what the patch expected)."""
+
+    STATUS = 422
+
+
 class KubeTooManyRequests(KubeRefused):
     """429: an eviction a PodDisruptionBudget does not allow now (or the server's rate
     limit): try again next cycle."""
@@ -67,7 +74,7 @@ class KubeTooManyRequests(KubeRefused):
 
 _BY_STATUS: dict[int, type[KubeRefused]] = {
     c.STATUS: c for c in (KubeForbidden, KubeNotFound, KubeConflict, WatchExpired,
-                          KubeTooManyRequests)}
+                          KubeUnprocessable, KubeTooManyRequests)}
 
 
 def kube_error(status: int, reason: str, message: str = "", detail: str = "") -> KubeRefused:

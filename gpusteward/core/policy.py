@@ -279,6 +279,9 @@ class Queue(Config, frozen=True):
     enabled: bool = True
     # A pending pod must wait this long before it may trigger early reclaim.
     min_wait: Wait = Duration(120)
+    # GPUs a queue reclaim freed stay reserved for its pod this long, or until it stops waiting:
+    # its nomination keeps lower and equal priorities off them meanwhile.
+    reservation_ttl: Wait = Duration(120)
 
 
 class Preemption(Config, frozen=True):

@@ -41,13 +41,14 @@ from gpusteward.adapters.errors import (
     KubeNotFound,
     KubeRefused,
     KubeTooManyRequests,
+    KubeUnprocessable,
     LeaseLost,
 )
 from gpusteward.adapters.events import EventWriter
 from gpusteward.adapters.kube import CALL_TIMEOUT, kube_errors
 from gpusteward.adapters.stopper import Stale, Switches
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim import kinds
+from gpusteward.core.reclaim import kinds, reserve
 from gpusteward.core.reclaim.model import (
     FAULTY_GPU,
     IDLE_SINCE,
@@ -56,6 +57,7 @@ from gpusteward.core.reclaim.model import (
     RECLAIM_REASON,
     RECLAIMED_AT,
     REPLICAS_BEFORE,
+    RESERVED,
     Action,
     ActionKind,
     ActResult,
@@ -71,7 +73,8 @@ log = logging.getLogger("gpusteward.reclaimer")
 EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
                 ActionKind.CLEAR: "GPUActive", ActionKind.RECLAIM: "GPUReclaimed",
                 ActionKind.BLOCK: "GPUReclaimBlocked", ActionKind.FENCE: "GPUReclaimOwnerFenced",
-                ActionKind.FAULT: "GPUFaulty"}
+                ActionKind.FAULT: "GPUFaulty", ActionKind.RESERVE: "GPUReserved",
+                ActionKind.RELEASE: "GPUReservationReleased"}
 WARNINGS = frozenset({ActionKind.BLOCK, ActionKind.FAULT})
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
 FENCED_EVENT_REASON = "GPUReclaimFenced"
@@ -80,6 +83,7 @@ PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs"
               How.ANNOTATE: "patch pods", How.DEACTIVATE: "patch kueue.x-k8s.io/workloads",
               How.STOP: "patch the owner's kind (notebooks, inferenceservices ...)",
               How.PAUSE: "patch keda.sh/scaledobjects", How.BLOCK: "patch pods"}
+NOMINATE = "patch pods and pods/status"
 EVENT_PERMISSION = "create events"
 RETRIES_ON_CONFLICT = 3
 T = TypeVar("T")
@@ -109,7 +113,8 @@ class Actor:
             with kube_errors():
                 result = await self._carry_out(action)
         except KubeRefused as e:
-            result = _log_refusal(action, e, PERMISSION[action.how or How.ANNOTATE])
+            result = _log_refusal(action, e, NOMINATE if action.kind in (
+                ActionKind.RESERVE, ActionKind.RELEASE) else PERMISSION[action.how or How.ANNOTATE])
         if result == ActResult.DONE:
             await self.event(action, EVENT_REASON[action.kind], action.message,
                              warning=action.kind in WARNINGS)
@@ -138,7 +143,8 @@ class Actor:
             else:
                 stage = {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
                          ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block,
-                         ActionKind.FAULT: self._fault}
+                         ActionKind.FAULT: self._fault, ActionKind.RESERVE: self._reserve,
+                         ActionKind.RELEASE: self._release}
                 await stage[action.kind](action, fresh.version)
         except Stale as e:
             log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
@@ -196,6 +202,42 @@ class Actor:
     async def _fault(self, action: Action, version: str) -> None:
         await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None,
                                       FAULTY_GPU: noted_fault(action)}, version)
+
+    async def _reserve(self, action: Action, version: str) -> None:
+        """The reservation on the pending pod, then its nomination (core/reclaim/reserve.py).
+        Neither is fenced on the pod's resourceVersion: the scheduler rewrites a waiting pod's
+        status (its conditions) as soon as the victims go, and both are gpusteward's own
+        fields, meant whatever else changed; a pod bound meanwhile is released next cycle."""
+        del version
+        await self.core.patch_namespaced_pod(
+            action.pod.name, action.pod.namespace,
+            {"metadata": {"annotations": {RESERVED: reserve.entry(action)}}},
+            _request_timeout=CALL_TIMEOUT)
+        try:
+            with kube_errors():
+                await self.core.patch_namespaced_pod_status(
+                    action.pod.name, action.pod.namespace,
+                    {"status": {"nominatedNodeName": action.node}},
+                    _request_timeout=CALL_TIMEOUT)
+        except KubeUnprocessable:  # bound meanwhile: a bound pod takes no nomination
+            log.info("pod=%s not nominated: bound meanwhile", action.pod.key)
+
+    async def _release(self, action: Action, version: str) -> None:
+        await self._annotate(action, {RESERVED: None}, version)
+        if not action.node:
+            return
+        # Still nominated where the reservation put it: that goes too, fenced on that one field
+        # (a JSON patch test), so that a nomination the scheduler made meanwhile stays.
+        try:
+            with kube_errors():
+                await self.core.patch_namespaced_pod_status(
+                    action.pod.name, action.pod.namespace,
+                    [{"op": "test", "path": "/status/nominatedNodeName", "value": action.node},
+                     {"op": "remove", "path": "/status/nominatedNodeName"}],
+                    _request_timeout=CALL_TIMEOUT)
+        except KubeUnprocessable:  # the test failed: not ours any more
+            log.info("pod=%s nomination left as it is: no longer %s", action.pod.key,
+                     action.node)
 
     async def _block(self, action: Action, version: str) -> None:
         await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]},

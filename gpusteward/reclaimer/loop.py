@@ -29,7 +29,7 @@ import msgspec
 
 from gpusteward.adapters.errors import AdapterError, KubeError, KubeForbidden, LeaseLost
 from gpusteward.core.policy import Policy, ReclaimMode
-from gpusteward.core.reclaim import notice, takeover
+from gpusteward.core.reclaim import notice, reserve, takeover
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import (
     Action,
@@ -53,10 +53,11 @@ from gpusteward.reclaimer.snoozes import SnoozeBook
 log = logging.getLogger("gpusteward.reclaimer")
 
 # What each mode lets through to the API server.
-_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK, ActionKind.FAULT}
+_STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK, ActionKind.FAULT,
+           ActionKind.RELEASE}
 WRITES: dict[ReclaimMode, set[ActionKind]] = {
     ReclaimMode.OBSERVE: set(), ReclaimMode.WARN: _STAGES,
-    ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM, ActionKind.FENCE}}
+    ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM, ActionKind.FENCE, ActionKind.RESERVE}}
 
 
 class Reader(Protocol):
@@ -211,6 +212,8 @@ class Reclaimer:
                        decided_at: float) -> list[ActResult]:
         results: list[ActResult] = []
         halt: Halt | None = None
+        freed: set[str] = set()  # pods whose reclaim this cycle is done
+        reserved: list[Action] = []  # reservations made ahead of their victims' reclaims
         for action in actions:
             if action.kind not in WRITES[self.mode]:
                 result = ActResult.SKIPPED
@@ -236,8 +239,27 @@ class Reclaimer:
                     action.kind, action.pod.key, action.team, action.reason, action.how or "-",
                     self.mode, result, action.message,
                     extra={"pod": action.pod.key, "team": action.team, "action": action.kind})
+            if action.kind == ActionKind.RECLAIM and result == ActResult.DONE:
+                freed.update(p.uid for p in (action.pod, *action.peers))
+            if action.kind == ActionKind.RESERVE and result == ActResult.DONE:
+                reserved.append(action)
             results.append(result)
+        await self._undo_reservations(reserved, freed, decided_at)
         return results
+
+    async def _undo_reservations(self, reserved: list[Action], freed: set[str],
+                                 decided_at: float) -> None:
+        """A reservation whose victims were not all reclaimed frees nothing: it goes now."""
+        for r in reserved:
+            if freed.issuperset(r.after):
+                continue
+            release = reserve.undone(r, "its victims were not all reclaimed")
+            try:
+                result = await self._act(release, decided_at)
+            except Halt as h:
+                result = h.result
+            log.info("action=release pod=%s result=%s msg=%r", r.pod.key, result,
+                     release.message, extra={"pod": r.pod.key, "action": release.kind})
 
     async def _act(self, action: Action, decided_at: float) -> ActResult:
         age = self.clock() - decided_at

@@ -37,6 +37,7 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         *{(g, r, "list", "*") for g, r in DRA},
         *{("", "pods", v, "*") for v in ("get", "list", "patch")},
         ("", "pods/eviction", "create", "*"), ("", "events", "create", "*"),
+        ("", "pods/status", "patch", "*"),
         ("apps", "replicasets", "list", "*"),
         *{("apps", r, v, "*") for r in ("deployments", "statefulsets")
           for v in ("get", "list", "patch")},

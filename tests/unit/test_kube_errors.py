@@ -22,6 +22,7 @@ from gpusteward.adapters.errors import (
     KubeNotFound,
     KubeRefused,
     KubeTooManyRequests,
+    KubeUnprocessable,
     LeaseLost,
     WatchExpired,
     kube_error,
@@ -40,7 +41,7 @@ SDK_ERRORS = ("kubernetes_asyncio.client.exceptions", "kubernetes_asyncio.client
     pytest.param(409, KubeConflict, id="409-changed-since-read"),
     pytest.param(410, WatchExpired, id="410-too-old"),
     pytest.param(429, KubeTooManyRequests, id="429-pdb-says-not-now"),
-    pytest.param(422, KubeRefused, id="422-not-acted-on"),
+    pytest.param(422, KubeUnprocessable, id="422-a-json-patch-test-failed"),
     pytest.param(500, KubeRefused, id="500-not-acted-on"),
 ])
 def test_each_status_gpusteward_acts_on_has_its_class(status: int, cls: type[KubeRefused]):

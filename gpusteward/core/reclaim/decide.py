@@ -16,7 +16,7 @@ import msgspec
 from gpusteward.core.model import Pod
 from gpusteward.core.owners import WHOLE_OWNER
 from gpusteward.core.policy import OwnerSwitch, Policy
-from gpusteward.core.reclaim import kinds, kueue, queue, selfservice, snooze
+from gpusteward.core.reclaim import kinds, kueue, queue, reserve, selfservice, snooze
 from gpusteward.core.reclaim.model import (
     FAULT_NOTE,
     FAULTY_GPU,
@@ -73,14 +73,26 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
             staged.append(action)
     by_uid = {p.uid: p for p in snap.pods}
     teams = usage(snap.pods, policy, snap.namespace_labels)
-    reclaims = _queue_claims(snap, policy, by_uid, idle_now, teams)
+    reclaims, reserves = _queue_claims(snap, policy, by_uid, idle_now, teams)
     claimed = {a.pod.uid for a in reclaims}
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
                  if a.pod.uid not in claimed]
     blocks = [a for a in reclaims if a.kind == ActionKind.BLOCK]  # an Event only: no limit
     allowed, held = _limit([a for a in reclaims if a.kind == ActionKind.RECLAIM], snap, policy)
-    return Plan(tuple(verdicts), tuple(staged + blocks + allowed), tuple(held),
-                snoozes=snoozed.changed, restores=back)
+    released = list(reserve.releases(snap.pods, snap.now,
+                                     lambda p: team(p, snap.namespace_labels)))
+    return Plan(tuple(verdicts),
+                tuple(staged + blocks + _covered(reserves, allowed) + allowed + released),
+                tuple(held), snoozes=snoozed.changed, restores=back)
+
+
+def _covered(reserves: list[Action], allowed: list[Action]) -> list[Action]:
+    """The reservations whose every victim is to be reclaimed this cycle, itself or as a peer
+    of its workload (a limit may hold one back: then nothing is freed, nothing reserved). They
+    go first: the pod is nominated before its GPUs are free, so that no other pod's scheduling
+    attempt finds them free in between; a victim then not reclaimed releases it at once."""
+    covered = {a.pod.uid for a in allowed} | {p.uid for a in allowed for p in a.peers}
+    return [r for r in reserves if all(u in covered for u in r.after)]
 
 
 def _snoozes(snap: Snapshot, policy: Policy, cooled: Mapping[str, float]) -> snooze.Review:
@@ -229,11 +241,13 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
 
 
 def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
-                  idle_now: dict[str, bool], teams: Mapping[str, TeamUsage]) -> list[Action]:
+                  idle_now: dict[str, bool],
+                  teams: Mapping[str, TeamUsage]) -> tuple[list[Action], list[Action]]:
     """Idle owners reclaimed for pending pods on the nodes (queue.py), then for Kueue Workloads
-    waiting for their ClusterQueue's quota (kueue.py)."""
+    waiting for their ClusterQueue's quota (kueue.py); and for each pending pod, the reservation
+    of what its claim frees (reserve.py; a Workload's quota is not a node's GPUs: none)."""
     if not policy.queue.enabled:
-        return []
+        return [], []
     candidates = []
     for uid, idle in idle_now.items():
         pod = by_uid[uid]
@@ -245,15 +259,19 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
     free = _free_gpus(snap)
     victims = queue.VictimPool(candidates)
     actions: list[Action] = []
+    reserves: list[Action] = []
+    ttl = float(policy.queue.reservation_ttl)
     for pending in queue.waiting(snap.pods, snap.now, float(policy.queue.min_wait)):
-        c = queue.claim(pending, snap.nodes, free, victims, teams,
-                        team(pending, snap.namespace_labels))
+        name = team(pending, snap.namespace_labels)
+        c = queue.claim(pending, snap.nodes, free, victims, teams, name)
         if c is None:
             continue
         victims.take(c)
         free[c.node] = free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - pending.gpus
         actions += [_claimed(snap, policy, by_uid, v, pending, f"on {c.node} ")
                     for v in c.victims]
+        reserves.append(reserve.reserve(pending, c.node, [v.pod for v in c.victims], name,
+                                        snap.now, ttl))
     if snap.kueue is not None:
         left = [c for node in victims.by_node.values() for c in node]
         for k in kueue.claims(snap.kueue, snap.now, float(policy.queue.min_wait), left,
@@ -261,7 +279,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                               lambda p: team(p, snap.namespace_labels)):
             actions += [_claimed(snap, policy, by_uid, v, k.pending,
                                  f"in ClusterQueue {k.cluster_queue} ") for v in k.victims]
-    return actions
+    return actions, reserves
 
 
 def _claimed(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], v: queue.Candidate,

@@ -27,6 +27,8 @@ OPT_OUT = "gpusteward.io/reclaim"  # value "never"
 SNOOZE_UNTIL = "gpusteward.io/reclaim-snooze-until"
 # Set to "true" by a workload's owner on a workload gpusteward stopped: restore it next cycle.
 RESTORE = "gpusteward.io/restore"
+# On a pending pod: the GPUs a queue reclaim freed for it, as JSON (core/reclaim/reserve.py).
+RESERVED = "gpusteward.io/reserved"
 
 
 class ActionKind(StrEnum):
@@ -39,6 +41,8 @@ class ActionKind(StrEnum):
     BLOCK = "block"  # due, but no safe way to stop the owner: an Event says why
     FENCE = "fence"  # a new leader touches the owner of a reclaim begun by another (takeover.py)
     FAULT = "fault"  # its GPU is faulty: write faulty-gpu, remove the idle marks
+    RESERVE = "reserve"  # GPUs freed for a waiting pod: nominate it there (reserve.py)
+    RELEASE = "release"  # that reservation is over: its annotation and nomination go
 
 
 class Reason(StrEnum):
@@ -52,6 +56,7 @@ class Reason(StrEnum):
     SNOOZED = "snoozed"  # its owner snoozed reclaim: marks cleared until the snooze ends
     FAULTY = "faulty"  # on a faulty GPU: not idle, whatever it reads (core/health.py)
     HEALTHY = "healthy"  # its GPU is no longer faulty: the fault note goes, judged afresh
+    RELEASED = "released"  # a reservation ended: bound, expired, or its pod changed
 
 
 class VerdictState(StrEnum):
@@ -326,6 +331,11 @@ class Action(msgspec.Struct, frozen=True):
     reclaim_at: float | None = None  # warn only
     # Reclaim of a whole workload: its other GPU pods as decided on, re-checked before acting.
     peers: tuple[Pod, ...] = ()
+    # Reserve: the node and until when; release: the node whose nomination is ours to clear.
+    node: str = ""
+    until: float | None = None
+    # Reserve: the victims (uids) whose reclaims this cycle must be done before it is made.
+    after: tuple[str, ...] = ()
 
 
 FAULT_NOTE = "on a faulty GPU, not judged idle: "  # a FAULT action's message, then the fault

@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import reserve
 from gpusteward.core.reclaim.decide import GROUP_ACTIONS
 from gpusteward.core.reclaim.model import (
     FAULTY_GPU,
     IDLE_SINCE,
     RECLAIM_AT,
+    RESERVED,
     Action,
     ActionKind,
     Owner,
@@ -43,6 +45,7 @@ class ReplayState:
         self.extended: set[str] = set()  # pods kept one step past their record (see _present)
         self.extended_keys: set[str] = set()  # the same pods' namespace/name, for the notes
         self.wakeups: list[float] = []  # times a decision falls due: deadlines, limits easing
+        self.nominated: dict[str, str] = {}  # pending pod uid -> the node reserved for it
 
 
 def carry_out(decided: Plan, now: float, state: ReplayState, history: History, i: int,
@@ -65,6 +68,13 @@ def carry_out(decided: Plan, now: float, state: ReplayState, history: History, i
             state.idle_at.pop(uid, None)
         elif a.kind == ActionKind.RECLAIM:
             _reclaim(a, now, state, history, i, shelter_for(a.pod, policy).cooldown)
+        elif a.kind == ActionKind.RESERVE and a.until is not None:  # as the live actor does
+            state.marks.setdefault(uid, {})[RESERVED] = reserve.entry(a)
+            state.nominated[uid] = a.node
+            state.wakeups.append(a.until)
+        elif a.kind == ActionKind.RELEASE:
+            state.marks.get(uid, {}).pop(RESERVED, None)
+            state.nominated.pop(uid, None)
 
 
 def _cleared(a: Action, decided: Plan, now: float, state: ReplayState) -> None:

@@ -182,7 +182,8 @@ def _pod_at(r: PodRecord, i: int, state: ReplayState, cache: dict[str, Pod],
         r.pod, phase="Running" if running else "Pending", node=r.pod.node if running else None,
         annotations={**r.pod.annotations, **marks},
         unschedulable_since=None if running else pending_since,
-        started_at=started_at(r, history) if running else None)
+        started_at=started_at(r, history) if running else None,
+        nominated_node=None if running else state.nominated.get(r.pod.uid))
     cache[r.pod.uid] = pod
     return pod
 

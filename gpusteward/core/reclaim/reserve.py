@@ -1,0 +1,109 @@
+"""Reservations: GPUs a queue reclaim freed (queue.py) go to the pod they were freed for.
+
+Once the victims' reclaims are done, the waiting pod is nominated to the node: its
+``status.nominatedNodeName``, which kube-scheduler's nominator honours whoever set it (KEP-5278,
+beta and on by default from 1.35: pkg/scheduler/backend/queue/nominator.go adds a pod updated
+with a nominated node, and filtering counts the nominated pods of equal or higher priority on
+a node before placing another pod there). The reservation itself, written beside it in the
+pod's ``gpusteward.io/reserved`` annotation, says for how long; it lives on the API object, so
+every replica of the reclaimer and the extender sees it.
+
+A reservation ends when its pod binds (anywhere), when it expires, when the pod's priority or
+GPU demand changes, or when the scheduler nominates it elsewhere; a deleted pod takes it along.
+While it lasts the queue claims nothing more for that pod (queue.waiting skips nominated pods).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import msgspec
+
+from gpusteward.core.model import Pod
+from gpusteward.core.reclaim.model import RESERVED, Action, ActionKind, Reason
+from gpusteward.core.times import parse_time, stamp
+
+
+class Reservation(msgspec.Struct, frozen=True):
+    node: str
+    gpus: int
+    priority: int
+    until: str  # RFC 3339
+
+
+_decoder = msgspec.json.Decoder(Reservation)
+
+
+def read(pod: Pod) -> Reservation | None:
+    """The pod's reservation; None when it has none or it is unreadable (a hand edit)."""
+    text = pod.annotations.get(RESERVED)
+    if text is None:
+        return None
+    try:
+        found = _decoder.decode(text)
+        parse_time(found.until)
+    except (msgspec.DecodeError, ValueError):
+        return None
+    return found
+
+
+def written(r: Reservation) -> str:
+    return msgspec.json.encode(r).decode()
+
+
+def reserve(pending: Pod, node: str, victims: Iterable[Pod], team: str, now: float,
+            ttl: float) -> Action:
+    """The reservation for the pod the victims' GPUs on ``node`` are to be freed for, for the
+    policy's TTL; it never outlives the pod's wait (releases: bound or deleted, it ends)."""
+    until = now + ttl
+    freed = ", ".join(v.key for v in victims)
+    return Action(ActionKind.RESERVE, pending, team, Reason.QUEUE,
+                  f"{pending.gpus} GPU(s) on {node} reserved until {stamp(until)}, freed by "
+                  f"reclaiming {freed}", node=node, until=until,
+                  after=tuple(v.uid for v in victims))
+
+
+def undone(action: Action, why: str) -> Action:
+    """The release of a reservation just made whose victims were not all reclaimed."""
+    return Action(ActionKind.RELEASE, action.pod, action.team, Reason.RELEASED,
+                  f"reservation released: {why}", node=action.node)
+
+
+def entry(action: Action) -> str:
+    """What a reserve action writes in the pod's annotation."""
+    assert action.until is not None
+    return written(Reservation(action.node, action.pod.gpus, action.pod.priority,
+                               stamp(action.until)))
+
+
+def releases(pods: Iterable[Pod], now: float, team_of) -> Iterator[Action]:  # type: ignore[no-untyped-def]
+    """A release for every reservation that is over, saying why; ``node`` is set where the
+    pod's nomination is still the reservation's, for the release to clear it."""
+    for pod in pods:
+        if RESERVED not in pod.annotations:
+            continue
+        r = read(pod)
+        why = _over(pod, r, now)
+        if why is None:
+            continue
+        ours = r is not None and pod.node is None and pod.nominated_node == r.node
+        yield Action(ActionKind.RELEASE, pod, team_of(pod), Reason.RELEASED,
+                     f"reservation released: {why}", node=r.node if ours and r else "")
+
+
+def _over(pod: Pod, r: Reservation | None, now: float) -> str | None:
+    if r is None:
+        return "its annotation is unreadable"
+    if pod.node is not None:
+        return f"bound to {pod.node}"
+    if pod.deleting:
+        return "the pod is being deleted"
+    until = parse_time(r.until) or 0.0
+    if until <= now:
+        return f"expired at {r.until}"
+    if pod.priority != r.priority or pod.gpus != r.gpus:
+        return (f"the pod changed (priority {r.priority} -> {pod.priority}, "
+                f"GPUs {r.gpus} -> {pod.gpus})")
+    if pod.nominated_node != r.node:
+        return f"the scheduler nominated it to {pod.nominated_node or 'no node'}"
+    return None
