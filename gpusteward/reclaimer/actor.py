@@ -209,10 +209,7 @@ class Actor:
         status (its conditions) as soon as the victims go, and both are gpusteward's own
         fields, meant whatever else changed; a pod bound meanwhile is released next cycle."""
         del version
-        await self.core.patch_namespaced_pod(
-            action.pod.name, action.pod.namespace,
-            {"metadata": {"annotations": {RESERVED: reserve.entry(action)}}},
-            _request_timeout=CALL_TIMEOUT)
+        await self._reserved(action, reserve.entry(action))
         try:
             with kube_errors():
                 await self.core.patch_namespaced_pod_status(
@@ -222,8 +219,17 @@ class Actor:
         except KubeUnprocessable:  # bound meanwhile: a bound pod takes no nomination
             log.info("pod=%s not nominated: bound meanwhile", action.pod.key)
 
+    async def _reserved(self, action: Action, entry: str | None) -> None:
+        await self.core.patch_namespaced_pod(
+            action.pod.name, action.pod.namespace,
+            {"metadata": {"annotations": {RESERVED: entry}}}, _request_timeout=CALL_TIMEOUT)
+
     async def _release(self, action: Action, version: str) -> None:
-        await self._annotate(action, {RESERVED: None}, version)
+        """Not fenced on the pod's resourceVersion either (see _reserve): a release refused
+        for a status the scheduler wrote would leave the pod nominated, and the queue leaves a
+        nominated pod alone."""
+        del version
+        await self._reserved(action, None)
         if not action.node:
             return
         # Still nominated where the reservation put it: that goes too, fenced on that one field

@@ -55,6 +55,8 @@ log = logging.getLogger("gpusteward.reclaimer")
 # What each mode lets through to the API server.
 _STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK, ActionKind.FAULT,
            ActionKind.RELEASE}
+# Held back in a new leader's first cycle: its reclaims, and the reservations made for them.
+_AFTER_TAKEOVER = {ActionKind.RECLAIM, ActionKind.RESERVE}
 WRITES: dict[ReclaimMode, set[ActionKind]] = {
     ReclaimMode.OBSERVE: set(), ReclaimMode.WARN: _STAGES,
     ReclaimMode.ENFORCE: _STAGES | {ActionKind.RECLAIM, ActionKind.FENCE, ActionKind.RESERVE}}
@@ -217,7 +219,7 @@ class Reclaimer:
         for action in actions:
             if action.kind not in WRITES[self.mode]:
                 result = ActResult.SKIPPED
-            elif action.kind == ActionKind.RECLAIM and self._new_leader:
+            elif action.kind in _AFTER_TAKEOVER and self._new_leader:
                 result = ActResult.DEFERRED
             elif halt is not None:
                 result = halt.result

@@ -85,8 +85,18 @@ class StopBook:
         entry = StopEntry(action.owner.namespace, group, kind, plural, name,
                           obj.get("metadata", {}).get("uid", ""), how, replicas,
                           str(action.reason), self.clock())
+        if how == How.PAUSE and await self._finishing(entry):
+            return None
         await self.record(entry)
         return entry
+
+    async def _finishing(self, entry: StopEntry) -> bool:
+        """Whether this stop finishes one already recorded for the same object: a KEDA pause
+        taken while its target still runs is stopped again (kinds.keda_pause). The first
+        entry stands: replaced, and then forgotten when the finishing stop comes to nothing
+        (stale), it left a stopped workload that restore refused as unrecorded."""
+        earlier = await self.find(entry.namespace, entry.group, entry.kind, entry.name)
+        return earlier is not None and earlier.uid == entry.uid and earlier.how == entry.how
 
     async def record(self, entry: StopEntry) -> None:
         """Add ``entry``, replacing one for the same object."""

@@ -154,6 +154,25 @@ async def test_a_keda_pause_is_recorded_on_the_scaled_object_restore_acts_on():
         "keda.sh", "ScaledObject", "api", "so-1", "pause", None)
 
 
+async def test_a_stop_finishing_a_recorded_keda_pause_keeps_the_first_entry():
+    """KEDA took the pause but its target still runs: the next stop finishes it
+    (kinds.keda_pause). Recording it anew, and then forgetting that entry when the finishing
+    stop came to nothing (stale), left a stopped workload restore refused as unrecorded."""
+    objects = Objects({"/apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects/api": {
+        "metadata": {"uid": "so-1"}}})
+    owner = Owner("Deployment", "ml", "web", group="apps", how=How.PAUSE,
+                  via=Switch("ScaledObject", "keda.sh", "v1alpha1", "api"))
+    records = Records()
+    first = await book(records, objects).ahead(reclaim(owner))
+    assert await book(records, objects).ahead(reclaim(owner)) is None
+    assert records.entries == [first]
+    # The ScaledObject created again (another uid): a new stop, recorded anew.
+    objects.objects["/apis/keda.sh/v1alpha1/namespaces/ml/scaledobjects/api"] = {
+        "metadata": {"uid": "so-2"}}
+    again = await book(records, objects).ahead(reclaim(owner))
+    assert again is not None and records.entries == [again]
+
+
 async def test_an_eviction_leaves_nothing_to_restore_and_records_nothing():
     records = Records()
     assert await book(records, Objects()).ahead(reclaim(Owner("Pod", "ml", "p"),

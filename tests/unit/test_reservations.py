@@ -99,3 +99,17 @@ async def test_a_reservation_whose_victim_was_not_reclaimed_is_released_at_once(
     await rec.cycle()
     assert [a for a in writer.applied if a[0] in QUEUE_KINDS] == [
         ("reserve", "want"), ("reclaim", "low"), ("release", "want")]
+
+
+async def test_a_new_leader_reserves_nothing_in_the_cycle_its_reclaims_wait():
+    """A reservation in a cycle whose reclaims a takeover defers would be undone at once; and
+    kept, it would leave the pod nominated for GPUs nobody frees."""
+    writer = Writer()
+    rec = reclaimer([], writer=writer, policy=POLICY)
+    rec.reader.snap = claim_snapshot()
+    rec.reread_ledger()  # what _lead does on taking the Lease
+    await rec.cycle()
+    assert [a for a in writer.applied if a[0] in QUEUE_KINDS] == []
+    await rec.cycle()
+    assert [a for a in writer.applied if a[0] in QUEUE_KINDS] == [
+        ("reserve", "want"), ("reclaim", "low")]
