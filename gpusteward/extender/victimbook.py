@@ -45,9 +45,9 @@ class VictimBook:
                 continue
             cls = classes[pod.uid] = class_of(pod.labels, pod.annotations,
                                               self.policy.default_class)
-            runtime = self.runtimes.get(cls, self.base_runtime)
-            if runtime:
-                sheltered[pod.uid] = pod.run_start + runtime
+            end = self._runtime_end(pod, cls)
+            if end is not None:
+                sheltered[pod.uid] = end
             rule = rules.get((cls, pod.priority_class))
             if rule is None:
                 rule = rules[(cls, pod.priority_class)] = rule_for(pod, self.policy)
@@ -67,11 +67,16 @@ class VictimBook:
             pod = fleet.pods.get(u)
             if pod is None:
                 continue
-            cls = class_of(pod.labels, pod.annotations, self.policy.default_class)
-            runtime = self.runtimes.get(cls, self.base_runtime)
-            if runtime and pod.run_start + runtime > now:
+            end = self._runtime_end(pod, class_of(pod.labels, pod.annotations,
+                                                  self.policy.default_class))
+            if end is not None and end > now:
                 found.add(u)
         return found
+
+    def _runtime_end(self, pod: Pod, cls: str) -> float | None:
+        """When the pod's class's minRuntime ends; None where the class has none."""
+        runtime = self.runtimes.get(cls, self.base_runtime)
+        return pod.run_start + runtime if runtime else None
 
     def idle_flags(self, pods: list[list[MetaPod]], victims: list[int]) -> tuple[int, int]:
         """Per candidate node, whether all and whether some of its victims are idle, packed as

@@ -61,17 +61,20 @@ def reserved(until: float = NOW + 60, priority: int = 1000, nominated: str = "n1
     pytest.param(reserved(NOW - 1), "expired at", "n1", id="expired"),
     pytest.param(reserved(priority=5), "the pod changed", "n1", id="priority-changed"),
     pytest.param(reserved(nominated="n2"), "nominated it to n2", "", id="renominated"),
+    # A hand-made end far off (the TTL is 90 s) would keep the pod out of the queue for ever.
+    pytest.param(reserved(NOW + 10**9), "beyond queue.reservationTtl", "n1",
+                 id="end-beyond-the-ttl"),
     pytest.param(pending("want", 4, 1000, annotations={RESERVED: "{"}, nominated_node="n1"),
                  "unreadable", "", id="unreadable"),
 ])
 def test_every_end_of_a_reservation_releases_it(pod, why, clears):
-    (a,) = reserve.releases([pod], NOW, lambda p: "ml")
+    (a,) = reserve.releases([pod], NOW, 90.0, lambda p: "ml")
     assert a.kind == "release" and why in a.message and a.node == clears
 
 
 def test_a_bound_pod_drops_the_annotation_and_keeps_its_binding():
     pod = gpu_pod("want", gpus=4, priority=1000, annotations={RESERVED: entry()})
-    (a,) = reserve.releases([pod], NOW, lambda p: "ml")
+    (a,) = reserve.releases([pod], NOW, 90.0, lambda p: "ml")
     assert "bound to n1" in a.message and a.node == ""
 
 

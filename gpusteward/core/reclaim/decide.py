@@ -79,7 +79,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
                  if a.pod.uid not in claimed]
     blocks = [a for a in reclaims if a.kind == ActionKind.BLOCK]  # an Event only: no limit
     allowed, held = _limit([a for a in reclaims if a.kind == ActionKind.RECLAIM], snap, policy)
-    released = list(reserve.releases(snap.pods, snap.now,
+    released = list(reserve.releases(snap.pods, snap.now, float(policy.queue.reservation_ttl),
                                      lambda p: team(p, snap.namespace_labels)))
     return Plan(tuple(verdicts),
                 tuple(staged + blocks + _covered(reserves, allowed) + allowed + released),

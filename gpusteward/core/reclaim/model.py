@@ -334,7 +334,7 @@ class Action(msgspec.Struct, frozen=True):
     # Reserve: the node and until when; release: the node whose nomination is ours to clear.
     node: str = ""
     until: float | None = None
-    # Reserve: the victims (uids) whose reclaims this cycle must be done before it is made.
+    # Reserve: the victims (uids) it frees; one not reclaimed this cycle undoes it at once.
     after: tuple[str, ...] = ()
 
 

@@ -4,8 +4,8 @@ A pending GPU pod that the scheduler found unschedulable, waiting at least `queu
 allowed to preempt, may have idle pods reclaimed for it — only pods of strictly lower priority
 (or of equal priority from an over-quota team while the waiting team is under its quota), only on
 a node where it then fits (card, GPUs, node selector, taints), and as few as possible. A pod
-the scheduler already nominated a node for (its own preemption is freeing that node) is left
-to the scheduler: one path per pod.
+nominated to a node already (the scheduler's own preemption is freeing it, or a reservation
+holds what gpusteward freed: reserve.py) gets nothing more: one path per pod.
 """
 
 from __future__ import annotations

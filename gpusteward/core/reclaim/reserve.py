@@ -1,6 +1,8 @@
 """Reservations: GPUs a queue reclaim freed (queue.py) go to the pod they were freed for.
 
-Once the victims' reclaims are done, the waiting pod is nominated to the node: its
+Just before the victims' reclaims, the waiting pod is nominated to the node (no scheduling
+attempt in between finds the GPUs free; the reclaimer releases it at once if a victim is not
+reclaimed after all): its
 ``status.nominatedNodeName``, which kube-scheduler's nominator honours whoever set it (KEP-5278,
 beta and on by default from 1.35: pkg/scheduler/backend/queue/nominator.go adds a pod updated
 with a nominated node, and filtering counts the nominated pods of equal or higher priority on
@@ -10,12 +12,15 @@ every replica of the reclaimer and the extender sees it.
 
 A reservation ends when its pod binds (anywhere), when it expires, when the pod's priority or
 GPU demand changes, or when the scheduler nominates it elsewhere; a deleted pod takes it along.
+One that ends further off than ``queue.reservationTtl`` is not one gpusteward made (a hand
+edit): it is released, so that no annotation can keep a pod reserved, and out of the queue,
+for ever.
 While it lasts the queue claims nothing more for that pod (queue.waiting skips nominated pods).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import msgspec
 
@@ -76,22 +81,23 @@ def entry(action: Action) -> str:
                                stamp(action.until)))
 
 
-def releases(pods: Iterable[Pod], now: float, team_of) -> Iterator[Action]:  # type: ignore[no-untyped-def]
+def releases(pods: Iterable[Pod], now: float, ttl: float,
+             team_of: Callable[[Pod], str]) -> Iterator[Action]:
     """A release for every reservation that is over, saying why; ``node`` is set where the
     pod's nomination is still the reservation's, for the release to clear it."""
     for pod in pods:
         if RESERVED not in pod.annotations:
             continue
         r = read(pod)
-        why = _over(pod, r, now)
+        why = _over(pod, r, now, ttl)
         if why is None:
             continue
         ours = r is not None and pod.node is None and pod.nominated_node == r.node
         yield Action(ActionKind.RELEASE, pod, team_of(pod), Reason.RELEASED,
-                     f"reservation released: {why}", node=r.node if ours and r else "")
+                     f"reservation released: {why}", node=r.node if r and ours else "")
 
 
-def _over(pod: Pod, r: Reservation | None, now: float) -> str | None:
+def _over(pod: Pod, r: Reservation | None, now: float, ttl: float) -> str | None:
     if r is None:
         return "its annotation is unreadable"
     if pod.node is not None:
@@ -101,6 +107,8 @@ def _over(pod: Pod, r: Reservation | None, now: float) -> str | None:
     until = parse_time(r.until) or 0.0
     if until <= now:
         return f"expired at {r.until}"
+    if until - now > ttl:
+        return f"its end {r.until} lies beyond queue.reservationTtl from now"
     if pod.priority != r.priority or pod.gpus != r.gpus:
         return (f"the pod changed (priority {r.priority} -> {pod.priority}, "
                 f"GPUs {r.gpus} -> {pod.gpus})")

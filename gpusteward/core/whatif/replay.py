@@ -114,7 +114,7 @@ def _shown(r: PodRecord, i: int, state: ReplayState, watches: dict[str, PodWatch
 def _snapshot(present: list[PodRecord], i: int, ok: bool, state: ReplayState,
               cache: dict[str, Pod], watches: dict[str, PodWatch], history: History,
               policy: Policy) -> Snapshot:
-    now = history.grid.time(i)
+    now, kept = history.grid.time(i), remembered(policy)
     pods = tuple(_pod_at(r, i, state, cache, history) for r in present)
     running = [(r, p) for r, p in zip(present, pods, strict=True) if p.node]
     needed = {w for r, _ in running for w in watches[r.pod.uid].evidence}
@@ -126,7 +126,7 @@ def _snapshot(present: list[PodRecord], i: int, ok: bool, state: ReplayState,
         tiers=history.tiers,
         evidence={w: dict(_window(running, w, i, watches)) for w in needed},
         telemetry_ok=ok, telemetry_problem="" if ok else "no GPU sample within staleAfter",
-        recent_actions=tuple(a for a in state.recent if now - a.at < remembered(policy)),
+        recent_actions=tuple(a for a in state.recent if now - a.at < kept),
         faults=faults)
 
 
