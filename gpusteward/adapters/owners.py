@@ -35,7 +35,7 @@ from gpusteward.core.owners import (
     SCALE,
     group_of,
 )
-from gpusteward.core.reclaim import kinds, kueue
+from gpusteward.core.reclaim import demote, kinds, kueue
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, SNOOZE_UNTIL, Owner, Switch
 
 log = logging.getLogger("gpusteward.reclaimer")
@@ -170,7 +170,8 @@ class OwnerChains:
                     version = wl.get("apiVersion", "").rpartition("/")[2]
                     return msgspec.structs.replace(
                         base, how=DEACTIVATE, in_progress=kinds.switched_off(k, wl),
-                        via=Switch("Workload", k.group, version, meta.get("name", "")))
+                        via=Switch("Workload", k.group, version, meta.get("name", "")),
+                        demoted_at=demote.demoted_at(wl))
         return msgspec.structs.replace(
             base, blocked=f"Kueue-managed (queue {queue}) but Kueue has no Workload for it "
                           f"yet; its suspend is Kueue's to set")

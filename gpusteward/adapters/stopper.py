@@ -25,7 +25,7 @@ from gpusteward.core.owners import (
     PAUSE,
     SCALE,
 )
-from gpusteward.core.reclaim import kinds
+from gpusteward.core.reclaim import demote, kinds
 from gpusteward.core.reclaim.model import FENCED_AT, REPLICAS_BEFORE, Owner
 
 MERGE = "application/merge-patch+json"
@@ -102,6 +102,24 @@ class Switches:
             if kinds.switched_off(k, obj):
                 raise Stale(f"{owner.key} was switched off by someone else since the decision")
             await self.patch(path, on_version(obj, kinds.stop_patch(k, reason, at)))
+
+    async def demote(self, owner: Owner, boost: int, reason: str, at: str) -> None:
+        """Lower the owner's Kueue Workload's priority by ``boost`` (core/reclaim/demote.py),
+        fenced on the read; one demoted meanwhile is left as it is."""
+        path = switch_path(owner, self.catalog)
+        wl = await self.get(path)
+        if demote.demoted_at(wl) is not None:
+            raise Stale(f"{owner.key}: its Workload was demoted since the decision")
+        await self.patch(path, on_version(wl, demote.patch(boost, reason, at)))
+
+    async def undemote(self, owner: Owner) -> None:
+        """Remove gpusteward's priority boost from the owner's Workload, fenced on the read:
+        a boost not gpusteward's (changed by hand meanwhile) stays."""
+        path = switch_path(owner, self.catalog)
+        wl = await self.get(path)
+        if demote.demoted_at(wl) is None:
+            raise Stale(f"{owner.key}: its Workload is no longer demoted by gpusteward")
+        await self.patch(path, on_version(wl, demote.UNDO))
 
     async def touch(self, owner: Owner, at: str) -> None:
         """Move the resourceVersion of the object a stop of ``owner`` writes first (its switch,

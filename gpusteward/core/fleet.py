@@ -11,7 +11,7 @@ from typing import Protocol
 
 import msgspec
 
-from gpusteward.core.model import Node, Pod
+from gpusteward.core.model import Node, Pod, reservation_of
 
 Listener = Callable[[set[str]], None]
 
@@ -34,6 +34,9 @@ class FleetStore:
         self.nodes: dict[str, Node] = {}
         self.pods: dict[str, Pod] = {}
         self._by_node: dict[str, dict[str, Pod]] = {}
+        # Pending pods holding a reservation, by the node it is on (the GPUs a queue reclaim
+        # freed for them there: extender/view.py keeps them from other pods).
+        self._reserving: dict[str, dict[str, Pod]] = {}
         self._listeners: list[Listener] = []
         # Bound pods that hold no GPU, uid -> (name, node): an exporter whose series name its
         # pod instead of its node is placed by it (core.attribution.node_of).
@@ -51,6 +54,14 @@ class FleetStore:
 
     def pods_on(self, node: str) -> Iterable[Pod]:
         return self._by_node.get(node, {}).values()
+
+    def reserving(self, node: str) -> Iterable[Pod]:
+        """Pending pods whose reservation (as written, maybe over) is on this node."""
+        return self._reserving.get(node, {}).values()
+
+    @property
+    def any_reserving(self) -> bool:
+        return bool(self._reserving)
 
     def upsert_node(self, node: Node) -> None:
         if self.nodes.get(node.name) != node:
@@ -70,16 +81,15 @@ class FleetStore:
             return
         self._unindex(old)
         self.pods[pod.uid] = pod
-        if pod.node:
-            self._by_node.setdefault(pod.node, {})[pod.uid] = pod
+        self._index(pod)
         if old is None or _placement(old) != _placement(pod):
-            self._changed({n for n in (pod.node, old.node if old else None) if n})
+            self._changed({n for p in (pod, old) if p is not None for n in _nodes(p)})
 
     def delete_pod(self, uid: str) -> None:
         old = self.pods.pop(uid, None)
         if old is not None:
             self._unindex(old)
-            self._changed({old.node} if old.node else set())
+            self._changed(set(_nodes(old)))
 
     def replace_all(self, nodes: Iterable[Node] | None, pods: Iterable[Pod] | None) -> None:
         """After a (re-)list: the listed objects are the whole truth for their kind."""
@@ -90,13 +100,12 @@ class FleetStore:
                         if self.nodes.get(k) != fresh.get(k)}
             self.nodes = fresh
         if pods is not None:
-            touched |= {p.node for p in self.pods.values() if p.node}
+            touched |= {n for p in self.pods.values() for n in _nodes(p)}
             self.pods = {p.uid: p for p in pods}
-            self._by_node = {}
+            self._by_node, self._reserving = {}, {}
             for p in self.pods.values():
-                if p.node:
-                    self._by_node.setdefault(p.node, {})[p.uid] = p
-            touched |= {p.node for p in self.pods.values() if p.node}
+                self._index(p)
+            touched |= {n for p in self.pods.values() for n in _nodes(p)}
         self._changed(touched)
 
     def note_gpuless(self, uid: str, name: str, node: str | None) -> None:
@@ -114,16 +123,42 @@ class FleetStore:
         """Pod name -> node, for the pods that hold no GPU."""
         return dict(self._gpuless.values())
 
+    def _index(self, pod: Pod) -> None:
+        if pod.node:
+            self._by_node.setdefault(pod.node, {})[pod.uid] = pod
+        elif (reserved := _reserved_at(pod)) is not None:
+            self._reserving.setdefault(reserved, {})[pod.uid] = pod
+
     def _unindex(self, pod: Pod | None) -> None:
-        if pod is not None and pod.node:
-            on_node = self._by_node.get(pod.node)
-            if on_node is not None:
-                on_node.pop(pod.uid, None)
-                if not on_node:
-                    del self._by_node[pod.node]
+        if pod is not None:
+            _drop(self._by_node, pod.node, pod.uid)
+            _drop(self._reserving, _reserved_at(pod), pod.uid)
+
+
+def _drop(index: dict[str, dict[str, Pod]], node: str | None, uid: str) -> None:
+    on_node = index.get(node) if node else None
+    if node and on_node is not None:
+        on_node.pop(uid, None)
+        if not on_node:
+            del index[node]
+
+
+def _reserved_at(pod: Pod) -> str | None:
+    """The node of a pending pod's reservation."""
+    r = reservation_of(pod) if pod.node is None else None
+    return r.node if r is not None else None
+
+
+def _nodes(pod: Pod) -> tuple[str, ...]:
+    """The nodes whose views a pod counts in: where it is bound, or reserved."""
+    node = pod.node or _reserved_at(pod)
+    return (node,) if node else ()
 
 
 def _placement(pod: Pod) -> tuple[object, ...]:
     """What node-level views derive from a pod; a status or metadata update changes none of it,
-    and in a burst those updates outnumber bindings."""
-    return (pod.node, pod.gpus, pod.deleting, pod.phase in ("Succeeded", "Failed"), pod.bound_at)
+    and in a burst those updates outnumber bindings. A pending pod counts only through its
+    reservation, and its nomination (which keeps the reservation or ends it)."""
+    reserved = _reserved_at(pod)
+    return (pod.node, pod.gpus, pod.deleting, pod.phase in ("Succeeded", "Failed"), pod.bound_at,
+            reserved, pod.nominated_node if reserved else None)

@@ -12,6 +12,9 @@ import msgspec
 
 TEAM_LABEL = "gpusteward.io/team"
 CLASS_KEY = "gpusteward.io/class"
+# On a pending pod: the GPUs a queue reclaim freed for it, as JSON (core/reclaim/reserve.py);
+# the extender's fleet indexes the pods that carry it (core/fleet.py).
+RESERVED = "gpusteward.io/reserved"
 
 
 class Taint(msgspec.Struct, frozen=True):
@@ -130,6 +133,31 @@ class Pod(msgspec.Struct, frozen=True):
     def run_start(self) -> float:
         """When its run began: the kubelet's startTime, else its binding, else its creation."""
         return self.started_at or self.bound_at or self.created_at
+
+
+class Reservation(msgspec.Struct, frozen=True):
+    """A pending pod's RESERVED annotation: GPUs a queue reclaim freed for it on ``node``,
+    until ``until`` (RFC 3339), for the GPUs and priority it had (core/reclaim/reserve.py)."""
+
+    node: str
+    gpus: int
+    priority: int
+    until: str
+
+
+_reservation = msgspec.json.Decoder(Reservation)
+
+
+def reservation_of(pod: Pod) -> Reservation | None:
+    """The pod's reservation as written; None when it has none or it does not decode (its
+    time is checked by core/reclaim/reserve.read)."""
+    text = pod.annotations.get(RESERVED)
+    if text is None:
+        return None
+    try:
+        return _reservation.decode(text)
+    except msgspec.DecodeError:
+        return None
 
 
 class GpuReading(msgspec.Struct, frozen=True):

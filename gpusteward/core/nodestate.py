@@ -30,6 +30,8 @@ class NodeState(msgspec.Struct, frozen=True):
     health_reason: str = ""
     # GPUs of pods the extender expects here that the watch has not shown bound yet.
     inflight: int = 0
+    # GPUs reserved here for a waiting pod (core/reclaim/reserve.py): not free for another.
+    reserved: int = 0
 
     @property
     def name(self) -> str:
@@ -37,7 +39,7 @@ class NodeState(msgspec.Struct, frozen=True):
 
     @property
     def free(self) -> int:
-        return max(0, self.node.gpus - self.allocated)
+        return max(0, self.node.gpus - self.allocated - self.reserved)
 
     @property
     def healthy_free(self) -> int:
@@ -59,8 +61,11 @@ def build_node_state(
     stale_after: float,
     inflight: int = 0,
     warmup: float = 0.0,
+    reserved: int = 0,
 ) -> NodeState:
     """inflight: GPUs of pods just placed here whose binding the watch has not delivered.
+
+    reserved: GPUs held here for a waiting pod; taken, for every other pod, and soon busy.
 
     warmup: a pod bound this recently counts as fully busy even where a sample covers it.
     """
@@ -72,15 +77,16 @@ def build_node_state(
     if quarantined:  # the node's own object says its GPUs failed: none takes new work
         reason = "; ".join(str(f) for f in quarantined)
         return NodeState(node, tier, allocated, None, max(0, node.gpus - allocated),
-                         node.gpus // replicas(node), reason, inflight)
+                         node.gpus // replicas(node), reason, inflight, reserved)
     if not fresh:
-        return NodeState(node, tier, allocated, None, None, inflight=inflight)
+        return NodeState(node, tier, allocated, None, None, inflight=inflight, reserved=reserved)
     young_after = min(min(r.sampled_at for r in fresh), now - warmup)
     young = [p for p in bound if p.bound_at is not None and p.bound_at > young_after]
     shares = replicas(node)
     faulty, unhealthy_free, reason = _faults(fresh, health, shares)
-    util = _burst_util(fresh, node.gpus / shares, young, inflight / shares, shares)
-    return NodeState(node, tier, allocated, util, unhealthy_free, faulty, reason, inflight)
+    util = _burst_util(fresh, node.gpus / shares, young, (inflight + reserved) / shares, shares)
+    return NodeState(node, tier, allocated, util, unhealthy_free, faulty, reason, inflight,
+                     reserved)
 
 
 def _burst_util(readings: tuple[GpuReading, ...], gpus: float, young: list[Pod],

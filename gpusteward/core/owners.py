@@ -24,19 +24,25 @@ class How(StrEnum):
     SCALE = "scale"  # to zero replicas, the count kept in REPLICAS_BEFORE
     ANNOTATE = "annotate"  # marks and warnings only, never a reclaim
     DEACTIVATE = "deactivate"  # Kueue Workload spec.active=false
+    # Kueue Workload's priority-boost lowered: it runs on until Kueue needs its quota
+    DEMOTE = "demote"
     STOP = "stop"  # the owner's stop annotation (Notebook, KServe)
     PAUSE = "pause"  # the autoscaler paused at zero replicas (KEDA)
     BLOCK = "block"  # no safe mechanism: an Event says why, nothing is stopped
 
 
 # The mechanisms (Action.how) beyond the built-in Pod/Job/Deployment/StatefulSet ones.
-SUSPEND, SCALE, DEACTIVATE = How.SUSPEND, How.SCALE, How.DEACTIVATE
+SUSPEND, SCALE, DEACTIVATE, DEMOTE = How.SUSPEND, How.SCALE, How.DEACTIVATE, How.DEMOTE
 STOP, PAUSE, BLOCK = How.STOP, How.PAUSE, How.BLOCK
 # Act on a whole workload: only when all its pods are idle.
-WHOLE_OWNER = frozenset({SUSPEND, SCALE, DEACTIVATE, STOP, PAUSE})
+WHOLE_OWNER = frozenset({SUSPEND, SCALE, DEACTIVATE, DEMOTE, STOP, PAUSE})
 
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # kueue apis/kueue/v1beta2/constants.go
 KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # kueue pkg/controller/constants: on the Workload
+# kueue v0.17.0 pkg/controller/constants PriorityBoostAnnotationKey: a signed int32 added to the
+# Workload's priority wherever Kueue orders or preempts (pkg/util/priority EffectivePriority),
+# behind Kueue's PriorityBoost feature gate (alpha, off by default in v0.17).
+KUEUE_PRIORITY_BOOST = "kueue.x-k8s.io/priority-boost"
 KEDA_PAUSED_REPLICAS = "autoscaling.keda.sh/paused-replicas"  # keda.sh docs: "Pause autoscaling"
 NOTEBOOK_STOPPED = "kubeflow-resource-stopped"  # kubeflow notebook-controller culling_controller
 NOTEBOOK_LAST_ACTIVITY = "notebooks.kubeflow.org/last-activity"  # same file

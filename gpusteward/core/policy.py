@@ -33,6 +33,10 @@ Period = Annotated[Duration, Between(1, HOUR)]  # how often a loop runs
 Window = Annotated[Duration, Between(1, 7 * DAY)]  # how far back evidence or an XID reaches
 Wait = Annotated[Duration, Between(1, DAY)]  # how long something waits before an action
 Shelter = Annotated[Duration, Between(0, DAY)]  # how long work is protected from reclaim; 0: not
+# Kueue's priority-boost is a signed int32 (kueue v0.17.0 pkg/util/priority PriorityBoost); a
+# demotion lowers, so it is negative.
+Boost = Annotated[int, msgspec.Meta(ge=-(2**31), le=-1)]
+KueueAction = Literal["deactivate", "demote"]
 
 
 class Config(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
@@ -173,6 +177,7 @@ class WorkloadClass(Config, frozen=True):
     # reclaim.reclaimCooldown.
     min_runtime: Shelter | None = None
     reclaim_cooldown: Shelter | None = None
+    kueue_action: KueueAction | None = None  # unset: reclaim.kueue.action
 
 
 def _default_classes() -> dict[str, WorkloadClass]:
@@ -219,6 +224,17 @@ class OwnerActions(Config, frozen=True):
         default_factory=dict)
 
 
+class KueueReclaim(Config, frozen=True):
+    """What the reclaim of an idle Kueue Workload at its idle deadline does: deactivate it
+    (spec.active false: Kueue evicts it at once), or demote it (Kueue's priority-boost set to
+    priorityBoost: it runs on, and Kueue preempts it only when a Workload that now outranks it
+    needs the quota). Claims for a Workload waiting for quota always deactivate: it needs the
+    quota now."""
+
+    action: KueueAction = "deactivate"
+    priority_boost: Boost = -1_000_000_000  # below every user PriorityClass (at most 1e9)
+
+
 class PriorityOverride(Config, frozen=True):
     idle: IdleRule = _factory(IdleRule)
     protected: bool = False
@@ -259,6 +275,7 @@ class Reclaim(Config, frozen=True):
     protected_priority: int = 1_000_000
     priority_classes: dict[str, PriorityOverride] = msgspec.field(default_factory=dict)
     owner_actions: OwnerActions = _factory(OwnerActions)
+    kueue: KueueReclaim = _factory(KueueReclaim)
     limits: Limits = _factory(Limits)
     exclude_namespaces: list[Name] = msgspec.field(default_factory=lambda: ["kube-system"])
     exclude_pod_labels: dict[str, str] = msgspec.field(default_factory=dict)

@@ -116,6 +116,8 @@ def _capacity_reason(state: NodeState, demand: Demand) -> str:
     if state.node.withheld:
         taints = sorted({str(w.taint) for w in state.node.withheld})
         reason += f" ({len(state.node.withheld)} DRA devices tainted {', '.join(taints)})"
+    if state.reserved:
+        reason += f" ({state.reserved} reserved for a waiting pod)"
     return reason
 
 
@@ -135,7 +137,8 @@ def coolness_term(state: NodeState) -> float:
 
 
 def packing_term(state: NodeState, demand: Demand, placement: Placement) -> float:
-    used = _clamp((state.allocated + state.inflight + demand.gpus) / max(state.node.gpus, 1))
+    used = _clamp((state.allocated + state.inflight + state.reserved + demand.gpus)
+                  / max(state.node.gpus, 1))
     match placement:
         case Placement.BINPACK:
             return used

@@ -247,13 +247,19 @@ def respond(view: PlacementView, answer: Answer, args: wire.ExtenderArgs) -> Rep
     """One filter or prioritize request. The answer itself only reads the view; these are the
     request path's writes, each rebuilding the nodes it touches in every cached demand table:
     the pod asked about again stops counting where it was expected (it must not crowd itself
-    out), and after prioritize it is expected on the node ranked first until the watch shows
-    where it was bound (burst correction, view.py)."""
+    out), the GPUs reserved for it are free for it alone while it is answered (every other pod
+    finds them taken), and after prioritize it is expected on the node ranked first until the
+    watch shows where it was bound (burst correction, view.py)."""
     assert args.Pod is not None  # decode_args refuses a request without one
     uid = args.Pod.metadata.uid
     view.settle_parked()
     view.forget(uid)
-    reply = answer(view, args)
+    reserved = view.exempt(uid) if uid else None
+    try:
+        reply = answer(view, args)
+    finally:
+        if reserved is not None:
+            view.unexempt(reserved)
     # No uid: a probe, or a pod the scheduler never binds under that uid.
     if uid and reply.best_node is not None:
         view.expect(uid, reply.best_node)

@@ -23,10 +23,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpusteward.adapters.background import every, running
 from gpusteward.core.fleet import FleetStore
-from gpusteward.core.kubewire import WirePod
+from gpusteward.core.kubewire import WirePod, pod_request
 from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import Policy
 from gpusteward.core.preemption import Candidates, Choice, Shield, choose, shield_for
+from gpusteward.core.reclaim import reserve
 from gpusteward.core.reclaim.model import Evidence
 from gpusteward.extender.metrics import ExtenderMetrics
 from gpusteward.extender.preemptwire import (
@@ -67,8 +68,9 @@ class PreemptionMetrics:
         self.dropped = Counter(
             "gpusteward_extender_preemption_dropped_nodes_total",
             "Candidate nodes left out of preempt answers, by why (protected: a busy victim "
-            "shielded by protectBusy, or a victim inside its class's minRuntime; ranked: more "
-            "PDB violations or less idle than others).",
+            "shielded by protectBusy, a victim inside its class's minRuntime, or GPUs the "
+            "preemptor needs reserved there for another waiting pod; ranked: more PDB "
+            "violations or less idle than others).",
             ["why"], registry=registry)
         self.evidence_ok = Gauge(
             "gpusteward_extender_preemption_evidence_ok",
@@ -135,6 +137,7 @@ class Preempter:
             candidates.shielded = [self._shielded(p, shield, full.get(n, {}))
                                    for n, p in zip(candidates.nodes, pods, strict=True)]
         self._shelter(candidates, pods)
+        self._reserved(candidates, pods, args.Pod)
         choice = choose(candidates, self.policy.preemption)
         self._count(choice)
         # The request's map less what was left out is the kept nodes in the request's order.
@@ -159,6 +162,33 @@ class Preempter:
         if not inside:
             return
         hit = [not inside.isdisjoint(map(_UID, p)) for p in pods]
+        shielded = candidates.shielded
+        candidates.shielded = hit if shielded is None else list(map(or_, shielded, hit))
+
+    def _reserved(self, candidates: Candidates, pods: list[list[MetaPod]],
+                  preemptor: WirePod) -> None:
+        """Veto the candidates where the victims' GPUs would not make room for the preemptor
+        beside what is reserved there for another waiting pod (core/reclaim/reserve.py): the
+        extender's filter keeps the preemptor off those GPUs, and a nomination there would
+        hold back the very pod they were freed for."""
+        if not self.fleet.any_reserving:
+            return
+        now, fleet, uid = self.clock(), self.fleet, preemptor.metadata.uid
+        try:
+            need = sum(pod_request(preemptor.spec, self.policy.resources).values())
+        except ValueError as e:  # an unreadable quantity
+            raise BadRequest(f"the preemptor's GPU request: {e}") from e
+        hit = []
+        for node, victims in zip(candidates.nodes, pods, strict=True):
+            held = sum(r.gpus for p in fleet.reserving(node) if p.uid != uid
+                       and (r := reserve.held(p, now)) is not None and r.node == node)
+            known = fleet.nodes.get(node)
+            if not held or known is None:
+                hit.append(False)
+                continue
+            used = sum(p.gpus for p in fleet.pods_on(node) if not p.deleting)
+            freed = sum(fleet.pods[v.UID].gpus for v in victims if v.UID in fleet.pods)
+            hit.append(known.gpus - used + freed - held < need)
         shielded = candidates.shielded
         candidates.shielded = hit if shielded is None else list(map(or_, shielded, hit))
 

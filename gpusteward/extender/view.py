@@ -7,6 +7,11 @@ A pod the extender just ranked is expected on its top node until the watch shows
 bound: in a burst the scheduler places the next pod before our watch sees the last binding.
 Only pods the watch shows pending can be expected, within the node's GPU count; a pod ranked
 before the watch delivered it is parked and counts once the watch shows it.
+
+GPUs the reclaimer reserved for a waiting pod (core/reclaim/reserve.py: the pod's annotation and
+its nomination, on the API object, so every replica sees them) count as taken on their node for
+every other pod, like an expected placement, until the reservation ends; the pod they are
+reserved for is answered with them free.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from gpusteward.core.kubewire import WireNode, WirePod, pod_request, to_node
 from gpusteward.core.model import Node, Telemetry, class_of
 from gpusteward.core.nodestate import NodeState, build_node_state
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import reserve
 from gpusteward.core.scoring import Demand, class_rules
 from gpusteward.extender.scorebook import ScoreBook
 
@@ -46,20 +52,44 @@ class PlacementView:
         self.built_at = 0.0  # when every node state was last rebuilt
         # pod uid -> (node, when): ranked before our watch showed the pod; no effect until it does
         self.parked: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._exempt = ""  # the pod being answered: its own reservation does not count
         fleet.subscribe(self._on_fleet_change)
 
     def node_state(self, node: Node) -> NodeState:
+        now = self.clock()
         return build_node_state(
             node,
             self.tiers.tier_of(node.product),
             self.fleet.pods_on(node.name),
             self.telemetry.for_node(node.name),
             self.policy.health,
-            self.clock(),
+            now,
             float(self.policy.telemetry.stale_after),
             sum(gpus for n, gpus, _ in self.inflight.values() if n == node.name),
             float(self.policy.telemetry.pod_warmup),
+            self.reserved_on(node.name, now),
         )
+
+    def reserved_on(self, node: str, now: float) -> int:
+        """GPUs reserved on the node for waiting pods other than the one being answered."""
+        return sum(r.gpus for p in self.fleet.reserving(node)
+                   if p.uid != self._exempt and (r := reserve.held(p, now)) is not None
+                   and r.node == node)
+
+    def exempt(self, pod_uid: str) -> str | None:
+        """Answering this pod: a reservation it holds stops counting against it (on its node,
+        rebuilt); the node, for ``unexempt`` after the answer, or None."""
+        pod = self.fleet.pods.get(pod_uid)
+        held = None if pod is None else reserve.held(pod, self.clock())
+        if held is None:
+            return None
+        self._exempt = pod_uid
+        self._refresh_nodes({held.node})
+        return held.node
+
+    def unexempt(self, node: str) -> None:
+        self._exempt = ""
+        self._refresh_nodes({node})
 
     def set_telemetry(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry

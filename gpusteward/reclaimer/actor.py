@@ -47,6 +47,7 @@ from gpusteward.adapters.errors import (
 from gpusteward.adapters.events import EventWriter
 from gpusteward.adapters.kube import CALL_TIMEOUT, kube_errors
 from gpusteward.adapters.stopper import Stale, Switches
+from gpusteward.core.model import RESERVED
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds, reserve
 from gpusteward.core.reclaim.model import (
@@ -57,7 +58,6 @@ from gpusteward.core.reclaim.model import (
     RECLAIM_REASON,
     RECLAIMED_AT,
     REPLICAS_BEFORE,
-    RESERVED,
     Action,
     ActionKind,
     ActResult,
@@ -74,13 +74,15 @@ EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
                 ActionKind.CLEAR: "GPUActive", ActionKind.RECLAIM: "GPUReclaimed",
                 ActionKind.BLOCK: "GPUReclaimBlocked", ActionKind.FENCE: "GPUReclaimOwnerFenced",
                 ActionKind.FAULT: "GPUFaulty", ActionKind.RESERVE: "GPUReserved",
-                ActionKind.RELEASE: "GPUReservationReleased"}
+                ActionKind.RELEASE: "GPUReservationReleased",
+                ActionKind.UNDEMOTE: "GPUWorkloadUndemoted"}
 WARNINGS = frozenset({ActionKind.BLOCK, ActionKind.FAULT})
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
 FENCED_EVENT_REASON = "GPUReclaimFenced"
 PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs",
               How.SCALE: "patch apps/deployments and apps/statefulsets",
               How.ANNOTATE: "patch pods", How.DEACTIVATE: "patch kueue.x-k8s.io/workloads",
+              How.DEMOTE: "patch kueue.x-k8s.io/workloads",
               How.STOP: "patch the owner's kind (notebooks, inferenceservices ...)",
               How.PAUSE: "patch keda.sh/scaledobjects", How.BLOCK: "patch pods"}
 NOMINATE = "patch pods and pods/status"
@@ -144,7 +146,7 @@ class Actor:
                 stage = {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
                          ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block,
                          ActionKind.FAULT: self._fault, ActionKind.RESERVE: self._reserve,
-                         ActionKind.RELEASE: self._release}
+                         ActionKind.RELEASE: self._release, ActionKind.UNDEMOTE: self._undemote}
                 await stage[action.kind](action, fresh.version)
         except Stale as e:
             log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
@@ -245,6 +247,11 @@ class Actor:
             log.info("pod=%s nomination left as it is: no longer %s", action.pod.key,
                      action.node)
 
+    async def _undemote(self, action: Action, version: str) -> None:
+        del version  # the Workload's own read fences it; the pod is not written
+        assert action.owner is not None
+        await self.switches.undemote(action.owner)
+
     async def _block(self, action: Action, version: str) -> None:
         await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]},
                              version)
@@ -253,9 +260,13 @@ class Actor:
         """The reason first, on the pod as re-read; then the stop, fenced on the pod as that
         patch left it (eviction) or on the owner as read just before (the owner's stops)."""
         assert action.owner is not None
+        owner, at = action.owner, stamp(self.clock())
+        if action.how == How.DEMOTE:  # the pods run on: the Workload alone says why
+            await self.switches.demote(owner, self.policy.reclaim.kueue.priority_boost,
+                                       action.reason, at)
+            return
         version = await self._annotate(
             action, {RECLAIM_REASON: f"{action.reason}: {action.message}"}, fresh.version)
-        owner, at = action.owner, stamp(self.clock())
         if owner.how:  # the owner's own switch (core.reclaim.kinds)
             await self.switches.stop(owner, action.reason, at)
         elif action.how == How.EVICT:

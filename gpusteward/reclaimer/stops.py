@@ -199,10 +199,10 @@ def target_of(action: Action,
               catalog: kinds.Catalog) -> tuple[str, str, str, str, str, How] | None:
     """(group, version, kind, plural, name, how) of the object restore acts on after this
     reclaim: the owner's Kueue Workload or KEDA ScaledObject, else the owner; None for an
-    eviction (nothing is left to restore)."""
+    eviction or a demotion (nothing is left to restore)."""
     owner = action.owner
-    if owner is None:
-        return None
+    if owner is None or action.how == How.DEMOTE:
+        return None  # an eviction; a demotion stops nothing and goes by itself (demote.py)
     if owner.via is not None:
         v = owner.via
         assert owner.how is not None  # a switch object comes with its mechanism (adapters/owners)

@@ -233,7 +233,9 @@ def kueue_config(state: Path, health_port: int, webhook_port: int) -> dict[str, 
         "internalCertManagement": {"enable": True},
         "manageJobsWithoutQueueName": False,
         "integrations": {"frameworks": ["batch/job"]},
-        "featureGates": {"VisibilityOnDemand": False},
+        # PriorityBoost (alpha in v0.17): Kueue reads the priority-boost annotation that the
+        # reclaimer's demotion writes (policy reclaim.kueue.action demote)
+        "featureGates": {"VisibilityOnDemand": False, "PriorityBoost": True},
     }
 
 

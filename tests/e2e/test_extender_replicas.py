@@ -16,6 +16,9 @@ the endpoints). The real kube-scheduler calls that one address.
   keep-alive connection under a call being written, Go does not resend a written POST, and the
   ``ignorable`` extender was skipped for that pod.)
 
+* a reservation one reclaimer replica made (GPUs freed for a waiting pod, core/reclaim/reserve.py)
+  is honoured by every extender replica and by the other reclaimer replica: it lives on the pod.
+
 Without affinity (round robin per connection) the burst protection would only split when the
 scheduler's connection is re-established between the calls of one burst: kube-scheduler makes
 its extender calls one at a time over one keep-alive connection, so that split cannot be
@@ -24,7 +27,9 @@ provoked reliably here and is not compared (docs/operations.md explains the choi
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -32,11 +37,16 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpusteward.adapters.policyfile import load_policy
+from gpusteward.core.kubewire import WirePod, to_pod
+from gpusteward.core.model import RESERVED
+from gpusteward.core.reclaim import reserve
+from gpusteward.core.reclaim.model import ActResult
 from gpusteward.sandbox.cluster import REPLICA_PREFIX, Sandbox
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet
 from gpusteward.sandbox.kubehttp import wait_for
 from tests.e2e import scenarios
-from tests.e2e.kube import Namespace, gpu_pod
+from tests.e2e.kube import Namespace, annotations, apply_priority_classes, cycle_for, gpu_pod
 from tests.e2e.scenarios import H100S
 from tests.support.sandbox import fresh_namespace, started
 
@@ -73,6 +83,61 @@ def test_a_burst_spreads_as_with_one_replica(box, ns):
     scenarios.a_burst_does_not_all_land_on_the_node_that_looked_idlest(box, ns)
     calls = calls_by_replica(box)
     assert sorted(calls.values())[0] == 0 < sorted(calls.values())[1], calls  # one replica
+
+
+async def test_a_reservation_one_reclaimer_made_is_honoured_by_every_replica(box, ns,
+                                                                          reclaimer):
+    """Replica A's actor reserves h100-0 for a waiting pod, as its queue claim does (that
+    decision: tests/e2e/test_reservations.py); the pod asks for a card no node has, so the
+    reservation stays while it is watched. A pod of higher priority, which the scheduler's
+    nominator would let past that nomination (it counts only nominated pods of equal or higher
+    priority, and only while the nomination lasts), fits only on h100-0: both extender
+    replicas keep it off the reserved GPUs, and replica B's cycles keep the reservation. The
+    waiting pod deleted, both extenders free the GPUs."""
+    apply_priority_classes(box.api(), {"gpu-low": 100, "gpu-high": 10000})
+    ns.create_pod(gpu_pod("full", 8, node="h100-1", util="90", priority_class="gpu-high"))
+    ns.running("full")
+    ns.create_pod(gpu_pod("waits", 8, cards="NVIDIA-NONE*", priority_class="gpu-low"))
+    wait_for("the waiting pod to be unschedulable", lambda: any(
+        c.get("reason") == "Unschedulable"
+        for c in ns.pod("waits")["status"].get("conditions") or ()), timeout=60)
+    a, b = await reclaimer("enforce", box=box), await reclaimer("enforce", box=box)
+    policy = load_policy(box.cfg.policy)
+    waiting = to_pod(msgspec.convert(ns.pod("waits"), WirePod), policy.resources)
+    made = reserve.reserve(waiting, "h100-0", [], ns.name, time.time(),
+                           float(policy.queue.reservation_ttl))
+    assert await a.writer.apply(made) == ActResult.DONE
+    ns.create_pod(gpu_pod("other", 8, cards="NVIDIA-H100*", priority_class="gpu-high"))
+    other = ns.pod("other")
+    for port in box.replica_ports():  # each replica, asked directly, from its own watch
+        wait_for(f"replica on port {port} to keep h100-0 from the other pod", lambda port=port: (
+            "reserved for a waiting pod" in filter_failures(port, other).get("h100-0", "")),
+            timeout=30)
+    await cycle_for(b, 10)  # replica B, leading now
+    # the scheduler's failed attempts cleared the nomination (schedule_one.go
+    # clearNominatedNode); the reservation stands, and the extenders keep to it
+    assert RESERVED in annotations(ns, "waits")
+    assert ns.pod("waits")["status"].get("nominatedNodeName") in (None, "h100-0")
+    assert not ns.pod("other")["spec"].get("nodeName")
+    ns.api.delete(ns.path("pods", "waits"))  # its reservation goes with it
+    for port in box.replica_ports():
+        wait_for(f"replica on port {port} to free h100-0", lambda port=port: (
+            "h100-0" not in filter_failures(port, other)), timeout=30)
+    # The scheduler retries the waiting pod only on an event its filter plugins care about (a
+    # pending pod's deletion is none) or after its unschedulable flush (5 min); a new pod is
+    # placed at once.
+    ns.api.delete(ns.path("pods", "other"))
+    ns.create_pod(gpu_pod("after", 8, cards="NVIDIA-H100*", priority_class="gpu-high"))
+    assert ns.node_of("after", timeout=60) == "h100-0"
+
+
+def filter_failures(port: int, pod: dict) -> dict[str, str]:
+    body = json.dumps({"Pod": pod, "NodeNames": ["h100-0", "h100-1"]}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/filter", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        failed: dict[str, str] = json.loads(resp.read()).get("FailedNodes") or {}
+    return failed
 
 
 def test_a_replica_stopped_mid_burst_loses_nothing(box, ns):

@@ -4,11 +4,15 @@ Workload is deactivated, Kueue evicts it and releases its quota, and a waiting h
 Workload is admitted and runs on the freed GPU; restored, Kueue admits it again and resumes its
 Job. gpusteward never writes the Job's suspend: Kueue owns that field (kueue site docs, "Run a
 Kubernetes Job": Kueue suspends and resumes it). A busy Workload, and one with a pod still busy,
-are never deactivated.
+are never deactivated. Under ``reclaim.kueue.action: demote`` an idle Workload borrowing from
+its cohort is demoted through Kueue's priority-boost annotation (KEP-7990; the sandbox's Kueue
+runs with its PriorityBoost gate), Kueue itself preempts it for a Workload it would not have
+preempted it for before, and readmitted it gets its priority back.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,15 +20,16 @@ import msgspec
 import pytest
 
 from gpusteward.adapters.policyfile import load_policy
-from gpusteward.core.owners import KUEUE_JOB_UID, KUEUE_QUEUE
-from gpusteward.core.reclaim.model import RECLAIM_REASON
+from gpusteward.core.owners import KUEUE_JOB_UID, KUEUE_PRIORITY_BOOST, KUEUE_QUEUE
+from gpusteward.core.reclaim.model import RECLAIM_REASON, RECLAIMED_AT
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.cluster import Sandbox
-from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from tests.e2e.kube import (
     BUSY_OR_PARTLY,
     Namespace,
     apply_priority_classes,
+    cycle_for,
     cycle_until,
     gpu_pod,
     kept_unless_wholly_idle,
@@ -35,11 +40,20 @@ from tests.support.sandbox import fresh_namespace, started
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 GPUS_IN_QUEUE = 1  # one GPU of quota: the second Job waits for the first one's
+WORKLOAD_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"  # kueue pkg/controller/constants
 
 
 @pytest.fixture(scope="module")
 def kueue_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     yield from started(tmp_path_factory, "kueue", with_controllers=("kueue",))
+
+
+def apply_basics(api: KubeHTTP) -> None:
+    """The PriorityClasses and the one ResourceFlavor every queue here uses."""
+    apply_priority_classes(api, {"gpu-low": 100, "gpu-high": 10000})
+    api.apply(f"{KUEUE}/resourceflavors/default", {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        "metadata": {"name": "default"}, "spec": {}})
 
 
 @pytest.fixture
@@ -48,10 +62,7 @@ def queue_ns(kueue_box: Sandbox, request: pytest.FixtureRequest) -> Iterator[Nam
     test's indirect parameter)."""
     gpus = getattr(request, "param", GPUS_IN_QUEUE)
     api = kueue_box.api()
-    apply_priority_classes(api, {"gpu-low": 100, "gpu-high": 10000})
-    api.apply(f"{KUEUE}/resourceflavors/default", {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-        "metadata": {"name": "default"}, "spec": {}})
+    apply_basics(api)
     for ns in fresh_namespace(api, "kueue"):
         cq = f"gpus-{ns.name}"  # a queue per test: no test waits on another's quota
         api.apply(f"{KUEUE}/clusterqueues/{cq}", {
@@ -69,14 +80,18 @@ def queue_ns(kueue_box: Sandbox, request: pytest.FixtureRequest) -> Iterator[Nam
 
 
 def queued_job(ns: Namespace, name: str, priority_class: str, util: str,
-               pods: int = 1) -> dict[str, Any]:
+               pods: int = 1, queue: str = "team",
+               workload_priority: str | None = None) -> dict[str, Any]:
     """A Job for Kueue of ``pods`` 1-GPU pods, created suspended as Kueue's docs ask without
-    its webhook."""
+    its webhook; ``workload_priority``: the WorkloadPriorityClass its Workload gets."""
+    labels = {KUEUE_QUEUE: queue}
+    if workload_priority is not None:
+        labels[WORKLOAD_PRIORITY_CLASS] = workload_priority
     pod = gpu_pod("x", 1, util=util, node="h100-0", priority_class=priority_class)
     pod["spec"]["restartPolicy"] = "Never"
     return ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "labels": {KUEUE_QUEUE: "team"}},
+        "metadata": {"name": name, "labels": labels},
         "spec": {"suspend": True, "parallelism": pods, "completions": pods, "template": {
             "metadata": {"annotations": pod["metadata"]["annotations"]}, "spec": pod["spec"]}}})
 
@@ -174,3 +189,88 @@ async def test_a_workload_not_wholly_idle_is_never_deactivated(kueue_box, queue_
     await kept_unless_wholly_idle(await reclaimer("enforce", box=kueue_box), ns, busy,
                                   lambda: ns.api.get(wl)["spec"].get("active") is False,
                                   lambda: running(ns, "pair"))
+
+
+# Kueue re-queues the Workloads waiting in a cohort when an admitted one's effective priority
+# changes, a boost included, only where that priority comes from a WorkloadPriorityClass (kueue
+# v0.17.0 pkg/workload PriorityChanged: "Updates to Pod Priority are not supported"); the
+# priority of Workloads whose Jobs name one is that class's value.
+WORKLOAD_PRIORITIES = {"wl-low": 100, "wl-high": 10000}
+
+
+@pytest.fixture
+def cohort_ns(kueue_box: Sandbox) -> Iterator[Namespace]:
+    """A namespace with two LocalQueues on two ClusterQueues of one cohort: ``borrow`` (no GPU
+    of its own: what it runs is borrowed) and ``lend`` (the cohort's one GPU; it takes back
+    what is borrowed only from lower priorities, reclaimWithinCohort: LowerPriority; kueue
+    v0.17.0 apis/kueue/v1beta2/clusterqueue_types.go ClusterQueuePreemption)."""
+    api = kueue_box.api()
+    apply_basics(api)
+    for name, value in WORKLOAD_PRIORITIES.items():
+        api.apply(f"{KUEUE}/workloadpriorityclasses/{name}", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+            "metadata": {"name": name}, "value": value})
+    for ns in fresh_namespace(api, "kueue"):
+        for queue, gpus, preemption in (("borrow", 0, {}),
+                                         ("lend", 1, {"reclaimWithinCohort": "LowerPriority"})):
+            cq = f"{queue}-{ns.name}"
+            api.apply(f"{KUEUE}/clusterqueues/{cq}", {
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                "metadata": {"name": cq},
+                "spec": {"namespaceSelector": {}, "cohortName": f"cohort-{ns.name}",
+                         "preemption": preemption, "resourceGroups": [{
+                             "coveredResources": ["nvidia.com/gpu"],
+                             "flavors": [{"name": "default", "resources": [
+                                 {"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}})
+            api.apply(f"{KUEUE}/namespaces/{ns.name}/localqueues/{queue}", {
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                "metadata": {"name": queue, "namespace": ns.name},
+                "spec": {"clusterQueue": cq}})
+        yield ns
+
+
+async def test_an_idle_borrowing_workload_is_demoted_preempted_by_kueue_and_undemoted(
+        kueue_box, cohort_ns, reclaimer):
+    ns = cohort_ns
+    base = load_policy(kueue_box.cfg.policy)
+    policy = msgspec.structs.replace(base, reclaim=msgspec.structs.replace(
+        base.reclaim, kueue=msgspec.structs.replace(base.reclaim.kueue, action="demote")))
+    idle = queued_job(ns, "idle", "gpu-high", util="0", queue="borrow",
+                      workload_priority="wl-high")
+    wait_for("Kueue to admit the borrowing Job and run it", lambda: running(ns, "idle"),
+             timeout=120)
+    lender = queued_job(ns, "lender", "gpu-low", util="80", queue="lend",
+                        workload_priority="wl-low")
+    waiting_for_quota(ns, lender)
+    # Kueue preempts at once where it may (its scheduler's next pass): it may not here, the
+    # borrower outranks the lender's Workload
+    await asyncio.sleep(5)
+    assert not condition(workload_of(ns, lender), "QuotaReserved") and running(ns, "idle")
+    idle_wl = f"{KUEUE}/namespaces/{ns.name}/workloads/{workload_of(ns, idle)['metadata']['name']}"
+    rec = await reclaimer("enforce", box=kueue_box, policy=policy)
+    await cycle_until(rec, "the idle Workload demoted", lambda: KUEUE_PRIORITY_BOOST in (
+        ns.api.get(idle_wl)["metadata"].get("annotations") or {}), timeout=150)
+    wl = ns.api.get(idle_wl)
+    assert wl["metadata"]["annotations"][KUEUE_PRIORITY_BOOST] == str(
+        policy.reclaim.kueue.priority_boost)
+    assert wl["metadata"]["annotations"][RECLAIM_REASON] == "idle"
+    assert wl["spec"].get("active") is not False  # demoted, not deactivated
+    # Kueue, now ranking it below the lender's Workload, takes the borrowed GPU back
+    wait_for("Kueue to preempt the demoted Workload and admit the lender's", lambda: (
+        condition(workload_of(ns, lender), "Admitted") and not running(ns, "idle")), timeout=120)
+    wait_for("the lender's Job running", lambda: running(ns, "lender"), timeout=120)
+    assert any(c["type"] == "Evicted" and c["reason"] == "Preempted"
+               for c in ns.api.get(idle_wl)["status"].get("conditions") or ())
+    # waiting for readmission it stays demoted (it would preempt the lender back otherwise)
+    await cycle_for(rec, 6)
+    assert KUEUE_PRIORITY_BOOST in ns.api.get(idle_wl)["metadata"]["annotations"]
+    assert running(ns, "lender")
+    # the quota free again, Kueue admits it again, and it runs at its own priority
+    ns.api.delete(f"/apis/batch/v1/namespaces/{ns.name}/jobs/lender",
+                  {"propagationPolicy": "Background"})
+    wait_for("Kueue to admit the demoted Workload again", lambda: running(ns, "idle"),
+             timeout=120)
+    await cycle_until(rec, "the boost removed", lambda: KUEUE_PRIORITY_BOOST not in (
+        ns.api.get(idle_wl)["metadata"].get("annotations") or {}), timeout=60)
+    left = ns.api.get(idle_wl)["metadata"].get("annotations") or {}
+    assert RECLAIM_REASON not in left and RECLAIMED_AT not in left

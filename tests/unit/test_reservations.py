@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from gpusteward.core.model import Node
+from gpusteward.core.model import RESERVED, Node
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim import reserve
 from gpusteward.core.reclaim.decide import plan
-from gpusteward.core.reclaim.model import RESERVED, PastAction
+from gpusteward.core.reclaim.model import PastAction
 from gpusteward.core.times import stamp
 from tests.unit.test_reclaim_decide import NOW, gpu_pod, idle, pending, snapshot
 from tests.unit.test_reclaim_loop import Ledger, Writer, reclaimer
@@ -78,11 +78,27 @@ def test_a_bound_pod_drops_the_annotation_and_keeps_its_binding():
     assert "bound to n1" in a.message and a.node == ""
 
 
-def test_a_live_reservation_is_kept_and_claims_nothing_more():
+@pytest.mark.parametrize("nominated", [
+    pytest.param("n1", id="nominated"),
+    # a failed scheduling attempt of the pod clears the nomination (kube-scheduler
+    # schedule_one.go clearNominatedNode): the reservation, kept by the extender, stands
+    pytest.param(None, id="nomination-cleared-by-the-scheduler"),
+])
+def test_a_live_reservation_is_kept_and_claims_nothing_more(nominated):
     victim = gpu_pod("low", node="n1", gpus=4, priority=10)
-    p = plan(snapshot([victim, reserved()], {"ml/low": idle(gpus=4)},
+    p = plan(snapshot([victim, reserved(nominated=nominated)], {"ml/low": idle(gpus=4)},
                       nodes=[Node("n1", H100, 4)]), POLICY)
     assert queued(p.actions) == []
+
+
+def test_gpus_reserved_for_one_pod_are_not_free_for_another_claim():
+    """n1's 4 GPUs are free (its victim gone) but reserved for "want": "next" gets the idle
+    pod on n2 reclaimed for it, not a free ride on n1."""
+    other = gpu_pod("low2", node="n2", gpus=4, priority=10)
+    nxt = pending("next", 4, 1000)
+    p = plan(snapshot([reserved(nominated=None), other, nxt], {"ml/low2": idle(gpus=4)},
+                      nodes=[Node("n1", H100, 4), Node("n2", H100, 4)]), POLICY)
+    assert queued(p.actions) == [("reserve", "next"), ("reclaim", "low2")]
 
 
 class RefusesEvictions(Writer):

@@ -16,7 +16,7 @@ import msgspec
 from gpusteward.core.model import Pod
 from gpusteward.core.owners import WHOLE_OWNER
 from gpusteward.core.policy import OwnerSwitch, Policy
-from gpusteward.core.reclaim import kinds, kueue, queue, reserve, selfservice, snooze
+from gpusteward.core.reclaim import demote, kinds, kueue, queue, reserve, selfservice, snooze
 from gpusteward.core.reclaim.model import (
     FAULT_NOTE,
     FAULTY_GPU,
@@ -59,6 +59,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     verdicts: list[Verdict] = []
     staged: list[Action] = []
     idle_now: dict[str, bool] = {}  # pod uid -> idle by its own (not within-quota) rule
+    states: dict[str, VerdictState] = {}
     due: set[str] = set()
     for pod in snap.pods:
         if pod.node is None:
@@ -67,6 +68,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
                                              snoozed.until.get(pod.uid), cooled)
         verdicts.append(v)
         idle_now[pod.uid] = idle
+        states[pod.uid] = v.state
         if is_due:
             due.add(pod.uid)
         elif action is not None:
@@ -81,8 +83,14 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     allowed, held = _limit([a for a in reclaims if a.kind == ActionKind.RECLAIM], snap, policy)
     released = list(reserve.releases(snap.pods, snap.now, float(policy.queue.reservation_ttl),
                                      lambda p: team(p, snap.namespace_labels)))
+    undemoted = demote.undemotions((p for p in snap.pods if p.node is not None),
+                                   lambda p: owner_of(p, snap), states,
+                                   lambda p: team(p, snap.namespace_labels))
     return Plan(tuple(verdicts),
-                tuple(staged + blocks + _covered(reserves, allowed) + allowed + released),
+                # undemotions first: the pod's marks a stage clears are what their re-check
+                # compares, and an undemotion writes no pod
+                tuple(undemoted + staged + blocks + _covered(reserves, allowed) + allowed +
+                      released),
                 tuple(held), snoozes=snoozed.changed, restores=back)
 
 
@@ -225,19 +233,29 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
         pod = by_uid[uid]
         owner = owner_of(pod, snap)
         how = how_to_reclaim(owner, policy)
+        if how == How.DEACTIVATE:
+            how = demote.how_for(pod, policy)
         if how in GROUP_ACTIONS and not _whole_owner(owner, uid, dict.fromkeys(due, True)):
             continue  # partly idle workload: marks only
         if how == How.ANNOTATE or (how == How.BLOCK and pod.annotations.get(
-                RECLAIM_BLOCKED) == _blocked_reason(owner, policy)):
-            continue  # annotate only; or blocked, and the pod already says why
+                RECLAIM_BLOCKED) == _blocked_reason(owner, policy)) or (
+                how == How.DEMOTE and owner.demoted_at is not None):
+            continue  # annotate only; blocked, and the pod says why; demoted: Kueue's to preempt
         reason = Reason.OVER_QUOTA if uid in over else Reason.IDLE
         message = (f"GPUs idle but not reclaimed: {_blocked_reason(owner, policy)}"
-                   if how == How.BLOCK else
-                   f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} {owner.name}")
+                   if how == How.BLOCK else _reclaiming(pod, owner, how, policy))
         out.append(Action(ActionKind.BLOCK if how == How.BLOCK else ActionKind.RECLAIM, pod,
                           team(pod, snap.namespace_labels), reason, message, owner, how,
                           peers=_peers(owner, uid, how, by_uid)))
     return out
+
+
+def _reclaiming(pod: Pod, owner: Owner, how: How, policy: Policy) -> str:
+    if how == How.DEMOTE:
+        boost = policy.reclaim.kueue.priority_boost
+        return (f"demoting {owner.kind} {owner.name}, its {pod.gpus} GPU(s) idle, by a Kueue "
+                f"priority boost of {boost}: it runs until Kueue needs its quota")
+    return f"reclaiming {pod.gpus} idle GPU(s) by {how} of {owner.kind} {owner.name}"
 
 
 def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
@@ -315,11 +333,14 @@ def _peers(owner: Owner, uid: str, how: How, by_uid: Mapping[str, Pod]) -> tuple
 
 
 def _free_gpus(snap: Snapshot) -> dict[str, int]:
-    """Free GPUs per node; GPUs of terminating pods count as free (they are on their way)."""
+    """Free GPUs per node; GPUs of terminating pods count as free (they are on their way), GPUs
+    reserved for a waiting pod do not (they are that pod's: reserve.py)."""
     used: dict[str, int] = {}
     for p in snap.pods:
         if p.node and not p.deleting:
             used[p.node] = used.get(p.node, 0) + p.gpus
+        elif p.node is None and (r := reserve.held(p, snap.now)) is not None:
+            used[r.node] = used.get(r.node, 0) + r.gpus
     return {n: max(0, node.gpus - used.get(n, 0)) for n, node in snap.nodes.items()}
 
 

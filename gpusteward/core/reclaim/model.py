@@ -27,8 +27,6 @@ OPT_OUT = "gpusteward.io/reclaim"  # value "never"
 SNOOZE_UNTIL = "gpusteward.io/reclaim-snooze-until"
 # Set to "true" by a workload's owner on a workload gpusteward stopped: restore it next cycle.
 RESTORE = "gpusteward.io/restore"
-# On a pending pod: the GPUs a queue reclaim freed for it, as JSON (core/reclaim/reserve.py).
-RESERVED = "gpusteward.io/reserved"
 
 
 class ActionKind(StrEnum):
@@ -43,6 +41,7 @@ class ActionKind(StrEnum):
     FAULT = "fault"  # its GPU is faulty: write faulty-gpu, remove the idle marks
     RESERVE = "reserve"  # GPUs freed for a waiting pod: nominate it there (reserve.py)
     RELEASE = "release"  # that reservation is over: its annotation and nomination go
+    UNDEMOTE = "undemote"  # a demoted Kueue Workload busy or admitted again: its boost goes
 
 
 class Reason(StrEnum):
@@ -57,6 +56,7 @@ class Reason(StrEnum):
     FAULTY = "faulty"  # on a faulty GPU: not idle, whatever it reads (core/health.py)
     HEALTHY = "healthy"  # its GPU is no longer faulty: the fault note goes, judged afresh
     RELEASED = "released"  # a reservation ended: bound, expired, or its pod changed
+    READMITTED = "readmitted"  # a demoted Workload Kueue preempted is admitted again
 
 
 class VerdictState(StrEnum):
@@ -152,6 +152,8 @@ class Owner(msgspec.Struct, frozen=True):
     blocked: str = ""  # why it must not be stopped at all (an HPA, an unsupported kind)
     via: Switch | None = None
     snooze: str | None = None  # the owner's SNOOZE_UNTIL annotation
+    # When gpusteward demoted its Kueue Workload (core/reclaim/demote.py); None: not demoted.
+    demoted_at: float | None = None
 
     @property
     def key(self) -> str:

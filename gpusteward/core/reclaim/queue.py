@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import msgspec
 
 from gpusteward.core.cards import CARD_TYPES_ANNOTATION, parse_card_types, preference_rank
-from gpusteward.core.model import Node, Pod
+from gpusteward.core.model import RESERVED, Node, Pod
 from gpusteward.core.reclaim.quota import TeamUsage
 
 
@@ -33,10 +33,12 @@ class Claim(msgspec.Struct, frozen=True):
 
 
 def waiting(pods: Iterable[Pod], now: float, min_wait: float) -> list[Pod]:
-    """Pending GPU pods the scheduler gave up on for now, highest priority (then oldest) first."""
+    """Pending GPU pods the scheduler gave up on for now, highest priority (then oldest) first;
+    not one nominated (a preemption made room for it) or holding a reservation (reserve.py)."""
     out = [p for p in pods if p.node is None and not p.deleting and p.gpus > 0
            and p.unschedulable_since is not None and now - p.unschedulable_since >= min_wait
-           and p.preemption_policy != "Never" and p.nominated_node is None]
+           and p.preemption_policy != "Never" and p.nominated_node is None
+           and RESERVED not in p.annotations]
     return sorted(out, key=lambda p: (-p.priority, p.unschedulable_since or 0, p.uid))
 
 

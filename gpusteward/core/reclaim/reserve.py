@@ -8,14 +8,17 @@ beta and on by default from 1.35: pkg/scheduler/backend/queue/nominator.go adds 
 with a nominated node, and filtering counts the nominated pods of equal or higher priority on
 a node before placing another pod there). The reservation itself, written beside it in the
 pod's ``gpusteward.io/reserved`` annotation, says for how long; it lives on the API object, so
-every replica of the reclaimer and the extender sees it.
+every replica of the reclaimer and the extender sees it. The extender keeps the GPUs from every
+other pod while it lasts (extender/view.py, extender/preempt.py).
 
-A reservation ends when its pod binds (anywhere), when it expires, when the pod's priority or
-GPU demand changes, or when the scheduler nominates it elsewhere; a deleted pod takes it along.
-One that ends further off than ``queue.reservationTtl`` is not one gpusteward made (a hand
-edit): it is released, so that no annotation can keep a pod reserved, and out of the queue,
-for ever.
-While it lasts the queue claims nothing more for that pod (queue.waiting skips nominated pods).
+The nomination may not last: a scheduling attempt of the pod that fails (its victims still
+terminating) clears it (pkg/scheduler/schedule_one.go, clearNominatedNode), and from then on the
+reservation alone, through the extender, keeps the GPUs. A reservation ends when its pod binds
+(anywhere), when it expires, when the pod's priority or GPU demand changes, or when the
+scheduler nominates it elsewhere; a deleted pod takes it along. One that ends further off than
+``queue.reservationTtl`` is not one gpusteward made (a hand edit): it is released, so that no
+annotation can keep a pod reserved, and out of the queue, for ever.
+While it lasts the queue claims nothing more for that pod (queue.waiting skips it).
 """
 
 from __future__ import annotations
@@ -24,32 +27,30 @@ from collections.abc import Callable, Iterable, Iterator
 
 import msgspec
 
-from gpusteward.core.model import Pod
-from gpusteward.core.reclaim.model import RESERVED, Action, ActionKind, Reason
+from gpusteward.core.model import RESERVED, Pod, Reservation, reservation_of
+from gpusteward.core.reclaim.model import Action, ActionKind, Reason
 from gpusteward.core.times import parse_time, stamp
-
-
-class Reservation(msgspec.Struct, frozen=True):
-    node: str
-    gpus: int
-    priority: int
-    until: str  # RFC 3339
-
-
-_decoder = msgspec.json.Decoder(Reservation)
 
 
 def read(pod: Pod) -> Reservation | None:
     """The pod's reservation; None when it has none or it is unreadable (a hand edit)."""
-    text = pod.annotations.get(RESERVED)
-    if text is None:
-        return None
+    found = reservation_of(pod)
     try:
-        found = _decoder.decode(text)
-        parse_time(found.until)
-    except (msgspec.DecodeError, ValueError):
+        return found if found is not None and parse_time(found.until) is not None else None
+    except ValueError:
         return None
-    return found
+
+
+def held(pod: Pod, now: float) -> Reservation | None:
+    """The reservation a pending pod holds now: readable, not expired, on the node it is
+    nominated to, for the GPUs it asks; None otherwise (it is the reclaimer's to release). The
+    extender keeps these GPUs from every other pod (extender/view.py)."""
+    r = read(pod)
+    if r is None or pod.node is not None or pod.deleting or pod.nominated_node not in (
+            None, r.node):
+        return None
+    until = parse_time(r.until) or 0.0
+    return r if now < until and r.gpus == pod.gpus else None
 
 
 def written(r: Reservation) -> str:
@@ -112,6 +113,6 @@ def _over(pod: Pod, r: Reservation | None, now: float, ttl: float) -> str | None
     if pod.priority != r.priority or pod.gpus != r.gpus:
         return (f"the pod changed (priority {r.priority} -> {pod.priority}, "
                 f"GPUs {r.gpus} -> {pod.gpus})")
-    if pod.nominated_node != r.node:
-        return f"the scheduler nominated it to {pod.nominated_node or 'no node'}"
+    if pod.nominated_node not in (None, r.node):
+        return f"the scheduler nominated it to {pod.nominated_node}"
     return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from gpusteward.core.model import RESERVED
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import reserve
 from gpusteward.core.reclaim.decide import GROUP_ACTIONS
@@ -13,7 +14,6 @@ from gpusteward.core.reclaim.model import (
     FAULTY_GPU,
     IDLE_SINCE,
     RECLAIM_AT,
-    RESERVED,
     Action,
     ActionKind,
     Owner,
