@@ -14,6 +14,7 @@ from gpusteward.report.render import (
     FAULTY_HEADERS,
     QUEUE_HEADERS,
     QUOTA_HEADERS,
+    RESERVED_HEADERS,
     Presentation,
     faulty_cells,
     group_cells,
@@ -24,6 +25,8 @@ from gpusteward.report.render import (
     iso,
     queue_cells,
     quota_cells,
+    reserved,
+    reserved_cells,
 )
 
 ALLOCATED, USED, IDLE = "#9db7d5", "#1f6f3f", "#d9822b"
@@ -176,6 +179,9 @@ def to_html(r: Report, look: Presentation = DEFAULT_LOOK) -> str:
            _table(FAULTY_HEADERS, [faulty_cells(f) for f in r.faulty], left=3)]
           if r.faulty else []),
         "<h2>Queue</h2>", queue if r.queue_groups else "<p>no pending GPU pods</p>",
+        *(["<h3>Reserved for waiting pods</h3>",
+           _table(RESERVED_HEADERS, [reserved_cells(q) for q in held], left=2)]
+          if (held := reserved(r)) else []),
         "<h2>Teams and quotas</h2>",
         _table(QUOTA_HEADERS, [quota_cells(q) for q in r.quotas]),
         "</body></html>\n"])

@@ -12,6 +12,7 @@ from gpusteward.core.report.model import (
     FaultyPod,
     GroupRow,
     IdlePod,
+    QueuedPod,
     QueueGroup,
     Report,
     TeamQuota,
@@ -181,6 +182,16 @@ def queue_cells(g: QueueGroup) -> list[str]:
 
 
 QUEUE_HEADERS = ["TEAM", "CLASS", "PODS", "GPUS", "LONGEST WAIT"]
+RESERVED_HEADERS = ["POD", "TEAM", "GPUS", "NODE", "UNTIL"]
+
+
+def reserved_cells(q: QueuedPod) -> list[str]:
+    return [f"{q.namespace}/{q.pod}", q.team, str(q.gpus), q.reserved_node, q.reserved_until]
+
+
+def reserved(r: Report) -> list[QueuedPod]:
+    """The waiting pods GPUs are reserved for, GPUs freed for them by a queue reclaim."""
+    return [q for q in r.queue if q.reserved_node]
 FAULTY_HEADERS = ["POD", "TEAM", "NODE", "GPUS", "FAULT"]
 
 
@@ -214,7 +225,11 @@ def _faulty_section(r: Report) -> str:
 def _queue_section(r: Report) -> str:
     if not r.queue_groups:
         return "Queue: no pending GPU pods"
-    return "Queue\n" + table([queue_cells(g) for g in r.queue_groups], QUEUE_HEADERS, left=2)
+    out = "Queue\n" + table([queue_cells(g) for g in r.queue_groups], QUEUE_HEADERS, left=2)
+    if held := reserved(r):
+        out += "\n\nReserved for waiting pods\n" + table(
+            [reserved_cells(q) for q in held], RESERVED_HEADERS, left=2)
+    return out
 
 
 def _quota_section(r: Report) -> str:

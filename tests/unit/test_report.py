@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpusteward.core.health import Fault, Source, pod_faults
-from gpusteward.core.model import Node, Pod, Taint, WithheldDevice
+from gpusteward.core.model import RESERVED, Node, Pod, Taint, WithheldDevice
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.model import Evidence, Snapshot, VerdictState
 from gpusteward.core.report.aggregate import build_report
 from gpusteward.core.report.facts import pod_usages
 from gpusteward.core.report.model import DecisionState, ReportInput, Series, Window
 from gpusteward.core.report.sections import decisions
+from gpusteward.core.times import stamp
+from gpusteward.report.html import to_html
 from gpusteward.report.render import to_table
 from tests.factories import H100, L4
 
@@ -177,6 +181,25 @@ def test_the_queue_lists_pending_gpu_pods_by_team_and_class_with_their_wait():
     (g,) = r.queue_groups
     assert (g.team, g.cls, g.pods, g.gpus, g.longest_wait_seconds) == (
         "vision", "batch", 2, 3, 120.0)
+
+
+def test_the_queue_says_what_is_reserved_for_whom_and_until_when():
+    until = stamp(NOW + 60)
+    held = pod("want", 4, node=None, started=NOW - 120, nominated_node="h1",
+               annotations={RESERVED: json.dumps({"node": "h1", "gpus": 4, "priority": 0,
+                                                  "until": until})})
+    over = pod("late", 4, node=None, started=NOW - 60, annotations={RESERVED: json.dumps(
+        {"node": "h1", "gpus": 4, "priority": 0, "until": stamp(NOW - 1)})})
+    r = report([held, over], [])
+    assert [(q.pod, q.reserved_node, q.reserved_until) for q in r.queue] == [
+        ("want", "h1", until), ("late", "", "")]
+    text = to_table(r)
+    assert "Reserved for waiting pods" in text
+    assert [line.split() for line in text.splitlines() if "ml/want" in line] == [
+        ["ml/want", "vision", "4", "h1", until]]
+    assert "ml/late" not in text
+    assert "Reserved for waiting pods" in to_html(r)
+    assert "Reserved for waiting pods" not in to_table(report([over], []))
 
 
 def test_teams_against_quotas_split_idle_gpus_within_and_beyond_the_quota():

@@ -178,6 +178,9 @@ class QueuedPod(msgspec.Struct, frozen=True):
     priority: int
     wait_seconds: float
     unschedulable: bool
+    # GPUs a queue reclaim freed for it and holds for it (core/reclaim/reserve.py); "": none
+    reserved_node: str = ""
+    reserved_until: str = ""  # RFC 3339
 
 
 class QueueGroup(msgspec.Struct, frozen=True):

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from gpusteward.core.model import class_of
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import reserve
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import ActionKind, Plan, Snapshot
 from gpusteward.core.reclaim.quota import borrowed, team
@@ -66,11 +67,15 @@ def top_idle(usages: list[PodUsage], snap: Snapshot, policy: Policy,
 def queue(snap: Snapshot, policy: Policy) -> tuple[QueuedPod, ...]:
     """Pending GPU pods, longest waiting first."""
     pending = [p for p in snap.pods if p.node is None and not p.deleting and p.gpus > 0]
-    out = [QueuedPod(
-        namespace=p.namespace, pod=p.name, team=team(p, snap.namespace_labels),
-        cls=class_of(p.labels, p.annotations, policy.default_class), gpus=p.gpus,
-        priority=p.priority, wait_seconds=max(0.0, snap.now - p.created_at),
-        unschedulable=p.unschedulable_since is not None) for p in pending]
+    out = []
+    for p in pending:
+        held = reserve.held(p, snap.now)
+        out.append(QueuedPod(
+            namespace=p.namespace, pod=p.name, team=team(p, snap.namespace_labels),
+            cls=class_of(p.labels, p.annotations, policy.default_class), gpus=p.gpus,
+            priority=p.priority, wait_seconds=max(0.0, snap.now - p.created_at),
+            unschedulable=p.unschedulable_since is not None,
+            reserved_node=held.node if held else "", reserved_until=held.until if held else ""))
     return tuple(sorted(out, key=lambda q: (-q.wait_seconds, q.namespace, q.pod)))
 
 
