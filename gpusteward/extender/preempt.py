@@ -68,7 +68,8 @@ class PreemptionMetrics:
         self.dropped = Counter(
             "gpusteward_extender_preemption_dropped_nodes_total",
             "Candidate nodes left out of preempt answers, by why (protected: a busy victim "
-            "shielded by protectBusy, a victim inside its class's minRuntime, or GPUs the "
+            "shielded by protectBusy, a victim inside its class's minRuntime or its workload's "
+            "reclaimCooldown, or GPUs the "
             "preemptor needs reserved there for another waiting pod; ranked: more PDB "
             "violations or less idle than others).",
             ["why"], registry=registry)
@@ -153,11 +154,12 @@ class Preempter:
             for u in uids if u not in book.classes)
 
     def _shelter(self, candidates: Candidates, pods: list[list[MetaPod]]) -> None:
-        """Veto the candidates with a victim inside its class's minRuntime, like a shielded
-        one: the scheduler then preempts elsewhere, or the preemptor waits."""
-        if not self.book.counts_runtime:
+        """Veto the candidates with a victim inside its class's minRuntime or its workload's
+        reclaimCooldown, like a shielded one: the scheduler then preempts elsewhere, or the
+        preemptor waits."""
+        if not self.book.shelters:
             return
-        inside = self.book.inside_runtime(set(map(_UID, chain.from_iterable(pods))),
+        inside = self.book.inside_shelter(set(map(_UID, chain.from_iterable(pods))),
                                           self.fleet, self.clock())
         if not inside:
             return

@@ -14,7 +14,13 @@ from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import Policy
 from gpusteward.core.preemption import Shield, idle_flags
 from gpusteward.core.reclaim.model import Evidence, Rule, VerdictState
-from gpusteward.core.reclaim.rules import counts_runtime, judge, rule_for, shelter_of
+from gpusteward.core.reclaim.rules import (
+    cooling_until,
+    counts_runtime,
+    judge,
+    rule_for,
+    shelter_of,
+)
 from gpusteward.extender.preemptwire import MetaPod
 
 EvidenceByWindow = Mapping[float, Mapping[str, Evidence]]
@@ -34,12 +40,14 @@ class VictimBook:
         self.runtimes = {c: shelter_of(c, policy).min_runtime for c in policy.classes}
         self.base_runtime = float(policy.reclaim.min_runtime)  # a class the policy lacks
         self.counts_runtime = counts_runtime(policy)
+        # uid -> the end of its workload's reclaimCooldown, as the reclaimer wrote it on the pod
+        self.cooling: dict[str, float] = {}
 
     def rebuild(self, pods: Iterable[Pod], evidence: EvidenceByWindow) -> None:
         rules: dict[tuple[str, str], Rule] = {}  # rule_for depends on class and PriorityClass
         idle: list[tuple[str, str]] = []  # (node, uid)
         classes = {}
-        sheltered = {}
+        sheltered, cooling = {}, {}
         for pod in pods:
             if pod.node is None:
                 continue
@@ -48,6 +56,9 @@ class VictimBook:
             end = self._runtime_end(pod, cls)
             if end is not None:
                 sheltered[pod.uid] = end
+            cooled = cooling_until(pod)
+            if cooled is not None:
+                cooling[pod.uid] = cooled
             rule = rules.get((cls, pod.priority_class))
             if rule is None:
                 rule = rules[(cls, pod.priority_class)] = rule_for(pod, self.policy)
@@ -55,14 +66,23 @@ class VictimBook:
             if state == VerdictState.IDLE:
                 idle.append((pod.node, pod.uid))
         self.idle, self.classes, self._shielded = _laid_out(idle), classes, {}
-        self.sheltered = sheltered
+        self.sheltered, self.cooling = sheltered, cooling
 
-    def inside_runtime(self, uids: set[str], fleet: FleetStore, now: float) -> set[str]:
-        """The victims whose class's minRuntime has not ended: judged ones from the rebuild,
-        the ones bound since from the watch (a pod gpusteward does not know is not one)."""
+    @property
+    def shelters(self) -> bool:
+        """Whether any victim may be sheltered: a class has a minRuntime, or a pod carries a
+        cooldown."""
+        return self.counts_runtime or bool(self.cooling)
+
+    def inside_shelter(self, uids: set[str], fleet: FleetStore, now: float) -> set[str]:
+        """The victims inside a protection window: their workload's reclaimCooldown (as the
+        reclaimer wrote it on the pod at the last rebuild) or their class's minRuntime (judged
+        ones from the rebuild, the ones bound since from the watch; a pod gpusteward does not
+        know is not one)."""
+        found = {u for u in uids & self.cooling.keys() if self.cooling[u] > now}
         if not self.counts_runtime:
-            return set()
-        found = {u for u in uids & self.sheltered.keys() if self.sheltered[u] > now}
+            return found
+        found |= {u for u in uids & self.sheltered.keys() if self.sheltered[u] > now}
         for u in uids - self.classes.keys():
             pod = fleet.pods.get(u)
             if pod is None:

@@ -51,6 +51,7 @@ from gpusteward.core.model import RESERVED
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds, reserve
 from gpusteward.core.reclaim.model import (
+    COOLDOWN_UNTIL,
     FAULTY_GPU,
     IDLE_SINCE,
     RECLAIM_AT,
@@ -75,7 +76,7 @@ EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
                 ActionKind.BLOCK: "GPUReclaimBlocked", ActionKind.FENCE: "GPUReclaimOwnerFenced",
                 ActionKind.FAULT: "GPUFaulty", ActionKind.RESERVE: "GPUReserved",
                 ActionKind.RELEASE: "GPUReservationReleased",
-                ActionKind.UNDEMOTE: "GPUWorkloadUndemoted"}
+                ActionKind.UNDEMOTE: "GPUWorkloadUndemoted", ActionKind.COOL: "GPUReclaimCooldown"}
 WARNINGS = frozenset({ActionKind.BLOCK, ActionKind.FAULT})
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
 FENCED_EVENT_REASON = "GPUReclaimFenced"
@@ -146,7 +147,8 @@ class Actor:
                 stage = {ActionKind.MARK: self._mark, ActionKind.WARN: self._warn,
                          ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block,
                          ActionKind.FAULT: self._fault, ActionKind.RESERVE: self._reserve,
-                         ActionKind.RELEASE: self._release, ActionKind.UNDEMOTE: self._undemote}
+                         ActionKind.RELEASE: self._release, ActionKind.UNDEMOTE: self._undemote,
+                         ActionKind.COOL: self._cool}
                 await stage[action.kind](action, fresh.version)
         except Stale as e:
             log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
@@ -200,6 +202,10 @@ class Actor:
     async def _clear(self, action: Action, version: str) -> None:
         await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None, FAULTY_GPU: None},
                              version)
+
+    async def _cool(self, action: Action, version: str) -> None:
+        until = None if action.until is None else stamp(action.until)
+        await self._annotate(action, {COOLDOWN_UNTIL: until}, version)
 
     async def _fault(self, action: Action, version: str) -> None:
         await self._annotate(action, {IDLE_SINCE: None, RECLAIM_AT: None,

@@ -10,10 +10,12 @@ idle window is 15 s, the grace 4 s, minPodAge 5 s, so an idle pod is otherwise r
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 
-from gpusteward.core.reclaim.model import IDLE_SINCE, VerdictState
-from gpusteward.core.times import parse_time
+from gpusteward.core.reclaim.model import COOLDOWN_UNTIL, IDLE_SINCE, VerdictState
+from gpusteward.core.times import parse_time, stamp
 from gpusteward.sandbox.kubehttp import wait_for
 from tests.e2e.kube import (
     annotations,
@@ -84,6 +86,7 @@ def test_the_preempt_verb_keeps_off_a_victim_inside_its_minruntime(sandbox, ns, 
 
 async def test_a_re_created_pod_is_not_reclaimed_again_inside_its_cooldown(
         sandbox, ns, reclaimer):
+    """Nor picked by the extender's preempt verb, which reads the cooldown from the pod."""
     rec = await reclaimer("enforce")
     manifest = gpu_pod("rerun", 1, node="h100-0", util="0", cls="rerun")
     ns.create_pod(manifest)
@@ -97,12 +100,32 @@ async def test_a_re_created_pod_is_not_reclaimed_again_inside_its_cooldown(
     ns.running("rerun")
     back = time.time()
     # Idle from its start, it would be due some 25 s later; inside the cooldown it is kept.
+    vetoed = False
     while time.time() < reclaimed_at + COOLDOWN - 5:
         decided = await rec.cycle()
         state, why = reasons_for(decided, ns, "rerun")
         if time.time() > back + 8:  # past minPodAge: only the cooldown holds it
             assert state == VerdictState.PROTECTED and "inside reclaimCooldown" in why, why
         assert not gone(ns, "rerun")
+        # the cooldown's end, noted on the pod, keeps the extender's preempt verb off it too
+        # once its evidence refresh (every reclaim.interval) has read the pod
+        vetoed = vetoed or preempt_keeps(sandbox, ns.pod("rerun")) == []
         await asyncio.sleep(1)
+    assert annotations(ns, "rerun")[COOLDOWN_UNTIL] == stamp(reclaimed_at + COOLDOWN)
+    assert vetoed, "the preempt verb kept offering the pod inside its cooldown"
     await cycle_until(rec, "the pod reclaimed again", lambda: gone(ns, "rerun"), timeout=60)
     assert time.time() >= reclaimed_at + COOLDOWN
+
+
+def preempt_keeps(sandbox, victim: dict) -> list[str]:
+    """The nodes the sandbox's extender keeps of a one-candidate preempt call, the victim on
+    its node (the scheduler's own request shape: tests/e2e/test_preemption.py)."""
+    preemptor = gpu_pod("urgent", 1, cards=H100)
+    preemptor["metadata"]["uid"] = "a-preemptor"
+    node = victim["spec"]["nodeName"]
+    body = json.dumps({"Pod": preemptor, "NodeNameToMetaVictims": {node: {
+        "Pods": [{"UID": victim["metadata"]["uid"]}], "NumPDBViolations": 0}}}).encode()
+    request = urllib.request.Request(f"{sandbox.extender_url}/preempt", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        return list(json.loads(resp.read()).get("NodeNameToMetaVictims") or {})

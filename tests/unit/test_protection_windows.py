@@ -14,7 +14,13 @@ from gpusteward.core.kubewire import WirePod, to_pod
 from gpusteward.core.model import Node
 from gpusteward.core.policy import PolicyError, parse_policy
 from gpusteward.core.reclaim.decide import plan
-from gpusteward.core.reclaim.model import Evidence, Owner, PastAction, VerdictState
+from gpusteward.core.reclaim.model import (
+    COOLDOWN_UNTIL,
+    Evidence,
+    Owner,
+    PastAction,
+    VerdictState,
+)
 from gpusteward.core.reclaim.rules import remembered, shelter_of
 from gpusteward.core.times import HOUR, stamp
 from gpusteward.core.whatif.replay import replay
@@ -117,7 +123,8 @@ def test_a_workload_back_inside_its_cooldown_is_not_reclaimed_again():
                                           "gpusteward.io/reclaim-at": stamp(NOW - 60)})
     before = PastAction(NOW - 300, "default", "ml/train-0", owner=JOB.key)
     p = plan(snapshot([due], owners={"train-1": JOB}, recent=(before,)), pol)
-    assert [a.kind for a in p.actions] == ["clear"]
+    # the cooldown's end is noted on the pod first, for the extender's preempt verb
+    assert [(a.kind, a.until) for a in p.actions] == [("cool", NOW + 300), ("clear", None)]
     assert verdict(p, "train-1").reasons == (
         f"inside reclaimCooldown: Job train was reclaimed at {stamp(NOW - 300)}, "
         f"not again until {stamp(NOW + 300)}",)
@@ -128,6 +135,16 @@ def test_a_workload_back_inside_its_cooldown_is_not_reclaimed_again():
                  PastAction(NOW - 300, "default", "ml/train-0")):
         p = plan(snapshot([due], owners={"train-1": JOB}, recent=(past,)), pol)
         assert [(a.kind, a.how) for a in p.actions] == [("reclaim", "suspend")], past
+
+
+def test_the_cooldown_note_is_written_once_and_removed_when_the_cooldown_ends():
+    pol = windows_policy()
+    before = PastAction(NOW - 300, "default", "ml/train-0", owner=JOB.key)
+    noted = gpu_pod("train-1", annotations={COOLDOWN_UNTIL: stamp(NOW + 300)})
+    p = plan(snapshot([noted], owners={"train-1": JOB}, recent=(before,)), pol)
+    assert "cool" not in [a.kind for a in p.actions]  # already says so
+    p = plan(snapshot([noted], owners={"train-1": JOB}, recent=(before,), now=NOW + 301), pol)
+    assert [(a.kind, a.until) for a in p.actions if a.kind == "cool"] == [("cool", None)]
 
 
 # --- the reclaimer's ledger remembers a reclaim for the longest cooldown ----------------------
@@ -188,6 +205,17 @@ async def test_a_pod_bound_since_the_last_refresh_is_judged_from_the_watch():
     await p.refresh()
     p.fleet.upsert_pod(gpu_pod("nb", node="h1", labels=NOTEBOOK, started_at=NOW - 5))
     assert kept(p, ask(("h1", "nb"), ("h2", "old"))) == ["h2"]
+
+
+async def test_the_verb_vetoes_a_victim_whose_workload_is_inside_its_cooldown():
+    """The reclaimer notes the cooldown on the pod (COOLDOWN_UNTIL): the verb reads no
+    ledger, only the pods its watch holds."""
+    cooled = gpu_pod("nb", node="h1", annotations={COOLDOWN_UNTIL: stamp(NOW + 300)})
+    p = preempter(parse_policy({}), cooled, gpu_pod("old", node="h2"))
+    await p.refresh()
+    assert kept(p, ask(("h1", "nb"), ("h2", "old"))) == ["h2"]
+    p.clock = lambda: NOW + 301  # the cooldown is over
+    assert kept(p, ask(("h1", "nb"), ("h2", "old"))) == ["h1", "h2"]
 
 
 async def test_without_any_minruntime_the_verb_shelters_nothing():

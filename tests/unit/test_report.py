@@ -10,7 +10,7 @@ import pytest
 from gpusteward.core.health import Fault, Source, pod_faults
 from gpusteward.core.model import RESERVED, Node, Pod, Taint, WithheldDevice
 from gpusteward.core.policy import parse_policy
-from gpusteward.core.reclaim.model import Evidence, Snapshot, VerdictState
+from gpusteward.core.reclaim.model import COOLDOWN_UNTIL, Evidence, Snapshot, VerdictState
 from gpusteward.core.report.aggregate import build_report
 from gpusteward.core.report.facts import pod_usages
 from gpusteward.core.report.model import DecisionState, ReportInput, Series, Window
@@ -239,6 +239,21 @@ def test_the_decision_column_has_a_word_for_every_verdict_and_for_a_halted_cycle
     (decision,) = decisions(snap, POLICY).values()
     assert (decision.state, decision.action) == ("halted", "none")
     assert "prometheus down" in decision.why
+
+
+def test_the_decision_shows_the_cooldown_the_reclaimer_noted_on_the_pod():
+    """The report reads no ledger; the reclaimer's note (COOLDOWN_UNTIL) says the workload is
+    inside its reclaimCooldown, and the plan's own bookkeeping of that note is not shown."""
+    ev = {"ml/a": Evidence(1800.0, 0.0, 1.0, 1), "ml/b": Evidence(1800.0, 0.0, 1.0, 1)}
+    snap = Snapshot(now=NOW, pods=(
+        pod("a", annotations={COOLDOWN_UNTIL: stamp(NOW + 60)}),
+        pod("b", annotations={COOLDOWN_UNTIL: stamp(NOW - 60)})),
+        nodes={n.name: n for n in NODES}, owners={}, namespace_labels={},
+        evidence={1800.0: ev}, telemetry_ok=True, telemetry_problem="")
+    found = decisions(snap, POLICY)
+    assert (found["ml/a"].state, found["ml/a"].action, found["ml/a"].why) == (
+        "protected", "none", f"inside reclaimCooldown until {stamp(NOW + 60)}")
+    assert found["ml/b"].state == "idle" and found["ml/b"].action != "cool"
 
 
 def test_faulty_gpus_are_neither_idle_waste_nor_free():

@@ -18,6 +18,7 @@ from gpusteward.core.owners import WHOLE_OWNER
 from gpusteward.core.policy import OwnerSwitch, Policy
 from gpusteward.core.reclaim import demote, kinds, kueue, queue, reserve, selfservice, snooze
 from gpusteward.core.reclaim.model import (
+    COOLDOWN_UNTIL,
     FAULT_NOTE,
     FAULTY_GPU,
     IDLE_SINCE,
@@ -36,7 +37,13 @@ from gpusteward.core.reclaim.model import (
     VerdictState,
 )
 from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
-from gpusteward.core.reclaim.rules import judge, last_reclaims, protections, rule_for
+from gpusteward.core.reclaim.rules import (
+    cooldown_end,
+    judge,
+    last_reclaims,
+    protections,
+    rule_for,
+)
 from gpusteward.core.times import HOUR, parse_time, stamp
 
 GROUP_ACTIONS = WHOLE_OWNER  # act on a whole workload: only when all its pods are idle
@@ -58,6 +65,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     snoozed = _snoozes(snap, policy, cooled)
     verdicts: list[Verdict] = []
     staged: list[Action] = []
+    cools: list[Action] = []  # a cooldown's note: no mark, so the stages' re-checks hold
     idle_now: dict[str, bool] = {}  # pod uid -> idle by its own (not within-quota) rule
     states: dict[str, VerdictState] = {}
     due: set[str] = set()
@@ -73,6 +81,9 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
             due.add(pod.uid)
         elif action is not None:
             staged.append(action)
+        cool = _cooling(pod, snap, policy, cooled)
+        if cool is not None:
+            cools.append(cool)
     by_uid = {p.uid: p for p in snap.pods}
     teams = usage(snap.pods, policy, snap.namespace_labels)
     reclaims, reserves = _queue_claims(snap, policy, by_uid, idle_now, teams)
@@ -87,9 +98,9 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
                                    lambda p: owner_of(p, snap), states,
                                    lambda p: team(p, snap.namespace_labels))
     return Plan(tuple(verdicts),
-                # undemotions first: the pod's marks a stage clears are what their re-check
-                # compares, and an undemotion writes no pod
-                tuple(undemoted + staged + blocks + _covered(reserves, allowed) + allowed +
+                # undemotions and cooldown notes first: the pod's marks a stage clears are
+                # what their re-check compares, and they write none
+                tuple(undemoted + cools + staged + blocks + _covered(reserves, allowed) + allowed +
                       released),
                 tuple(held), snoozes=snoozed.changed, restores=back)
 
@@ -114,6 +125,20 @@ def _vetoes(pod: Pod, owner: Owner, snap: Snapshot, policy: Policy,
             cooled: Mapping[str, float]) -> tuple[str, ...]:
     """cooled: each workload's last reclaim the ledger remembers (reclaimCooldown)."""
     return tuple(protections(pod, owner, policy, snap.now, cooled.get(owner.key)))
+
+
+def _cooling(pod: Pod, snap: Snapshot, policy: Policy,
+             cooled: Mapping[str, float]) -> Action | None:
+    """The pod's COOLDOWN_UNTIL brought in line with its workload's reclaimCooldown (written,
+    changed or removed), for the extender's preempt verb; None when it already is."""
+    end = cooldown_end(pod, policy, snap.now, cooled.get(owner_of(pod, snap).key))
+    want = None if end is None else stamp(end)
+    if pod.annotations.get(COOLDOWN_UNTIL) == want:
+        return None
+    why = (f"inside reclaimCooldown until {want}: neither reclaimed nor picked by the "
+           "extender's preempt verb" if want else "reclaimCooldown over")
+    return Action(ActionKind.COOL, pod, team(pod, snap.namespace_labels), Reason.PROTECTED,
+                  why, until=end)
 
 
 def _judge_pod(pod: Pod, snap: Snapshot, policy: Policy, is_borrowed: bool,

@@ -27,6 +27,9 @@ OPT_OUT = "gpusteward.io/reclaim"  # value "never"
 SNOOZE_UNTIL = "gpusteward.io/reclaim-snooze-until"
 # Set to "true" by a workload's owner on a workload gpusteward stopped: restore it next cycle.
 RESTORE = "gpusteward.io/restore"
+# On a pod whose workload is inside its reclaimCooldown (core/reclaim/rules.py): until when, so
+# that the extender's preempt verb, which reads no ledger, keeps off it too.
+COOLDOWN_UNTIL = "gpusteward.io/reclaim-cooldown-until"
 
 
 class ActionKind(StrEnum):
@@ -42,6 +45,7 @@ class ActionKind(StrEnum):
     RESERVE = "reserve"  # GPUs freed for a waiting pod: nominate it there (reserve.py)
     RELEASE = "release"  # that reservation is over: its annotation and nomination go
     UNDEMOTE = "undemote"  # a demoted Kueue Workload busy or admitted again: its boost goes
+    COOL = "cool"  # its workload's reclaimCooldown: write (or remove) COOLDOWN_UNTIL
 
 
 class Reason(StrEnum):

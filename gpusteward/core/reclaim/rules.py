@@ -7,8 +7,16 @@ from typing import NamedTuple
 
 from gpusteward.core.model import Pod, class_of
 from gpusteward.core.policy import IdleRule, Policy
-from gpusteward.core.reclaim.model import OPT_OUT, Evidence, Owner, PastAction, Rule, VerdictState
-from gpusteward.core.times import HOUR, stamp
+from gpusteward.core.reclaim.model import (
+    COOLDOWN_UNTIL,
+    OPT_OUT,
+    Evidence,
+    Owner,
+    PastAction,
+    Rule,
+    VerdictState,
+)
+from gpusteward.core.times import HOUR, parse_time, stamp
 
 # judge runs twice per pod: Python 3.11 looks every `Enum.MEMBER` up through
 # EnumType.__getattr__ (~0.1 µs, twenty times a global), so it reads them from module names.
@@ -144,6 +152,25 @@ def last_reclaims(recent: Iterable[PastAction]) -> dict[str, float]:
     return out
 
 
+def cooldown_end(pod: Pod, policy: Policy, now: float,
+                 reclaimed_at: float | None) -> float | None:
+    """When the pod's workload, last reclaimed at ``reclaimed_at``, leaves its class's
+    reclaimCooldown; None when it is not inside one."""
+    cooldown = shelter_for(pod, policy).cooldown
+    if cooldown and reclaimed_at is not None and now - reclaimed_at < cooldown:
+        return reclaimed_at + cooldown
+    return None
+
+
+def cooling_until(pod: Pod) -> float | None:
+    """The end of the reclaimCooldown the reclaimer wrote on the pod (COOLDOWN_UNTIL); None
+    when none, or unreadable."""
+    try:
+        return parse_time(pod.annotations.get(COOLDOWN_UNTIL))
+    except ValueError:
+        return None
+
+
 def protections(pod: Pod, owner: Owner | None, policy: Policy, now: float,
                 reclaimed_at: float | None = None) -> Iterator[str]:
     """Every reason this pod may not be touched (none: it may be). reclaimed_at: its
@@ -175,9 +202,9 @@ def protections(pod: Pod, owner: Owner | None, policy: Policy, now: float,
     if shelter.min_runtime and now - pod.run_start < shelter.min_runtime:
         yield (f"inside minRuntime: running {max(0.0, now - pod.run_start):.0f}s of "
                f"{shelter.min_runtime:.0f}s, until {stamp(pod.run_start + shelter.min_runtime)}")
-    if shelter.cooldown and reclaimed_at is not None and now - reclaimed_at < shelter.cooldown:
+    if (cooled := cooldown_end(pod, policy, now, reclaimed_at)) is not None:
         what = f"{owner.kind} {owner.name}" if owner is not None else "its workload"
-        yield (f"inside reclaimCooldown: {what} was reclaimed at {stamp(reclaimed_at)}, "
-               f"not again until {stamp(reclaimed_at + shelter.cooldown)}")
+        yield (f"inside reclaimCooldown: {what} was reclaimed at {stamp(reclaimed_at or 0)}, "
+               f"not again until {stamp(cooled)}")
     if pod.phase != "Running":
         yield f"phase {pod.phase}"

@@ -11,6 +11,7 @@ from gpusteward.core.reclaim import reserve
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import ActionKind, Plan, Snapshot
 from gpusteward.core.reclaim.quota import borrowed, team
+from gpusteward.core.reclaim.rules import cooling_until
 from gpusteward.core.report.model import (
     Decision,
     DecisionState,
@@ -22,6 +23,7 @@ from gpusteward.core.report.model import (
     TeamQuota,
     UsageState,
 )
+from gpusteward.core.times import stamp
 
 
 def decisions(snap: Snapshot, policy: Policy) -> dict[str, Decision]:
@@ -36,11 +38,21 @@ def decisions(snap: Snapshot, policy: Policy) -> dict[str, Decision]:
     for action, why in decided.held_back:
         out[action.pod.key] = Decision(out[action.pod.key].state, Step.HELD, why)
     for a in decided.actions:
+        if a.kind == ActionKind.COOL:  # the cooldown note: read below, from the pod
+            continue
         kind = f"reclaim/{a.how}" if a.kind == ActionKind.RECLAIM else a.kind
         out[a.pod.key] = Decision(_state(decided, a.pod.key), kind, a.message)
     for v in decided.verdicts:
         if v.snoozed_until is not None:  # the owner's snooze, not the cleared marks, is news
             out[v.pod] = Decision(DecisionState(v.state), Step.SNOOZED, "; ".join(v.reasons))
+    for pod in snap.pods:
+        # The report reads no ledger: the reclaimer's note on the pod says what it holds back.
+        end = cooling_until(pod)
+        seen = out.get(pod.key)
+        if end is not None and end > snap.now and seen is not None and (
+                seen.state != DecisionState.PROTECTED):
+            out[pod.key] = Decision(DecisionState.PROTECTED, Step.NONE,
+                                    f"inside reclaimCooldown until {stamp(end)}")
     return out
 
 
