@@ -23,6 +23,7 @@ from gpusteward.core.reclaim.model import (
 )
 from gpusteward.core.reclaim.rules import remembered, shelter_of
 from gpusteward.core.times import HOUR, stamp
+from gpusteward.core.whatif import replay as replay_module
 from gpusteward.core.whatif.replay import replay
 from gpusteward.extender.preempt import Preempter
 from gpusteward.extender.preemptwire import decode_preemption_args
@@ -272,3 +273,24 @@ def test_the_replay_keeps_a_recreated_pod_inside_its_cooldown():
     assert replay(history(first, again), pol, every_step=True) == out
     without = replay(history(first, again), replay_policy())
     assert [r.at for r in without.reclaimed] == [t(9), t(20)]
+
+
+def test_the_replay_notes_the_cooldown_once_and_skips_the_quiet_steps(monkeypatch):
+    """The cooldown's note is carried onto the replayed pod as the actor writes it: planned
+    again each step, it would count as a change and keep the fast replay from skipping."""
+    pol = replay_policy(reclaimCooldown="30m")
+    first = record("nb", IDLE, first=0, last=12)
+    again = msgspec.structs.replace(record("nb", IDLE, first=14), pod=msgspec.structs.replace(
+        record("nb", IDLE, first=14).pod, uid="nb-2"))
+    calls = []
+
+    def counted(snap, policy):
+        calls.append(snap.now)
+        return plan(snap, policy)
+
+    monkeypatch.setattr(replay_module, "plan", counted)
+    replay(history(first, again), pol)
+    # noted at step 14, the next step planned once more; then quiet until the cooldown ends
+    # (step 39: the note removed, the pod marked)
+    assert [at for at in calls if t(16) <= at < t(39)] == []
+    assert t(39) in calls

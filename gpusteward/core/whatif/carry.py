@@ -11,6 +11,7 @@ from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import reserve
 from gpusteward.core.reclaim.decide import GROUP_ACTIONS
 from gpusteward.core.reclaim.model import (
+    COOLDOWN_UNTIL,
     FAULTY_GPU,
     IDLE_SINCE,
     RECLAIM_AT,
@@ -72,6 +73,11 @@ def carry_out(decided: Plan, now: float, state: ReplayState, history: History, i
             state.marks.setdefault(uid, {})[RESERVED] = reserve.entry(a)
             state.nominated[uid] = a.node
             state.wakeups.append(a.until)
+        elif a.kind == ActionKind.COOL:  # noted on the pod, as the live actor does
+            if a.until is None:
+                state.marks.get(uid, {}).pop(COOLDOWN_UNTIL, None)
+            else:
+                state.marks.setdefault(uid, {})[COOLDOWN_UNTIL] = stamp(a.until)
         elif a.kind == ActionKind.RELEASE:
             state.marks.get(uid, {}).pop(RESERVED, None)
             state.nominated.pop(uid, None)
