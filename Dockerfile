@@ -36,7 +36,9 @@ RUN groupadd --system --gid 65532 gpusteward \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin gpusteward
 COPY --from=build /opt/gpusteward /opt/gpusteward
-ENV PATH=/opt/gpusteward/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# GPUSTEWARD_REVISION: `gpusteward --version` and gpusteward_build_info name the commit.
+ENV PATH=/opt/gpusteward/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    GPUSTEWARD_REVISION=${REVISION}
 # Numeric, so Kubernetes can verify runAsNonRoot without reading /etc/passwd.
 USER 65532:65532
 ENTRYPOINT ["gpusteward"]

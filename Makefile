@@ -4,14 +4,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEBIAN_PACKAGES := prometheus chromium gcc libc6-dev
+DEBIAN_PACKAGES := prometheus chromium gcc libc6-dev debootstrap buildah podman runc
 
-.PHONY: generate setup system-deps venv lint unit component e2e test demo bench bench-quick bench-extender sandbox-build clean
+.PHONY: generate setup system-deps venv lint unit component e2e test demo bench bench-quick bench-extender sandbox-build image clean
 
 setup: system-deps venv
 
 # Debian packages the tests and the sandbox use: real Prometheus and promtool, headless Chromium
-# for the report's HTML, and a C compiler for the NVML test library (sandbox/fakenvml).
+# for the report's HTML, a C compiler for the NVML test library (sandbox/fakenvml), and
+# debootstrap, buildah, podman and runc to build and run the image with no registry.
 system-deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -51,6 +52,11 @@ test: setup lint
 
 sandbox-build: venv
 	$(PY) -m gpusteward.sandbox.build
+
+# The Dockerfile built with buildah on a base made from Debian's packages (no registry needed);
+# tagged localhost/gpusteward:dev in gpusteward's own storage under ~/.cache/gpusteward/oci.
+image: setup
+	$(PY) -m gpusteward.sandbox.image
 
 demo: setup
 	$(PY) -m gpusteward.sandbox.demo $(if $(WITH),--with $(WITH))

@@ -48,7 +48,7 @@ RUNS = {
     "sandbox": "gpusteward.sandbox.commands:run",
 }
 # The same for `--version`: importlib.metadata (some 30 ms) only when the version is asked for.
-VERSION = "gpusteward.adapters.version:version"
+VERSION = "gpusteward.adapters.version:describe"
 
 
 def resolve(target: str) -> Callable[..., Any]:

@@ -58,7 +58,7 @@ async def test_metrics_have_dcgm_names_labels_and_the_pod_from_the_kubelet(
     assert f'gpusteward_agent_nvml_up{{Hostname="{NODE}"}} 1' in text
     (build,) = lines(text, "gpusteward_build_info")
     assert build == (f'gpusteward_build_info{{python_version="{platform.python_version()}",'
-                     f'version="{version("gpusteward")}"}} 1.0')
+                     f'revision="unknown",version="{version("gpusteward")}"}} 1.0')
 
 
 async def test_a_gpu_lost_mid_run_carries_an_error_label_and_the_other_goes_on(

@@ -1,5 +1,6 @@
-"""No container engine runs here, so the Dockerfile is checked as text: it installs with the
-same constraints file and pyproject as `make test`, and its final stage is slim and non-root."""
+"""The Dockerfile as text: it installs with the same constraints file and pyproject as
+`make test`, and its final stage is slim and non-root. tests/image builds it and runs the
+image itself."""
 
 from __future__ import annotations
 

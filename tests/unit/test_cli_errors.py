@@ -64,6 +64,13 @@ def test_version_comes_from_the_installed_distribution() -> None:
         0, f"gpusteward {version('gpusteward')}\n", "")
 
 
+def test_version_names_the_revision_the_image_was_built_from() -> None:
+    # The Dockerfile's REVISION build argument becomes GPUSTEWARD_REVISION in the image.
+    done = gpusteward("--version", env={"GPUSTEWARD_REVISION": "93aa607c0ffee"})
+    assert (done.returncode, done.stdout) == (
+        0, f"gpusteward {version('gpusteward')} (revision 93aa607c0ffee)\n")
+
+
 def test_report_with_an_unreachable_api_server_is_one_line_exit_1(
         unreachable_kubeconfig: tuple[Path, int]) -> None:
     kubeconfig, port = unreachable_kubeconfig

@@ -248,5 +248,5 @@ def test_build_info_is_on_every_registry(registry) -> None:
     from prometheus_client import generate_latest
 
     labels = build_info(generate_latest(registry()).decode())
-    assert labels == {"version": version("gpusteward"),
+    assert labels == {"version": version("gpusteward"), "revision": "unknown",
                       "python_version": ".".join(map(str, sys.version_info[:3]))}
