@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEBIAN_PACKAGES := prometheus chromium gcc libc6-dev debootstrap buildah podman runc
+DEBIAN_PACKAGES := prometheus chromium gcc libc6-dev debootstrap buildah podman runc \
+  containerd containernetworking-plugins iptables
 
 .PHONY: generate setup system-deps venv lint unit component e2e test demo bench bench-quick bench-extender sandbox-build image clean
 
@@ -12,7 +13,8 @@ setup: system-deps venv
 
 # Debian packages the tests and the sandbox use: real Prometheus and promtool, headless Chromium
 # for the report's HTML, a C compiler for the NVML test library (sandbox/fakenvml), and
-# debootstrap, buildah, podman and runc to build and run the image with no registry.
+# debootstrap, buildah, podman and runc to build and run the image with no registry, and
+# containerd, the CNI plugins and iptables (the bridge plugin's masquerade) for real nodes.
 system-deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

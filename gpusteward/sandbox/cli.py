@@ -34,6 +34,10 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
                     help="run N extender processes behind one loopback address with ClientIP "
                          "affinity, as a Service with sessionAffinity reaches them (default 1)")
     up.add_argument("--with-reclaimer", action="store_true", help="run the reclaimer too")
+    up.add_argument("--real-nodes", type=whole_number(0), default=0, metavar="N",
+                    help="also run N real nodes (kubelet, containerd, runc, CNI) that run pods "
+                         "from the locally built image, beside the simulated GPU nodes "
+                         "(needs root; builds the image on first use)")
     up.add_argument("--with", dest="controllers", type=_controllers, default=(),
                     metavar="NAME[,NAME]", help="start workload controllers too, built from Go "
                     "modules on first use: kueue, kuberay, jobset, trainer (brings jobset), "

@@ -13,6 +13,7 @@ the exporter pod's namespace/service/pod/container/endpoint/job (``gpusteward.sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -41,13 +42,14 @@ from gpusteward.sandbox.ksm import scrape_job as ksm_scrape_job
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
 from gpusteward.sandbox.procs import Proc, SandboxError, free_port, stop_pid
+from gpusteward.sandbox.realnode import RealNode, Slot, node_images, start_node, teardown
 from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simulator_path
 
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
 STOP_ORDER = ("reclaimer", "kueue", "kuberay", "trainer", "jobset", "keda", "scheduler",
-              "extender", "noopextender", "prometheus", "agent", "simulator", "ksm", "kwok",
+              "extender", "noopextender", "prometheus", "agent", "simulator", "ksm", "node", "kwok",
               "controller-manager", "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
@@ -105,6 +107,9 @@ class SandboxConfig:
     # True for `sandbox up`: the processes outlive the command. Otherwise they die with it,
     # so a killed test run or demo leaves nothing behind.
     detach: bool = False
+    # Real nodes (gpusteward.sandbox.realnode) beside the kwok ones: kubelet, containerd, runc
+    # and CNI running pods from the locally built image; named real-0, real-1, ...
+    real_nodes: int = 0
     log: Any = print
 
 
@@ -114,6 +119,7 @@ class Sandbox:
     procs: dict[str, Proc] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    real_nodes: dict[str, RealNode] = field(default_factory=dict)
 
     # --- paths and endpoints ------------------------------------------------------------
     @property
@@ -194,6 +200,7 @@ class Sandbox:
         self._start_controller_manager()
         self._start_kwok()
         self.create_fleet(self.cfg.fleet)
+        self._start_real_nodes()
         self._start_simulator()
         self._start_ksm()
         if self.cfg.telemetry == "agent":
@@ -210,6 +217,9 @@ class Sandbox:
         self.cfg.log(f"sandbox up in {time.monotonic() - started:.1f}s (state: {self.dir})")
 
     def stop(self) -> None:
+        for node in list(self.real_nodes.values()):
+            teardown(node.slot)
+            self.real_nodes.pop(node.name)
         for name in stop_order(list(self.procs)):
             self.procs.pop(name).stop()
         state = self.dir / "state.json"
@@ -220,6 +230,7 @@ class Sandbox:
         state = {"token": self.token, "ports": self.ports,
                  "pids": {name: p.pid for name, p in self.procs.items()},
                  "kubeconfig": str(self.kubeconfig),
+                 "real_nodes": {name: node.slot.index for name, node in self.real_nodes.items()},
                  "prometheus_url": self.prometheus_url if "prometheus" in self.ports else None}
         (self.dir / "state.json").write_text(json.dumps(state, indent=2))
 
@@ -240,8 +251,19 @@ class Sandbox:
     def _k8s(self, *args: str) -> list[str]:
         return [str(self.bin / "k8s"), *args]
 
+    def real_node_names(self) -> list[str]:
+        return [f"real-{i}" for i in range(self.cfg.real_nodes)]
+
+    def _node_token(self, name: str) -> str:
+        """The kubelet's bearer token: user system:node:NAME in system:nodes, so the Node
+        authorizer gives it what a kubelet may do, and no more."""
+        return hashlib.sha256(f"{self.token}/{name}".encode()).hexdigest()[:32]
+
     def _write_credentials(self) -> None:
-        (self.dir / "tokens.csv").write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
+        lines = [f'{self.token},admin,admin-uid,"system:masters"']
+        lines += [f'{self._node_token(n)},system:node:{n},node-{n},"system:nodes"'
+                  for n in self.real_node_names()]
+        (self.dir / "tokens.csv").write_text("\n".join(lines) + "\n")
         key = self.dir / "pki" / "sa.key"
         if not key.exists():
             subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True,
@@ -278,6 +300,8 @@ class Sandbox:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={key}", f"--service-account-signing-key-file={key}",
             "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
+            # Real nodes' names resolve nowhere: logs and exec dial their InternalIP.
+            "--kubelet-preferred-address-types=InternalIP",
             "--endpoint-reconciler-type=none", "--disable-admission-plugins=ServiceAccount",
             "--enable-priority-and-fairness=false", "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0", "-v=1"),
@@ -342,6 +366,16 @@ class Sandbox:
             api.apply(f"{dra.RESOURCE_API}/deviceclasses/{obj['metadata']['name']}", obj)
         for obj in slices:
             api.apply(f"{dra.RESOURCE_API}/resourceslices/{obj['metadata']['name']}", obj)
+
+    def _start_real_nodes(self) -> None:
+        if not self.cfg.real_nodes:
+            return
+        started = time.monotonic()
+        pause, archives = node_images(self.cfg.log)
+        for name in self.real_node_names():
+            start_node(self, name, self._node_token(name), pause, archives)
+        self.cfg.log(f"{self.cfg.real_nodes} real node(s) Ready in "
+                     f"{time.monotonic() - started:.1f}s")
 
     def _start_simulator(self) -> None:
         port = self.ports["simulator"]
@@ -555,6 +589,8 @@ def stop_from_state(state_dir: Path) -> bool:
         return False
     state = json.loads(state_file.read_text())
     pids = state.get("pids", {})
+    for slot in state.get("real_nodes", {}).values():
+        teardown(Slot(int(slot)))
     left = {name: pids[name] for name in stop_order(list(pids)) if not stop_pid(int(pids[name]))}
     if left:
         state["pids"] = left

@@ -44,6 +44,7 @@ def up(args: argparse.Namespace) -> int:
                         honor_labels=args.honor_labels,
                         preemption=not args.no_preemption,
                         extender_replicas=args.extender_replicas,
+                        real_nodes=args.real_nodes,
                         detach=True,
                         log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.policy:

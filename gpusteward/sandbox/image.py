@@ -34,11 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpusteward.adapters.version import version
-from gpusteward.sandbox.build import Log, _locked, _log_tail, _stderr_log, cache_root
+from gpusteward.sandbox.build import (
+    Log,
+    _locked,
+    _log_tail,
+    _stderr_log,
+    cache_root,
+    go_source_dir,
+)
 from gpusteward.sandbox.checkout import REPO
 
-__all__ = ["IMAGE", "SIZE_BUDGET_MB", "Built", "ImageBuildError", "ensure_image", "oci_env",
-           "podman"]
+__all__ = ["IMAGE", "SIZE_BUDGET_MB", "Built", "ImageBuildError", "archive", "ensure_image",
+           "ensure_pause", "oci_env", "podman"]
 
 #: The tag `make image` builds; pods name it with ``imagePullPolicy: Never``.
 IMAGE = "localhost/gpusteward:dev"
@@ -300,6 +307,79 @@ def ensure_image(tag: str = IMAGE, log: Log | None = None) -> Built:
     inspected = json.loads(podman("image", "inspect", tag).stdout)[0]
     return Built(tag=tag, id=inspected["Id"], size=int(inspected["Size"]), version=release,
                  revision=revision)
+
+
+def _pause_source() -> tuple[Path, str]:
+    """pause.c and its release tag from the Kubernetes module the control plane is built from
+    (``build/pause``: the source of registry.k8s.io/pause)."""
+    done = subprocess.run(["go", "list", "-mod=readonly", "-m", "-f", "{{.Dir}}",
+                           "k8s.io/kubernetes"], cwd=go_source_dir(), capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "GOWORK": "off"},
+                          check=False)
+    module = Path(done.stdout.strip())
+    source = module / "build" / "pause" / "linux" / "pause.c"
+    if done.returncode != 0 or not source.is_file():
+        raise ImageBuildError("pause.c not found in the k8s.io/kubernetes module (run `make "
+                              f"sandbox-build` first): {done.stderr.strip()}")
+    makefile = (module / "build" / "pause" / "Makefile").read_text(encoding="utf-8")
+    match = re.search(r"^TAG \?= (\S+)", makefile, re.M)
+    if not match:
+        raise ImageBuildError(f"no TAG in {module / 'build' / 'pause' / 'Makefile'}")
+    return source, match.group(1)
+
+
+def ensure_pause(log: Log | None = None) -> str:
+    """``localhost/pause:<tag>``, the pod sandbox image, built from the module's pause.c with
+    ``gcc -static`` into an image from scratch (registry.k8s.io is not reachable)."""
+    say = log or _stderr_log
+    source, release = _pause_source()
+    tag = f"localhost/pause:{release}"
+    _oci_root().mkdir(parents=True, exist_ok=True)
+    if _exists(tag):
+        return tag
+    with _locked(_oci_root() / ".lock"):
+        if _exists(tag):
+            return tag
+        say(f"building {tag} from {source}")
+        log_path = _oci_root() / "build-pause.log"
+        work = Path(tempfile.mkdtemp(prefix=".pause-", dir=_oci_root()))
+        try:
+            _step(["gcc", "-Os", "-static", "-Wall", f"-DVERSION={release}", "-o",
+                   str(work / "pause"), str(source)], log_path, "gcc pause.c")
+            container = subprocess.run(["buildah", "from", "scratch"], env=oci_env(),
+                                       capture_output=True, text=True, timeout=60,
+                                       check=True).stdout.strip()
+            try:
+                _step(["buildah", "copy", container, str(work / "pause"), "/pause"], log_path,
+                      "buildah copy")
+                _step(["buildah", "config", "--entrypoint", '["/pause"]', "--user",
+                       "65535:65535", container], log_path, "buildah config")
+                _step(["buildah", "commit", container, tag], log_path, "buildah commit")
+            finally:
+                subprocess.run(["buildah", "rm", container], env=oci_env(), check=False,
+                               capture_output=True, timeout=60)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return tag
+
+
+def archive(tag: str) -> Path:
+    """A docker-archive of ``tag`` (what ``ctr images import`` reads), kept by image id."""
+    image_id = json.loads(podman("image", "inspect", tag).stdout)[0]["Id"]
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+    directory = _oci_root() / "archives"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-{image_id[:16]}.tar"
+    if path.is_file():
+        return path
+    with _locked(_oci_root() / ".lock"):
+        if not path.is_file():
+            for stale in directory.glob(f"{name}-*.tar"):
+                stale.unlink()
+            partial = path.with_suffix(".partial")
+            podman("save", "--format", "docker-archive", "-o", str(partial), tag, timeout=300)
+            partial.rename(path)
+    return path
 
 
 def main() -> int:

@@ -56,6 +56,13 @@ class KubeHTTP:
     def get(self, path: str) -> Any:
         return self.request("GET", path)
 
+    def get_text(self, path: str) -> str:
+        """A plain-text GET, such as a pod's ``/log``."""
+        req = urllib.request.Request(self.server + path)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, context=self._ssl, timeout=self.timeout) as resp:
+            return resp.read().decode(errors="replace")
+
     def watch(self, path: str, resource_version: str, seconds: int = 2) -> list[dict[str, Any]]:
         """The watch events on ``path`` since ``resource_version``, gathered for ``seconds``:
         the API server replays what its watch cache still holds, then closes the stream."""

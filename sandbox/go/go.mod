@@ -15,6 +15,15 @@ require (
 )
 
 require (
+	github.com/Microsoft/hnslib v0.1.2 // indirect
+	github.com/lithammer/dedent v1.1.0 // indirect
+	github.com/moby/ipvs v1.1.0 // indirect
+	github.com/vishvananda/netlink v1.3.1 // indirect
+	github.com/vishvananda/netns v0.0.5 // indirect
+	sigs.k8s.io/knftables v0.0.21 // indirect
+)
+
+require (
 	cel.dev/expr v0.25.1 // indirect
 	cyphar.com/go-pathrs v0.2.2 // indirect
 	dario.cat/mergo v1.0.1 // indirect

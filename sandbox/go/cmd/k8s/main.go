@@ -1,18 +1,22 @@
-// Command k8s is a multi-call binary holding the Kubernetes control plane
-// used by the gpusteward sandbox: kube-apiserver, kube-scheduler,
-// kube-controller-manager and etcd, all built from Go modules.
+// Command k8s is a multi-call binary holding the Kubernetes components used by
+// the gpusteward sandbox: kube-apiserver, kube-scheduler,
+// kube-controller-manager, etcd, and the kubelet and kube-proxy of its real
+// nodes, all built from Go modules in one build (they share most packages).
 //
 //	k8s apiserver          [kube-apiserver flags]
 //	k8s scheduler          [kube-scheduler flags]
 //	k8s controller-manager [kube-controller-manager flags]
+//	k8s kubelet            [kubelet flags]
+//	k8s proxy              [kube-proxy flags]
 //	k8s etcd               [etcd flags]
 //	k8s version
 //
 // It also dispatches on its own name, so a symlink named kube-apiserver,
-// kube-scheduler, kube-controller-manager or etcd works too.
+// kube-scheduler, kube-controller-manager, kubelet, kube-proxy or etcd works too.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,13 +32,26 @@ import (
 	"k8s.io/component-base/version"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 var commands = map[string]func() *cobra.Command{
 	"apiserver":          apiserver.NewAPIServerCommand,
 	"scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
 	"controller-manager": controllermanager.NewControllerManagerCommand,
+	"kubelet":            func() *cobra.Command { return kubelet.NewKubeletCommand(context.Background()) },
+	"proxy":              proxy.NewProxyCommand,
+}
+
+// The upstream program names, as each component's own os.Args[0].
+var programs = map[string]string{
+	"apiserver":          "kube-apiserver",
+	"scheduler":          "kube-scheduler",
+	"controller-manager": "kube-controller-manager",
+	"kubelet":            "kubelet",
+	"proxy":              "kube-proxy",
 }
 
 // Names accepted when the binary is invoked through a symlink.
@@ -42,11 +59,13 @@ var aliases = map[string]string{
 	"kube-apiserver":          "apiserver",
 	"kube-scheduler":          "scheduler",
 	"kube-controller-manager": "controller-manager",
+	"kubelet":                 "kubelet",
+	"kube-proxy":              "proxy",
 	"etcd":                    "etcd",
 }
 
 func usage() {
-	fmt.Fprintf(os.Stderr, "usage: %s {apiserver|scheduler|controller-manager|etcd|version} [flags]\n",
+	fmt.Fprintf(os.Stderr, "usage: %s {apiserver|scheduler|controller-manager|kubelet|proxy|etcd|version} [flags]\n",
 		filepath.Base(os.Args[0]))
 }
 
@@ -80,7 +99,7 @@ func main() {
 		os.Exit(2)
 	}
 	// cobra reads os.Args[1:] by default; hand it only the component's flags.
-	os.Args = append([]string{"kube-" + sub}, args...)
+	os.Args = append([]string{programs[sub]}, args...)
 	command := newCommand()
 	command.SetArgs(args)
 	os.Exit(cli.Run(command))
