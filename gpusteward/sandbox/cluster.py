@@ -42,7 +42,15 @@ from gpusteward.sandbox.ksm import scrape_job as ksm_scrape_job
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
 from gpusteward.sandbox.procs import Proc, SandboxError, free_port, stop_pid
-from gpusteward.sandbox.realnode import RealNode, Slot, node_images, start_node, teardown
+from gpusteward.sandbox.realnode import (
+    SERVICE_CIDR,
+    RealNode,
+    Slot,
+    node_images,
+    route_services,
+    start_node,
+    teardown,
+)
 from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simulator_path
 
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
@@ -263,6 +271,8 @@ class Sandbox:
         lines = [f'{self.token},admin,admin-uid,"system:masters"']
         lines += [f'{self._node_token(n)},system:node:{n},node-{n},"system:nodes"'
                   for n in self.real_node_names()]
+        if self.cfg.real_nodes:  # bound to system:node-proxier by the API server's defaults
+            lines.append(f"{self._node_token('kube-proxy')},system:kube-proxy,kube-proxy")
         (self.dir / "tokens.csv").write_text("\n".join(lines) + "\n")
         key = self.dir / "pki" / "sa.key"
         if not key.exists():
@@ -299,14 +309,20 @@ class Sandbox:
             f"--token-auth-file={self.dir / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={key}", f"--service-account-signing-key-file={key}",
-            "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
             # Real nodes' names resolve nowhere: logs and exec dial their InternalIP.
             "--kubelet-preferred-address-types=InternalIP",
-            "--endpoint-reconciler-type=none", "--disable-admission-plugins=ServiceAccount",
+            "--endpoint-reconciler-type=none", *self._admission(),
             "--enable-priority-and-fairness=false", "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0", "-v=1"),
             lambda: _http_ok(f"{self.api_url}/readyz", self.token), timeout=120)
         wait_for("namespace default", lambda: self.api().exists("/api/v1/namespaces/default"))
+
+    def _admission(self) -> list[str]:
+        """Without real nodes no pod runs, and ServiceAccount admission would refuse pods made
+        before the namespace's default ServiceAccount: off. Real nodes' pods need their
+        ServiceAccount's token for in-cluster config: on."""
+        return [] if self.cfg.real_nodes else ["--disable-admission-plugins=ServiceAccount"]
 
     def _start_controller_manager(self) -> None:
         port = self.ports["controller-manager"]
@@ -373,9 +389,30 @@ class Sandbox:
         started = time.monotonic()
         pause, archives = node_images(self.cfg.log)
         for name in self.real_node_names():
-            start_node(self, name, self._node_token(name), pause, archives)
+            start_node(self, name, self._node_token(name), self._node_token("kube-proxy"),
+                       pause, archives)
+        first = self.real_nodes[self.real_node_names()[0]]
+        self._publish_api_endpoint(first.slot.host_ip)
+        if not route_services(first):
+            self.cfg.log(f"the host cannot reach this sandbox's ClusterIPs: another sandbox's "
+                         f"real nodes hold the route for {SERVICE_CIDR}")
         self.cfg.log(f"{self.cfg.real_nodes} real node(s) Ready in "
                      f"{time.monotonic() - started:.1f}s")
+
+    def _publish_api_endpoint(self, address: str) -> None:
+        """The kubernetes Service's endpoint, which --endpoint-reconciler-type=none leaves to
+        us: the relay on the first real node's host end, so in-cluster clients reach the API
+        server at 10.96.0.1:443 through kube-proxy."""
+        self.api().apply(
+            "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes", {
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "kubernetes", "namespace": "default", "labels": {
+                    "kubernetes.io/service-name": "kubernetes",
+                    "endpointslice.kubernetes.io/managed-by": "gpusteward-sandbox"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+                "ports": [{"name": "https", "port": self.ports["apiserver"],
+                           "protocol": "TCP"}]})
 
     def _start_simulator(self) -> None:
         port = self.ports["simulator"]

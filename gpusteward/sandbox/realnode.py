@@ -43,6 +43,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,8 +56,8 @@ from gpusteward.sandbox.procs import SandboxError, pid_alive
 if TYPE_CHECKING:
     from gpusteward.sandbox.cluster import Sandbox
 
-__all__ = ["LABEL", "TOOLS", "RealNode", "Slot", "missing_tools", "reap_orphans", "start_node",
-           "teardown"]
+__all__ = ["LABEL", "SERVICE_CIDR", "TOOLS", "RealNode", "Slot", "missing_tools", "reap_orphans",
+           "route_services", "start_node", "teardown"]
 
 #: Label on every real node: pods that must run for real select it.
 LABEL = "gpusteward.io/sandbox-node"
@@ -72,6 +73,11 @@ _KUBELET_SYSCTLS = {"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel
                     "kernel/panic_on_oops": "1", "kernel/keys/root_maxkeys": "1000000",
                     "kernel/keys/root_maxbytes": "25000000"}
 _KUBELET_PORT = 10250
+#: The API server's --service-cluster-ip-range; its first address is the kubernetes Service.
+SERVICE_CIDR = "10.96.0.0/16"
+#: Every real node's veth pair lies in here (and its pods in 10.252.0.0/16).
+NODE_NET = "10.251.0.0/16"
+POD_NET = "10.252.0.0/16"
 #: Upstream paths inside a node and the directory of node.dir that holds each: the kubelet's
 #: root (pods' volumes, its sockets, checkpoints), containerd's root (images, snapshots) and
 #: /var/log (the kubelet's container logs, /var/log/pods and /var/log/containers).
@@ -290,6 +296,20 @@ def _wire(node: RealNode) -> None:
     _run(*inside, "link", "set", slot.node_link, "up")
     _run(*inside, "link", "set", "lo", "up")
     _run("ip", "route", "add", slot.pod_cidr, "via", slot.node_ip, "dev", slot.host_link)
+    # Every node's host end (the API server's relay is on the first one's), and ClusterIPs,
+    # which kube-proxy rewrites in the node before they leave it.
+    _run(*inside, "route", "add", NODE_NET, "via", slot.host_ip)
+    _run(*inside, "route", "add", SERVICE_CIDR, "via", slot.host_ip)
+
+
+def route_services(node: RealNode) -> bool:
+    """Route the host's packets for ClusterIPs through ``node``, whose kube-proxy rewrites them,
+    as a cluster's nodes reach Services. One sandbox on a machine can have that route; False
+    when another's real nodes hold it."""
+    done = subprocess.run(["ip", "route", "add", SERVICE_CIDR, "via", node.slot.node_ip,
+                           "dev", node.slot.host_link], capture_output=True, text=True,
+                          timeout=30, check=False)
+    return done.returncode == 0
 
 
 def _mount_inside(node: RealNode) -> None:
@@ -377,8 +397,30 @@ def _kubelet_config(node: RealNode) -> Path:
     return path
 
 
-def _kubeconfig(node: RealNode, api_port: int, token: str) -> Path:
-    path = node.dir / "kubelet.kubeconfig"
+def _proxy_config(node: RealNode, kubeconfig: Path) -> Path:
+    slot = node.slot
+    config = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)}, "mode": "iptables",
+        "hostnameOverride": node.name, "bindAddress": slot.node_ip,
+        "healthzBindAddress": f"{slot.node_ip}:10256",
+        "metricsBindAddress": f"{slot.node_ip}:10249", "clusterCIDR": POD_NET,
+        # No br_netfilter here (modules cannot be loaded), so a pod reaching a Service whose
+        # backend shares its bridge would get the answer from the wrong address: masquerading
+        # every Service connection sends the answer back through the rewrite.
+        "iptables": {"masqueradeAll": True, "localhostNodePorts": False},
+        # 0: leave the conntrack sysctls as they are (they are not the node's own).
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                      "tcpCloseWaitTimeout": "0s"},
+        "nodePortAddresses": [f"{slot.node_ip}/32"],
+    }
+    path = node.dir / "kube-proxy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _kubeconfig(node: RealNode, api_port: int, token: str, user: str = "kubelet") -> Path:
+    path = node.dir / f"{user}.kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "node",
         "clusters": [{"name": "sandbox", "cluster": {
@@ -400,9 +442,10 @@ def node_images(log: Any) -> tuple[str, list[Path]]:
         raise SandboxError(f"real nodes need the images: {exc}") from exc
 
 
-def start_node(sb: Sandbox, name: str, token: str, pause: str, archives: list[Path]) -> RealNode:
+def start_node(sb: Sandbox, name: str, token: str, proxy_token: str, pause: str,
+               archives: list[Path]) -> RealNode:
     """Claim a slot and bring up ``name``: holder, wiring, relay, containerd with the images,
-    then the kubelet; returns once the Node is Ready. Raises SandboxError."""
+    the kubelet and kube-proxy; returns once the Node is Ready. Raises SandboxError."""
     missing = missing_tools()
     if missing:
         raise SandboxError(f"real nodes need {', '.join(missing)}: run `make system-deps`")
@@ -441,7 +484,20 @@ def start_node(sb: Sandbox, name: str, token: str, pause: str, archives: list[Pa
         f"--kubeconfig={kubeconfig}", f"--hostname-override={name}",
         f"--node-ip={slot.node_ip}", f"--node-labels={LABEL}=real", "-v=1")),
         lambda: _node_ready(sb, name), timeout=90)
+    proxy = _proxy_config(node, _kubeconfig(node, sb.ports["apiserver"], proxy_token,
+                                            user="kube-proxy"))
+    sb.run_process(f"{prefix}/kube-proxy", _in_cgroup(slot, _enter(
+        node.holder_pid, str(sb.bin / "k8s"), "proxy", f"--config={proxy}", "-v=1")),
+        lambda: _http_ok(f"http://{slot.node_ip}:10256/healthz"), timeout=60)
     return node
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):
+        return False
 
 
 def _joined(pid: int) -> bool:

@@ -8,6 +8,8 @@ image `make image` builds, imported locally (gpusteward/sandbox/realnode.py).
   capabilities) and its log comes back through the API server (`kubectl logs`);
 * an extender pod passes the chart's readiness and liveness probes, counted by the kubelet's
   own prober metrics, and answers on its pod IP;
+* `gpusteward report` runs as a Job with its own read-only ServiceAccount and in-cluster
+  config, through the node's kube-proxy to the API server, and counts the fleet's GPUs;
 * teardown leaves the machine as it found it: no process, cgroup, link, route, mount, host
   sysctl or iptables rule of the node stays, also when its sandbox was killed (the orphan is
   reaped when the next node is claimed).
@@ -153,6 +155,58 @@ def _successful_probes(node_ip: str, namespace: str, pod: str) -> dict[str, floa
     return counts
 
 
+def test_a_report_job_runs_in_cluster_with_its_own_serviceaccount(
+        box: Sandbox, ns: Namespace) -> None:
+    # In-cluster config, as the chart's pods use it: the ServiceAccount's projected token and
+    # the kubernetes Service (10.96.0.1:443), which the node's kube-proxy sends to the API
+    # server. The account may only read; nothing here has admin's token.
+    slot = box.real_nodes[NODE].slot
+    ns.api.create(ns.path("serviceaccounts"), {"apiVersion": "v1", "kind": "ServiceAccount",
+                                               "metadata": {"name": "reporter"}})
+    role = f"{ns.name}-read"
+    ns.api.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": role},
+        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]})
+    ns.api.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "reporter", "namespace": ns.name}]})
+    try:
+        pod = _pod("report", {"args": [
+            "report", "--format=json", "--window=5m",
+            f"--prometheus-url=http://{slot.host_ip}:{box.ports['prometheus']}"]},
+            restartPolicy="Never", serviceAccountName="reporter")
+        del pod["spec"]["automountServiceAccountToken"]
+        ns.api.create(f"/apis/batch/v1/namespaces/{ns.name}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "report"},
+            "spec": {"backoffLimit": 0, "template": {"spec": pod["spec"]}}})
+        wait_for("the report Job to finish", lambda: _job_done(ns, "report"), timeout=90)
+        (job_pod,) = ns.api.get(ns.path() + "?labelSelector=job-name%3Dreport")["items"]
+        log = ns.api.get_text(ns.path("pods", job_pod["metadata"]["name"]) + "/log")
+        assert _job_done(ns, "report") == "Complete", log
+        mounts = job_pod["spec"]["containers"][0]["volumeMounts"]
+        assert any(m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+                   for m in mounts), "the token the admission plugin mounts"
+        expected = sum(p.count * p.gpus for p in FLEET.pools)
+        # The log holds stderr's progress line too: the document starts at its first "{".
+        document = json.loads(log[log.index("\n{") + 1:])
+        assert document["totals"]["allocatable"] == expected
+    finally:
+        ns.api.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{role}")
+        ns.api.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}")
+
+
+def _job_done(ns: Namespace, name: str) -> str:
+    job = ns.api.get(f"/apis/batch/v1/namespaces/{ns.name}/jobs/{name}")
+    for condition in job.get("status", {}).get("conditions", []):
+        if condition["type"] in ("Complete", "Failed") and condition["status"] == "True":
+            return str(condition["type"])
+    return ""
+
+
 # --- teardown -----------------------------------------------------------------------------
 def _machine() -> dict[str, Any]:
     """What a real node may touch on the host, as the host sees it."""
@@ -162,6 +216,7 @@ def _machine() -> dict[str, Any]:
     return {
         "links": sorted(os.listdir("/sys/class/net")),
         "routes": run("ip", "route", "show"),
+        "services_route": run("ip", "route", "show", realnode.SERVICE_CIDR),
         "iptables": [line for line in run("iptables-save").splitlines()
                      if not line.startswith("#")],
         "mounts": sorted(line.split()[1] for line in Path("/proc/self/mounts").read_text()
@@ -236,5 +291,6 @@ def test_node_metadata_is_recorded_for_sandbox_down(box: Sandbox) -> None:
     # `sandbox down` runs in another process: the slot must be on record to be torn down.
     state = json.loads((box.dir / "state.json").read_text())
     assert state["real_nodes"] == {NODE: box.real_nodes[NODE].slot.index}
-    assert {f"node/{NODE}/{part}" for part in ("holder", "relay", "containerd", "kubelet")} <= \
+    parts = ("holder", "relay", "containerd", "kubelet", "kube-proxy")
+    assert {f"node/{NODE}/{part}" for part in parts} <= \
         set(state["pids"])
