@@ -43,9 +43,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.memory import cpu_seconds
-from gpusteward.sandbox.cluster import _INSECURE, Sandbox, SandboxConfig
+from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.fleet import Fleet, Pool
-from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.kubehttp import _INSECURE, wait_for
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -18,11 +18,9 @@ import json
 import os
 import secrets
 import signal
-import ssl
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -39,7 +37,7 @@ from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
 from gpusteward.sandbox.ksm import scrape_job as ksm_scrape_job
-from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
+from gpusteward.sandbox.kubehttp import KubeHTTP, http_ok, node_ready, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
 from gpusteward.sandbox.procs import Proc, SandboxError, free_port, stop_pid
 from gpusteward.sandbox.realnode import (
@@ -298,7 +296,7 @@ class Sandbox:
             f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
             f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=sandbox={peer}", "--unsafe-no-fsync=true",
-            "--log-level=warn"), lambda: _http_ok(f"{client}/health"))
+            "--log-level=warn"), lambda: http_ok(f"{client}/health"))
 
     def _start_apiserver(self) -> None:
         key = self.dir / "pki" / "sa.key"
@@ -315,7 +313,7 @@ class Sandbox:
             "--endpoint-reconciler-type=none", *self._admission(),
             "--enable-priority-and-fairness=false", "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0", "-v=1"),
-            lambda: _http_ok(f"{self.api_url}/readyz", self.token), timeout=120)
+            lambda: http_ok(f"{self.api_url}/readyz", self.token), timeout=120)
         wait_for("namespace default", lambda: self.api().exists("/api/v1/namespaces/default"))
 
     def _admission(self) -> list[str]:
@@ -336,7 +334,7 @@ class Sandbox:
             "--kube-api-qps=300", "--kube-api-burst=600",
             f"--authorization-always-allow-paths={OPEN_PATHS}",
             "--concurrent-gc-syncs=5", "-v=1"),
-            lambda: _http_ok(f"https://127.0.0.1:{port}/healthz"))
+            lambda: http_ok(f"https://127.0.0.1:{port}/healthz"))
 
     def _kwok_stages(self) -> Path:
         """kwokctl's default Stages without pod-complete: in the sandbox a Job's GPU pod runs
@@ -367,7 +365,7 @@ class Sandbox:
 
         def all_ready() -> bool:
             ready = {n["metadata"]["name"] for n in api.get("/api/v1/nodes")["items"]
-                     if _ready(n) and not _not_ready_taint(n)}
+                     if node_ready(n) and not _not_ready_taint(n)}
             return names <= ready
 
         # Ready (kwok) and untainted (the node lifecycle controller lifts not-ready a few
@@ -424,7 +422,7 @@ class Sandbox:
                           key=len, default="")
             check_socket_path(socket_path(self.hosts_dir, longest))
             argv.append(f"--hosts-dir={self.hosts_dir}")
-        self._run("simulator", argv, lambda: _http_ok(f"{self.simulator_url}/health"))
+        self._run("simulator", argv, lambda: http_ok(f"{self.simulator_url}/health"))
 
     def _start_ksm(self) -> None:
         """The kube-state-metrics stand-in (pod series for ``gpusteward whatif``)."""
@@ -432,7 +430,7 @@ class Sandbox:
                           f"--kubeconfig={self.kubeconfig}",
                           f"--listen=127.0.0.1:{self.ports['ksm']}",
                           f"--metric-labels-allowlist=pods=[{','.join(KSM_LABELS)}]"],
-                  lambda: _http_ok(f"http://127.0.0.1:{self.ports['ksm']}/healthz"))
+                  lambda: http_ok(f"http://127.0.0.1:{self.ports['ksm']}/healthz"))
 
     def _start_agents(self) -> None:
         """One `gpusteward agent` per GPU node, all started before any is waited for."""
@@ -460,7 +458,7 @@ class Sandbox:
             self.save()  # on record at once, as _run does
             started.append((proc, f"http://127.0.0.1:{port}/healthz"))
         for proc, health in started:
-            proc.wait_ready(partial(_http_ok, health))
+            proc.wait_ready(partial(http_ok, health))
 
     def _write_prometheus_config(self) -> Path:
         config = self.dir / "prometheus.yml"
@@ -504,7 +502,7 @@ class Sandbox:
             # new targets (a pool added, a SIGHUP) scraped after 1 s, not 5 s, on 3.x (a hidden
             # flag, also accepted by 2.42; tests/support/prometheus.py)
             "--scrape.discovery-reload-interval=1s",
-        ], lambda: _http_ok(f"{self.prometheus_url}/-/ready"))
+        ], lambda: http_ok(f"{self.prometheus_url}/-/ready"))
 
     def start_extender(self) -> None:
         if self.cfg.extender_replicas == 1:
@@ -519,7 +517,7 @@ class Sandbox:
             f"--listen=127.0.0.1:{self.ports['extender']}",
             f"--affinity={self.cfg.extender_affinity}",
             *(f"--backend=127.0.0.1:{port}" for port in self.replica_ports()),
-        ], lambda: _http_ok(f"{self.extender_url}/readyz"))
+        ], lambda: http_ok(f"{self.extender_url}/readyz"))
 
     def replica_ports(self) -> list[int]:
         return [self.ports[f"{REPLICA_PREFIX}{i}"] for i in range(self.cfg.extender_replicas)]
@@ -529,7 +527,7 @@ class Sandbox:
             sys.executable, "-m", "gpusteward", "extender", f"--policy={self.cfg.policy}",
             f"--listen=127.0.0.1:{port}", f"--kubeconfig={self.kubeconfig}",
             f"--prometheus-url={self.prometheus_url}", f"--shutdown-delay={shutdown_delay}",
-        ], lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"))
+        ], lambda: http_ok(f"http://127.0.0.1:{port}/readyz"))
 
     def stop_component(self, name: str) -> None:
         proc = self.procs.pop(name, None)
@@ -567,14 +565,14 @@ class Sandbox:
             "scheduler", f"--config={path}", "--bind-address=127.0.0.1",
             f"--secure-port={port}", f"--authorization-always-allow-paths={OPEN_PATHS}", "-v=1",
             *([f"--feature-gates={gates}"] if gates else [])),
-            lambda: _http_ok(f"https://127.0.0.1:{port}/readyz"))
+            lambda: http_ok(f"https://127.0.0.1:{port}/readyz"))
 
     def start_protocol_floor(self) -> str:
         """Start the no-op Go extender (sandbox/go/cmd/noopextender); return its URL."""
         port = self.ports.setdefault("noopextender", free_port())
         url = f"http://127.0.0.1:{port}"
         self._run("noopextender", [str(self.bin / "noopextender"), f"--listen=127.0.0.1:{port}"],
-                  lambda: _http_ok(f"{url}/readyz"))
+                  lambda: http_ok(f"{url}/readyz"))
         return url
 
     @property
@@ -614,7 +612,7 @@ class Sandbox:
 
     def start_reclaimer(self) -> None:
         self._run("reclaimer", self.reclaimer_argv(self.ports["reclaimer"]),
-                  lambda: _http_ok(f"{self.reclaimer_url}/healthz"))
+                  lambda: http_ok(f"{self.reclaimer_url}/healthz"))
 
 
 def stop_from_state(state_dir: Path) -> bool:
@@ -641,24 +639,3 @@ def stop_from_state(state_dir: Path) -> bool:
 def _not_ready_taint(node: dict[str, Any]) -> bool:
     return any(t.get("key") == "node.kubernetes.io/not-ready"
                for t in node.get("spec", {}).get("taints") or [])
-
-
-def _ready(node: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in node.get("status", {}).get("conditions", []))
-
-
-_INSECURE = ssl.create_default_context()
-_INSECURE.check_hostname = False
-_INSECURE.verify_mode = ssl.CERT_NONE
-
-
-def _http_ok(url: str, token: str | None = None) -> bool:
-    req = urllib.request.Request(url)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=2, context=_INSECURE) as resp:
-            return resp.status == 200
-    except OSError:
-        return False

@@ -118,3 +118,25 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = 60.0,
         time.sleep(interval)
     suffix = f" (last error: {last_error})" if last_error else ""
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{suffix}")
+
+
+_INSECURE = ssl.create_default_context()
+_INSECURE.check_hostname = False
+_INSECURE.verify_mode = ssl.CERT_NONE  # the sandbox's self-signed serving certificates
+
+
+def http_ok(url: str, token: str | None = None) -> bool:
+    """Whether ``url`` answers 200 (a component's /healthz or /readyz) within 2 s."""
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=2, context=_INSECURE) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def node_ready(node: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in node.get("status", {}).get("conditions", []))

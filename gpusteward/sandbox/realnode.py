@@ -43,7 +43,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gpusteward.sandbox.image import IMAGE, ImageBuildError, archive, ensure_image, ensure_pause
+from gpusteward.sandbox.kubehttp import http_ok, node_ready
 from gpusteward.sandbox.procs import SandboxError, pid_alive
 
 if TYPE_CHECKING:
@@ -488,16 +488,8 @@ def start_node(sb: Sandbox, name: str, token: str, proxy_token: str, pause: str,
                                             user="kube-proxy"))
     sb.run_process(f"{prefix}/kube-proxy", _in_cgroup(slot, _enter(
         node.holder_pid, str(sb.bin / "k8s"), "proxy", f"--config={proxy}", "-v=1")),
-        lambda: _http_ok(f"http://{slot.node_ip}:10256/healthz"), timeout=60)
+        lambda: http_ok(f"http://{slot.node_ip}:10256/healthz"), timeout=60)
     return node
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (OSError, ValueError):
-        return False
 
 
 def _joined(pid: int) -> bool:
@@ -522,8 +514,5 @@ def _ctr(node: RealNode, *argv: str, timeout: float = 30) -> subprocess.Complete
 
 
 def _node_ready(sb: Sandbox, name: str) -> bool:
-    if not sb.api().exists(f"/api/v1/nodes/{name}"):
-        return False
-    node = sb.api().get(f"/api/v1/nodes/{name}")
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in node.get("status", {}).get("conditions", []))
+    api = sb.api()
+    return api.exists(f"/api/v1/nodes/{name}") and node_ready(api.get(f"/api/v1/nodes/{name}"))

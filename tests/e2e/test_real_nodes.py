@@ -38,6 +38,7 @@ from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox, SandboxConfig
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, KWOK_ANNOTATION, Fleet
 from gpusteward.sandbox.image import IMAGE, git_revision
 from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.procs import pid_alive
 from tests.e2e.kube import Namespace
 from tests.support.sandbox import fresh_namespace, started
 
@@ -266,7 +267,7 @@ def test_teardown_and_the_orphan_reaper_leave_the_machine_as_found(
                 # pod's processes live on until the reaper finds the holder gone.
                 holder = box.real_nodes[NODE].holder_pid
                 os.kill(holder, signal.SIGKILL)
-                wait_for("the holder to die", lambda pid=holder: not _alive(pid), timeout=10)
+                wait_for("the holder to die", lambda pid=holder: not pid_alive(pid), timeout=10)
                 box.real_nodes.clear()
                 box.procs = {n: p for n, p in box.procs.items() if not n.startswith("node/")}
                 assert realnode._pids_in(slot), "the node's processes outlive the holder"
@@ -277,14 +278,6 @@ def test_teardown_and_the_orphan_reaper_leave_the_machine_as_found(
             wait_for("the machine to be as found", lambda: _machine() == before, timeout=15)
         assert _machine() == before
         assert not _processes_under(state), _processes_under(state)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_node_metadata_is_recorded_for_sandbox_down(box: Sandbox) -> None:
