@@ -1,5 +1,5 @@
 """Deployment tier: render the kustomize tree and the Helm chart with kustomize and helm built
-from Go modules (tests/deploy/renderers.py), and check the result against the sandbox's real
+from Go modules (gpusteward/sandbox/renderers.py), and check the result against the sandbox's real
 kube-apiserver (the session `sandbox` fixture of tests/support/sandbox.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from gpusteward.sandbox.renderers import ensure_renderers
 from tests.deploy.manifests import render_helm, render_kustomize
-from tests.deploy.renderers import ensure_renderers
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ built in a temporary directory renamed into place on success, under a file lock.
 (modules already downloaded) took 2 min 49 s on two cores, 1.0 GB peak RSS; a cache hit takes
 milliseconds.
 
-Run ``python -m tests.deploy.renderers`` to build and print the bin dir.
+Run ``python -m gpusteward.sandbox.renderers`` to build and print the bin dir.
 """
 
 from __future__ import annotations
