@@ -32,6 +32,7 @@ from gpusteward.core.model import CLASS_KEY, TEAM_LABEL
 from gpusteward.sandbox import dra
 from gpusteward.sandbox.build import ensure_binaries
 from gpusteward.sandbox.checkout import REPO
+from gpusteward.sandbox.clusterdns import start_dns
 from gpusteward.sandbox.controllers import STARTERS, prometheus_binaries, with_needs
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
@@ -54,9 +55,10 @@ from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simul
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
+PROMETHEUS_USER = "gpusteward-sandbox:prometheus"  # its service discovery on real nodes
 STOP_ORDER = ("reclaimer", "kueue", "kuberay", "trainer", "jobset", "keda", "scheduler",
-              "extender", "noopextender", "prometheus", "agent", "simulator", "ksm", "node", "kwok",
-              "controller-manager", "apiserver", "etcd")
+              "extender", "noopextender", "prometheus", "agent", "simulator", "ksm", "coredns",
+              "node", "kwok", "controller-manager", "apiserver", "etcd")
 AGENT_INTERVAL_S = 1  # NVML reads a second, like the simulator's 1 s scrapes
 # The simulator's XIDs last as long as a node's label; its GPU hosts repeat the event every
 # 0.5 s meanwhile, so a 2 s hold shows the XID exactly that long (+2 s).
@@ -126,6 +128,7 @@ class Sandbox:
     ports: dict[str, int] = field(default_factory=dict)
     token: str = field(default_factory=lambda: secrets.token_hex(16))
     real_nodes: dict[str, RealNode] = field(default_factory=dict)
+    scrapes: list[dict[str, Any]] = field(default_factory=list)  # beyond telemetry and KSM
 
     # --- paths and endpoints ------------------------------------------------------------
     @property
@@ -265,12 +268,18 @@ class Sandbox:
         authorizer gives it what a kubelet may do, and no more."""
         return hashlib.sha256(f"{self.token}/{name}".encode()).hexdigest()[:32]
 
+    def prometheus_sd_token(self) -> str:
+        return self._node_token(PROMETHEUS_USER)
+
     def _write_credentials(self) -> None:
         lines = [f'{self.token},admin,admin-uid,"system:masters"']
         lines += [f'{self._node_token(n)},system:node:{n},node-{n},"system:nodes"'
                   for n in self.real_node_names()]
         if self.cfg.real_nodes:  # bound to system:node-proxier by the API server's defaults
             lines.append(f"{self._node_token('kube-proxy')},system:kube-proxy,kube-proxy")
+            # Prometheus's service discovery of the pods on real nodes (gpusteward.sandbox.chart
+            # binds it the rights kube-prometheus gives its Prometheus).
+            lines.append(f"{self.prometheus_sd_token()},{PROMETHEUS_USER},prometheus")
         (self.dir / "tokens.csv").write_text("\n".join(lines) + "\n")
         key = self.dir / "pki" / "sa.key"
         if not key.exists():
@@ -391,6 +400,7 @@ class Sandbox:
                        pause, archives)
         first = self.real_nodes[self.real_node_names()[0]]
         self._publish_api_endpoint(first.slot.host_ip)
+        start_dns(self, [node.slot.host_ip for node in self.real_nodes.values()])
         if not route_services(first):
             self.cfg.log(f"the host cannot reach this sandbox's ClusterIPs: another sandbox's "
                          f"real nodes hold the route for {SERVICE_CIDR}")
@@ -466,7 +476,8 @@ class Sandbox:
             "global": {"scrape_interval": self.cfg.scrape_interval,
                        "evaluation_interval": self.cfg.scrape_interval},
             "scrape_configs": [self.telemetry_scrape(),
-                               ksm_scrape_job(f"127.0.0.1:{self.ports['ksm']}")],
+                               ksm_scrape_job(f"127.0.0.1:{self.ports['ksm']}"),
+                               *self.scrapes],
         }))
         return config
 
@@ -485,6 +496,13 @@ class Sandbox:
             api.delete(f"/api/v1/nodes/{node}")
         for name in dra.pool_slice_names(pool):
             api.delete(f"{dra.RESOURCE_API}/resourceslices/{name}")
+        self._reload_prometheus()
+
+    def add_scrapes(self, jobs: list[dict[str, Any]]) -> None:
+        """More scrape jobs (pods on real nodes, found through the API server), replacing
+        any of the same name."""
+        names = {job["job_name"] for job in jobs}
+        self.scrapes = [job for job in self.scrapes if job["job_name"] not in names] + jobs
         self._reload_prometheus()
 
     def _reload_prometheus(self) -> None:

@@ -36,7 +36,7 @@ from gpusteward.core.fleet import FleetStore
 from gpusteward.core.kubewire import WireNode, to_node
 from gpusteward.core.model import Node
 from gpusteward.core.sharing import physical
-from gpusteward.sandbox import native
+from gpusteward.sandbox import chart, native
 from gpusteward.sandbox.build import SandboxBuildError
 from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
 from gpusteward.sandbox.commands import default_state_dir
@@ -44,6 +44,7 @@ from gpusteward.sandbox.fleet import DEFAULT_FLEET, GPU_RESOURCES, Fleet, Pool
 from gpusteward.sandbox.kubehttp import KubeHTTP, wait_for
 from gpusteward.sandbox.procs import SandboxError
 from gpusteward.sandbox.receiver import Receiver
+from gpusteward.sandbox.renderers import RendererBuildError, ensure_renderers
 from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 
 NS = "demo"
@@ -123,11 +124,13 @@ def node_utilization(prometheus_url: str) -> dict[str, float]:
 
 
 def explain(box: Sandbox, job: Job, nodes: list[str]) -> tuple[dict[str, int], dict[str, str]]:
-    """What the extender thinks of every node for this pod (no uid: nothing is reserved)."""
+    """What the extender thinks of every node for this pod (no uid: nothing is reserved): the
+    one the scheduler calls, a host process or the installed chart's Service."""
     pod = manifest(job)
-    verdict = _post(f"{box.extender_url}/filter", {"Pod": pod, "NodeNames": nodes})
+    url = box.cfg.scheduler_extender_url or box.extender_url
+    verdict = _post(f"{url}/filter", {"Pod": pod, "NodeNames": nodes})
     rejected = {**verdict["FailedNodes"], **verdict["FailedAndUnresolvableNodes"]}
-    scores = _post(f"{box.extender_url}/prioritize", {"Pod": pod, "NodeNames": nodes})
+    scores = _post(f"{url}/prioritize", {"Pod": pod, "NodeNames": nodes})
     return {e["Host"]: e["Score"] for e in scores}, rejected
 
 
@@ -286,12 +289,44 @@ def print_whatif(box: Sandbox, since: float) -> bool:
     return out.returncode == 0
 
 
-def start_sandbox(state: Path, keep: bool, native_too: bool = False) -> Sandbox:
+def start_sandbox(state: Path, keep: bool, native_too: bool = False,
+                  with_chart: bool = False) -> Sandbox:
     """The demo's sandbox. Kept (KEEP=1), its processes outlive the demo, each on record in
-    ``state`` as it starts, for `gpusteward sandbox down`."""
-    return Sandbox(SandboxConfig(state_dir=state, fleet=DEMO_FLEET, with_extender=True,
-                                 detach=keep, with_controllers=("kueue",) if native_too else (),
+    ``state`` as it starts, for `gpusteward sandbox down`. With the chart: a real node for its
+    pods, and no extender process (the chart's runs as pods)."""
+    return Sandbox(SandboxConfig(state_dir=state, fleet=DEMO_FLEET, with_extender=not with_chart,
+                                 real_nodes=1 if with_chart else 0, detach=keep,
+                                 with_controllers=("kueue",) if native_too else (),
                                  log=lambda m: print(f"  {m}", flush=True))).start()
+
+
+def install_chart(box: Sandbox) -> tuple[chart.Helm, Path]:
+    """`helm install` of the chart, its reclaimer scaled to 0 until the workload is placed;
+    the scheduler then calls the extender pods through their Service."""
+    helm = chart.Helm(ensure_renderers() / "helm", box.kubeconfig)
+    values = chart.sandbox_values(box)
+    path = chart.write_values(box, values)
+    print(f"\nInstalling the chart (helm install {chart.RELEASE} deploy/helm/gpusteward "
+          f"-n {chart.NAMESPACE} -f {path} --set reclaimer.replicas=0 --wait)...", flush=True)
+    helm.install(path, "--set=reclaimer.replicas=0")
+    url = chart.use_chart_extender(box)
+    jobs = chart.scrape_service_monitors(box, helm, path)
+    for line in subprocess.run(
+            [str(helm.binary), "status", chart.RELEASE, f"--namespace={chart.NAMESPACE}",
+             f"--kubeconfig={box.kubeconfig}"], capture_output=True, text=True,
+            timeout=60).stdout.splitlines()[:6]:
+        print(f"  {line}")
+    print(f"  the scheduler calls the extender Service at {url}; Prometheus scrapes "
+          f"{', '.join(jobs)}", flush=True)
+    return helm, path
+
+
+def start_chart_reclaimer(helm: chart.Helm, values: Path) -> None:
+    print("\nScaling the chart's reclaimer to its 2 replicas (helm upgrade --reuse-values); "
+          "one leads\nthrough its Lease. The sandbox policy runs it in enforce mode with a 15 s "
+          "idle window\nand a 4 s grace (shipped default: observe, 30 min, 15 min).\n",
+          flush=True)
+    helm.upgrade(values, "--reuse-values", "--set=reclaimer.replicas=2")
 
 
 def start_reclaimer(box: Sandbox) -> Receiver:
@@ -305,10 +340,14 @@ def start_reclaimer(box: Sandbox) -> Receiver:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpusteward.sandbox.demo")
-    parser.add_argument("--with", dest="extra", choices=["kueue"], action="append", default=[],
-                        help="also reclaim a Kueue Job and a notebook the native way (starts "
-                             "the real Kueue, built from its Go module on first use)")
-    native_too = "kueue" in parser.parse_args(argv).extra
+    parser.add_argument("--with", dest="extra", choices=["kueue", "chart"], action="append",
+                        default=[],
+                        help="kueue: also reclaim a Kueue Job and a notebook the native way "
+                             "(starts the real Kueue, built from its Go module on first use); "
+                             "chart: run gpusteward as the Helm chart installs it, as pods on a "
+                             "real node from the image `make image` builds")
+    extra = parser.parse_args(argv).extra
+    native_too, with_chart = "kueue" in extra, "chart" in extra
     keep = os.environ.get("KEEP") == "1"
     state = default_state_dir() if keep else Path(tempfile.mkdtemp(prefix="gpusteward-demo-"))
     if keep and (state / "state.json").exists():
@@ -317,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("Starting the sandbox (the first run builds Kubernetes from Go modules: ~6 min)...")
     try:
-        box = start_sandbox(state, keep, native_too)
-    except (SandboxBuildError, SandboxError, TimeoutError) as e:
+        box = start_sandbox(state, keep, native_too, with_chart)
+        installed = install_chart(box) if with_chart else None
+    except (SandboxBuildError, SandboxError, TimeoutError, chart.HelmError,
+            RendererBuildError) as e:
         print(f"demo failed to start the sandbox: {e}", file=sys.stderr)
         return 1
     try:
@@ -332,9 +373,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nIn namespace {native.NS}: an idle Kueue Job holding its queue's one GPU, "
                   "a busy\nhigher-priority one waiting for it, and an idle Kubeflow notebook.")
             native.setup(box.api())
-        print("\nStarting the reclaimer. The sandbox policy runs it in enforce mode with a 15 s"
-              "\nidle window and a 4 s grace (shipped default: observe, 30 min, 15 min).\n")
-        receiver = start_reclaimer(box)
+        receiver = None
+        if installed:
+            start_chart_reclaimer(*installed)
+        else:
+            print("\nStarting the reclaimer. The sandbox policy runs it in enforce mode with a "
+                  "15 s\nidle window and a 4 s grace (shipped default: observe, 30 min, 15 min)."
+                  "\n")
+            receiver = start_reclaimer(box)
         returned, reclaimed = watch_reclaimer(box, rows)
         allocated = sum(r["physical"] for r in rows)
         idle = {j.name for j in WORKLOAD if j.util == "0"}
@@ -345,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nReclaimed the native way ({native.NS}):\n")
             native_ok = native.watch(box.api())
         ok = all(r["node"] for r in rows) and reclaimed == idle and native_ok
-        ok = print_notifications(receiver) and ok
+        if receiver is not None:  # the chart's pods cannot reach a receiver in this process
+            ok = print_notifications(receiver) and ok
         ok = print_report(box) and ok
         ok = print_whatif(box, since) and ok
     finally:

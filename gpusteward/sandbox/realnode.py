@@ -159,7 +159,7 @@ def _inherit_cpuset(directory: Path) -> None:
             mine.write_text(parents.read_text())
 
 
-def _pids_in(slot: Slot) -> set[int]:
+def pids_in(slot: Slot) -> set[int]:
     pids: set[int] = set()
     for tree in _hierarchies():
         root = tree / slot.cgroup
@@ -218,7 +218,7 @@ def reap_orphans(grace_s: float = _CLAIM_GRACE_S) -> list[int]:
         suffix = root.name.removeprefix("gpusteward-node")
         if not suffix.isdigit() or time.time() - root.stat().st_ctime < grace_s:
             continue
-        holders = [pid for pid in _pids_in(Slot(int(suffix))) if _is_holder(pid)]
+        holders = [pid for pid in pids_in(Slot(int(suffix))) if _is_holder(pid)]
         if not holders:
             teardown(Slot(int(suffix)))
             reaped.append(int(suffix))
@@ -236,7 +236,7 @@ def _is_holder(pid: int) -> bool:
 def teardown(slot: Slot, timeout: float = 30.0) -> None:
     """Kill every process of the node, remove its cgroups, and check its link is gone."""
     deadline = time.monotonic() + timeout
-    while pids := _pids_in(slot):
+    while pids := pids_in(slot):
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -372,7 +372,7 @@ def _cni_config(node: RealNode) -> None:
 
 def _kubelet_config(node: RealNode) -> Path:
     resolv = node.dir / "resolv.conf"
-    resolv.write_text("")  # no DNS: nothing in the node may look past this machine
+    resolv.write_text("")  # no upstream DNS: nothing in the node may look past this machine
     config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         # Kubernetes >= 1.35 refuses cgroup v1 unless told; this machine's is a v1 hybrid.
@@ -386,6 +386,8 @@ def _kubelet_config(node: RealNode) -> Path:
         "address": node.slot.node_ip, "port": _KUBELET_PORT, "readOnlyPort": 0,
         "healthzBindAddress": node.slot.node_ip, "healthzPort": 10248,
         "resolvConf": str(resolv),
+        # The sandbox's CoreDNS on this node's host end (gpusteward.sandbox.clusterdns).
+        "clusterDNS": [node.slot.host_ip], "clusterDomain": "cluster.local",
         # The sandbox shares the machine's disk with everything else: evict only when full.
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
                          "imagefs.available": "1%", "nodefs.inodesFree": "1%"},

@@ -60,3 +60,62 @@ def scrape_config(exporter: Exporter, targets: dict[str, tuple[str, str]],
             for node, (address, path) in sorted(targets.items())
         ],
     }
+
+
+@dataclass(frozen=True)
+class KubernetesSD:
+    """How Prometheus reaches the API server for service discovery."""
+
+    api_server: str
+    ca_file: str
+    token_file: str
+
+
+def _label_name(label: str) -> str:
+    """A Kubernetes label as Prometheus's ``__meta_kubernetes_service_label_*`` spells it."""
+    return "".join(c if c.isalnum() else "_" for c in label)
+
+
+def service_monitor_jobs(monitor: dict[str, Any], sd: KubernetesSD) -> list[dict[str, Any]]:
+    """The scrape jobs the Prometheus Operator generates for one ServiceMonitor, one per
+    endpoint (prometheus-operator pkg/prometheus/promcfg.go, generateServiceMonitorConfig, with
+    serviceDiscoveryRole EndpointSlice): EndpointSlice discovery in the monitor's namespace,
+    kept when the Service carries every ``selector.matchLabels`` label and the port's name
+    matches, and relabelled with namespace, service, pod, container, job and endpoint."""
+    meta, spec = monitor["metadata"], monitor["spec"]
+    keep_service = [
+        {"action": "keep", "regex": f"({value});true", "source_labels": [
+            f"__meta_kubernetes_service_label_{_label_name(key)}",
+            f"__meta_kubernetes_service_labelpresent_{_label_name(key)}"]}
+        for key, value in sorted(spec["selector"].get("matchLabels", {}).items())]
+    jobs = []
+    for index, endpoint in enumerate(spec["endpoints"]):
+        port = endpoint["port"]
+        jobs.append({
+            "job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/{index}",
+            "honor_labels": bool(endpoint.get("honorLabels", False)),
+            "metrics_path": endpoint.get("path", "/metrics"),
+            **({"scrape_interval": endpoint["interval"]} if "interval" in endpoint else {}),
+            "kubernetes_sd_configs": [{
+                "role": "endpointslice", "api_server": sd.api_server,
+                "namespaces": {"names": [meta["namespace"]]},
+                "tls_config": {"ca_file": sd.ca_file},
+                "authorization": {"credentials_file": sd.token_file}}],
+            "relabel_configs": [
+                *keep_service,
+                {"action": "keep", "regex": port,
+                 "source_labels": ["__meta_kubernetes_endpointslice_port_name"]},
+                {"source_labels": ["__meta_kubernetes_endpointslice_address_target_kind",
+                                   "__meta_kubernetes_endpointslice_address_target_name"],
+                 "separator": ";", "regex": "Pod;(.*)", "replacement": "${1}",
+                 "target_label": "pod"},
+                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                {"source_labels": ["__meta_kubernetes_pod_container_name"],
+                 "target_label": "container"},
+                {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job",
+                 "replacement": "${1}"},
+                {"target_label": "endpoint", "replacement": port},
+            ]})
+    return jobs

@@ -270,7 +270,7 @@ def test_teardown_and_the_orphan_reaper_leave_the_machine_as_found(
                 wait_for("the holder to die", lambda pid=holder: not pid_alive(pid), timeout=10)
                 box.real_nodes.clear()
                 box.procs = {n: p for n, p in box.procs.items() if not n.startswith("node/")}
-                assert realnode._pids_in(slot), "the node's processes outlive the holder"
+                assert realnode.pids_in(slot), "the node's processes outlive the holder"
                 assert slot.index in realnode.reap_orphans(grace_s=0)
         finally:
             box.stop()

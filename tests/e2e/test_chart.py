@@ -1,0 +1,352 @@
+"""The Helm chart installed for real (issue 27, items 3 to 6): `helm install` of
+deploy/helm/gpusteward into a sandbox with a real node, the image `make image` built, every
+component a pod with its own ServiceAccount and in-cluster config (gpusteward.sandbox.chart).
+
+* the extender Deployment (2 replicas) and the reclaimer (2 replicas behind its Lease) run on
+  the real node, Ready, each as its own ServiceAccount, and one reclaimer pod leads;
+* the scheduler reaches the extender through its Service: the sandbox's kube-scheduler (a host
+  process, outside cluster DNS) with the defaultScheduler recipe and the Service's ClusterIP,
+  kube-proxy on the node sending the calls to an extender pod, which places a GPU pod on a card
+  it accepts;
+* Prometheus scrapes both components' /metrics through the scrape jobs the Prometheus Operator
+  makes of the chart's ServiceMonitors;
+* the reclaimer pod warns then evicts an idle GPU pod and leaves a busy one; a leader killed
+  mid-cycle hands its Lease over within the documented time;
+* `helm test` passes (its Pod calls the extender by the Service name the chart renders,
+  resolved by the sandbox's CoreDNS), and `helm uninstall` leaves none of the chart's objects
+  behind: only the Lease, the ConfigMaps of its records and Events, as docs/install.md says;
+* bad input at install: a values file the schema refuses (the field named, nothing created), a
+  policy that fails validation (exit 2, every problem in the pod's status, no traceback), and
+  an unreachable Prometheus (the extender Ready and neutral, the reclaimer marking nothing).
+
+The GPU nodes carry GKE's GPU taint (nvidia.com/gpu=present:NoSchedule, which GKE puts on every
+GPU node pool: cloud.google.com/kubernetes-engine/docs/how-to/gpus), so only pods that tolerate
+it land there; the chart's pods, which do not, land on the real node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
+from gpusteward.sandbox import chart, realnode
+from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
+from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, TaintSpec
+from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.renderers import ensure_renderers
+from tests.e2e.kube import Namespace, annotations, gone, gpu_pod, reasons
+from tests.support.sandbox import fresh_namespace
+
+pytestmark = pytest.mark.e2e
+
+GPU_TAINT = TaintSpec(key="nvidia.com/gpu", value="present", effect="NoSchedule")
+FLEET = Fleet(pools=[msgspec.structs.replace(p, taints=[GPU_TAINT])
+                     for p in DEFAULT_FLEET.pools if p.name == "l4"])
+NODE = "real-0"
+APPS = "/apis/apps/v1/namespaces/gpusteward"
+EXTENDER_METRICS, RECLAIMER_METRICS = 9090, 8080  # the chart's metricsPort defaults
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpusteward/leases"
+#: What uninstall leaves (docs/install.md, "Uninstall"): the reclaimer's Lease and the records
+#: it keeps in ConfigMaps (made at run time, not by the chart).
+LEFT_BEHIND = {f"gpusteward-reclaimer-{record}" for record in
+               ("reclaims", "stops", "snoozes", "notifications")}
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    state = Path(tmp_path_factory.mktemp("chart-sandbox"))
+    sandbox = Sandbox(SandboxConfig(state_dir=state, fleet=FLEET, real_nodes=1,
+                                    with_extender=False)).start()
+    try:
+        yield sandbox
+    finally:
+        sandbox.stop()
+
+
+@pytest.fixture(scope="module")
+def helm(box: Sandbox) -> chart.Helm:
+    return chart.Helm(ensure_renderers() / "helm", box.kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def values(box: Sandbox) -> Path:
+    return chart.write_values(box, chart.sandbox_values(box))
+
+
+@pytest.fixture(scope="module")
+def installed(box: Sandbox, helm: chart.Helm, values: Path) -> chart.Helm:
+    helm.install(values)
+    return helm
+
+
+@pytest.fixture
+def ns(box: Sandbox) -> Iterator[Namespace]:
+    yield from fresh_namespace(box.api(), "chart")
+
+
+def _pods(box: Sandbox, component: str) -> list[dict[str, Any]]:
+    selector = urllib.parse.quote(f"app.kubernetes.io/component={component}")
+    return list(box.api().get(
+        f"/api/v1/namespaces/gpusteward/pods?labelSelector={selector}")["items"])
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
+
+
+def test_every_component_runs_as_a_pod_with_its_own_serviceaccount(
+        box: Sandbox, installed: chart.Helm) -> None:
+    assert chart.release_status(installed)["info"]["status"] == "deployed"
+    for component, account in (("extender", "gpusteward-extender"),
+                                ("reclaimer", "gpusteward-reclaimer")):
+        deployment = box.api().get(f"{APPS}/deployments/gpusteward-{component}")
+        assert deployment["status"].get("readyReplicas") == 2, deployment["status"]
+        pods = _pods(box, component)
+        assert len(pods) == 2 and all(_ready(p) for p in pods)
+        for pod in pods:
+            assert pod["spec"]["serviceAccountName"] == account
+            assert pod["spec"]["nodeName"] == NODE
+            (container,) = pod["spec"]["containers"]
+            assert container["image"] == "localhost/gpusteward:dev"
+            assert not any("kubeconfig" in arg for arg in container["args"]), \
+                "in-cluster config, not a kubeconfig"
+    holders = {p["metadata"]["name"] for p in _pods(box, "reclaimer")}
+    holder = wait_for("a reclaimer pod to lead", lambda: _lease_holder(box), timeout=60)
+    assert any(holder.startswith(f"{name}-") for name in holders), (holder, holders)
+
+
+def _lease_holder(box: Sandbox) -> str | None:
+    path = f"{LEASES}/gpusteward-reclaimer"
+    if not box.api().exists(path):
+        return None
+    return box.api().get(path)["spec"].get("holderIdentity")
+
+
+def _metric(box: Sandbox, component: str, port: int, name: str,
+            labels: dict[str, str] | None = None) -> list[float]:
+    """One sample's value from each of ``component``'s pods, read from its metrics port."""
+    values = []
+    for pod in _pods(box, component):
+        url = f"http://{pod['status']['podIP']}:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+        values += [s.value for family in text_string_to_metric_families(text)
+                   for s in family.samples
+                   if s.name == name and (labels is None or s.labels == labels)]
+    return values
+
+
+def _filter_calls(box: Sandbox) -> float:
+    """Filter calls answered, summed over the extender pods."""
+    return sum(_metric(box, "extender", EXTENDER_METRICS, "gpusteward_extender_requests_total",
+                       {"verb": "filter", "code": "200"}))
+
+
+def test_the_scheduler_places_gpu_pods_through_the_extender_service(
+        box: Sandbox, installed: chart.Helm, ns: Namespace) -> None:
+    url = chart.use_chart_extender(box)
+    assert url.startswith("http://10.96."), url
+    before = _filter_calls(box)
+    ns.create_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "trainer"},
+                   "spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                             "effect": "NoSchedule"}],
+                            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+                            "containers": [{"name": "main", "image": "trainer",
+                                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    node = wait_for("the GPU pod to be placed", lambda: ns.api.get(
+        ns.path("pods", "trainer"))["spec"].get("nodeName"), timeout=60)
+    assert node.startswith("l4-"), node
+    assert _filter_calls(box) > before, "the extender pods answered the scheduler's filter call"
+
+
+def _up(box: Sandbox, job: str) -> list[dict[str, Any]]:
+    query = urllib.parse.urlencode({"query": f'up{{job="{job}"}} == 1'})
+    with urllib.request.urlopen(f"{box.prometheus_url}/api/v1/query?{query}",
+                                timeout=5) as resp:
+        return list(json.loads(resp.read())["data"]["result"])
+
+
+def test_prometheus_scrapes_the_pods_its_service_monitors_select(
+        box: Sandbox, installed: chart.Helm, values: Path) -> None:
+    jobs = chart.scrape_service_monitors(box, installed, values)
+    assert sorted(jobs) == ["serviceMonitor/gpusteward/gpusteward-extender/0",
+                            "serviceMonitor/gpusteward/gpusteward-reclaimer/0"]
+    # job: the Service's name, as the Operator sets it without a jobLabel
+    for component, job in (("extender", "gpusteward-extender"),
+                           ("reclaimer", "gpusteward-reclaimer-metrics")):
+        targets = wait_for(f"both {component} pods scraped", lambda j=job: (
+            found if len(found := _up(box, j)) == 2 else None), timeout=60)
+        pods = {p["metadata"]["name"] for p in _pods(box, component)}
+        assert {t["metric"]["pod"] for t in targets} == pods
+        assert {t["metric"]["endpoint"] for t in targets} == {"metrics"}
+        assert {t["metric"]["namespace"] for t in targets} == {"gpusteward"}
+
+
+def test_helm_test_passes(box: Sandbox, installed: chart.Helm) -> None:
+    done = installed.run("test", chart.RELEASE, "--timeout=3m")  # raises unless it passed
+    assert "Succeeded" in done.stdout, done.stdout
+
+
+def test_the_reclaimer_pod_warns_then_evicts_an_idle_pod_and_leaves_a_busy_one(
+        box: Sandbox, installed: chart.Helm, ns: Namespace) -> None:
+    # The sandbox policy the chart was given: enforce, a 15 s idle window, a 4 s grace.
+    for name, util in (("idle", "0"), ("busy", "90")):
+        ns.create_pod(gpu_pod(name, 1, node=f"l4-{0 if name == 'idle' else 1}", util=util,
+                              tolerate="nvidia.com/gpu"))
+        ns.running(name)
+    wait_for("the idle pod marked and warned", lambda: RECLAIM_AT in annotations(ns, "idle"),
+             timeout=90)
+    assert not gone(ns, "idle")
+    wait_for("the idle pod evicted", lambda: gone(ns, "idle"), timeout=60)
+    assert {"GPUIdle", "GPUIdleWarning", "GPUReclaimed"} <= set(reasons(ns, "idle"))
+    assert ns.pod("busy")["status"]["phase"] == "Running"
+    assert IDLE_SINCE not in annotations(ns, "busy")
+    assert not {"GPUIdleWarning", "GPUReclaimed"} & set(reasons(ns, "busy"))
+    # reclaimed by a chart pod: its Event names the pod (reportingInstance, the hostname)
+    (reclaimed,) = [e for e in ns.api.get(ns.path("events"))["items"]
+                    if e["reason"] == "GPUReclaimed"]
+    pods = {p["metadata"]["name"] for p in _pods(box, "reclaimer")}
+    assert reclaimed["reportingInstance"] in pods, (reclaimed["reportingInstance"], pods)
+
+
+def _process_of(box: Sandbox, pod: str, command: str) -> int:
+    """The pid, as the host sees it, of ``pod``'s container running ``gpusteward command``:
+    the kubelet sets each container's HOSTNAME to its pod's name."""
+    for pid in realnode.pids_in(box.real_nodes[NODE].slot):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if command.encode() in argv[:3] and f"HOSTNAME={pod}".encode() in environ:
+            return pid
+    raise AssertionError(f"no {command} process of pod {pod}")
+
+
+def test_a_killed_leader_hands_the_lease_over_within_the_documented_time(
+        box: Sandbox, installed: chart.Helm) -> None:
+    # docs/operations.md, "Failure modes of the reclaimer": a leader killed without releasing
+    # its Lease is replaced within leaseDurationSeconds + 2 renewal periods (15 s + 2 x 2.5 s
+    # with the chart's defaults) of its last renewal; 3 s more for this machine's API calls.
+    holder = wait_for("a reclaimer pod to lead", lambda: _lease_holder(box), timeout=60)
+    pod = holder.rsplit("-", 1)[0]
+    os.kill(_process_of(box, pod, "reclaimer"), signal.SIGKILL)
+    killed = time.monotonic()
+    successor = wait_for("another replica to lead", lambda: (
+        new if (new := _lease_holder(box)) not in (None, holder) else None), timeout=40)
+    assert time.monotonic() - killed <= 15 + 2 * 2.5 + 3
+    assert successor != holder
+    # the killed container restarts in its pod (restartPolicy Always) and stands by
+    wait_for("both reclaimer pods Ready again", lambda: len(
+        [p for p in _pods(box, "reclaimer") if _ready(p)]) == 2, timeout=60)
+
+
+def test_helm_uninstall_leaves_only_the_lease_ledgers_and_events(
+        box: Sandbox, installed: chart.Helm) -> None:
+    installed.run("uninstall", chart.RELEASE, "--wait", "--timeout=3m")
+    api = box.api()
+    left: dict[str, list[str]] = {}
+    for path in ("/api/v1/namespaces/gpusteward/configmaps",
+                 "/api/v1/namespaces/gpusteward/services",
+                 "/api/v1/namespaces/gpusteward/serviceaccounts",
+                 "/api/v1/namespaces/gpusteward/secrets",
+                 "/api/v1/namespaces/gpusteward/pods",
+                 f"{APPS}/deployments", f"{APPS}/daemonsets",
+                 "/apis/policy/v1/namespaces/gpusteward/poddisruptionbudgets",
+                 "/apis/networking.k8s.io/v1/namespaces/gpusteward/networkpolicies",
+                 LEASES,
+                 f"{chart.RBAC}/namespaces/gpusteward/roles",
+                 f"{chart.RBAC}/namespaces/gpusteward/rolebindings",
+                 f"{chart.RBAC}/clusterroles?labelSelector=app.kubernetes.io%2Fname%3Dgpusteward",
+                 f"{chart.RBAC}/clusterrolebindings"
+                 "?labelSelector=app.kubernetes.io%2Fname%3Dgpusteward"):
+        names = [o["metadata"]["name"] for o in api.get(path)["items"]]
+        if names:
+            left[path.split("?")[0].rsplit("/", 1)[1]] = sorted(names)
+    # pods go with their Deployments' garbage collection, a moment after helm returns
+    if "pods" in left:
+        wait_for("the pods to go", lambda: not api.get(
+            "/api/v1/namespaces/gpusteward/pods")["items"], timeout=60)
+        del left["pods"]
+    assert left.pop("serviceaccounts") == ["default"]
+    assert set(left.pop("configmaps")) - {"kube-root-ca.crt"} <= LEFT_BEHIND
+    assert left == {"leases": ["gpusteward-reclaimer"]}, left
+
+
+# --- bad input at install (after the uninstall above: a fresh release each) ----------------
+def test_a_values_file_the_schema_refuses_is_refused_by_name_and_creates_nothing(
+        box: Sandbox, helm: chart.Helm) -> None:
+    bad = chart.write_values(box, {**chart.sandbox_values(box), "extender": {"replicas": "two"}},
+                             "bad-values.yaml")
+    done = helm.install(bad, check=False)
+    assert done.returncode != 0
+    assert "at '/extender/replicas': got string, want integer" in done.stderr, done.stderr
+    assert not box.api().get("/api/v1/namespaces/gpusteward/secrets?labelSelector=owner%3Dhelm")[
+        "items"], "no release recorded"
+
+
+def test_a_policy_that_fails_validation_exits_2_naming_every_problem(
+        box: Sandbox, helm: chart.Helm) -> None:
+    # --set-file policy=FILE passes text, which only gpusteward checks (docs/install.md, "Helm")
+    text = "reclaim:\n  mode: sometimes\n  idle: {thresholdPercent: 150}\n"
+    values = chart.write_values(box, {**chart.sandbox_values(box), "policy": text,
+                                      "tests": {"enabled": False}}, "bad-policy.yaml")
+    helm.run("install", chart.RELEASE, str(chart.CHART), f"--values={values}",
+             "--create-namespace")  # no --wait: its pods never turn Ready
+    try:
+        for component in ("extender", "reclaimer"):
+            terminated = wait_for(f"the {component} pods to exit", lambda c=component: next(
+                (t for p in _pods(box, c) for s in p["status"].get("containerStatuses", [])
+                 if (t := s.get("lastState", {}).get("terminated")
+                     or s.get("state", {}).get("terminated"))), None), timeout=90)
+            assert terminated["exitCode"] == 2, terminated
+            message = terminated.get("message", "")
+            assert "reclaim.mode: expected one of observe, warn, enforce" in message, message
+            assert "reclaim.idle.thresholdPercent" in message, message
+            assert "Traceback" not in message
+            wait_for(f"the {component} pods in CrashLoopBackOff", lambda c=component: all(
+                s.get("state", {}).get("waiting", {}).get("reason") == "CrashLoopBackOff"
+                for p in _pods(box, c) for s in p["status"].get("containerStatuses", [])),
+                timeout=60)
+        assert not any(_ready(p) for p in _pods(box, "extender")), "its readiness never passes"
+    finally:
+        helm.run("uninstall", chart.RELEASE, "--wait", "--timeout=3m")
+
+
+def test_without_prometheus_the_extender_is_ready_and_neutral_and_the_reclaimer_waits(
+        box: Sandbox, helm: chart.Helm, ns: Namespace) -> None:
+    # docs/operations.md, "Extender failure modes": Ready (readiness needs only the API
+    # server's lists), readings stale, scores neutral; the reclaimer marks nothing.
+    first = box.real_nodes[NODE].slot
+    values = chart.write_values(box, {**chart.sandbox_values(box), "tests": {"enabled": False},
+                                      "prometheusUrl": f"http://{first.host_ip}:1"},
+                                "no-prometheus.yaml")
+    helm.install(values)  # --wait: every pod Ready
+    try:
+        wait_for("the extender to count failed refreshes", lambda: min(_metric(
+            box, "extender", EXTENDER_METRICS, "gpusteward_telemetry_refresh_errors_total"))
+            > 0, timeout=30)
+        nodes = len(box.api().get("/api/v1/nodes")["items"])  # docs: "reaches the node count"
+        assert _metric(box, "extender", EXTENDER_METRICS,
+                       "gpusteward_telemetry_stale_nodes") == [nodes, nodes]
+        ns.create_pod(gpu_pod("idle", 1, node="l4-2", util="0", tolerate="nvidia.com/gpu"))
+        ns.running("idle")
+        wait_for("the leader to report no telemetry", lambda: 0.0 in _metric(
+            box, "reclaimer", RECLAIMER_METRICS, "gpusteward_reclaimer_telemetry_ok"), timeout=30)
+        assert IDLE_SINCE not in annotations(ns, "idle")
+        assert not [r for r in reasons(ns, "idle") if r.startswith("GPU")]
+    finally:
+        helm.run("uninstall", chart.RELEASE, "--wait", "--timeout=3m")
