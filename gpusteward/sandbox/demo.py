@@ -301,14 +301,14 @@ def start_sandbox(state: Path, keep: bool, native_too: bool = False,
 
 
 def install_chart(box: Sandbox) -> tuple[chart.Helm, Path]:
-    """`helm install` of the chart, its reclaimer scaled to 0 until the workload is placed;
+    """`helm install` of the chart, its reclaimer off until the workload is placed;
     the scheduler then calls the extender pods through their Service."""
     helm = chart.Helm(ensure_renderers() / "helm", box.kubeconfig)
     values = chart.sandbox_values(box)
     path = chart.write_values(box, values)
     print(f"\nInstalling the chart (helm install {chart.RELEASE} deploy/helm/gpusteward "
-          f"-n {chart.NAMESPACE} -f {path} --set reclaimer.replicas=0 --wait)...", flush=True)
-    helm.install(path, "--set=reclaimer.replicas=0")
+          f"-n {chart.NAMESPACE} -f {path} --set reclaimer.enabled=false --wait)...", flush=True)
+    helm.install(path, "--set=reclaimer.enabled=false")
     url = chart.use_chart_extender(box)
     jobs = chart.scrape_service_monitors(box, helm, path)
     for line in subprocess.run(
@@ -322,11 +322,11 @@ def install_chart(box: Sandbox) -> tuple[chart.Helm, Path]:
 
 
 def start_chart_reclaimer(helm: chart.Helm, values: Path) -> None:
-    print("\nScaling the chart's reclaimer to its 2 replicas (helm upgrade --reuse-values); "
+    print("\nTurning the chart's reclaimer on, 2 replicas (helm upgrade --reuse-values); "
           "one leads\nthrough its Lease. The sandbox policy runs it in enforce mode with a 15 s "
           "idle window\nand a 4 s grace (shipped default: observe, 30 min, 15 min).\n",
           flush=True)
-    helm.upgrade(values, "--reuse-values", "--set=reclaimer.replicas=2")
+    helm.upgrade(values, "--reuse-values", "--set=reclaimer.enabled=true")
 
 
 def start_reclaimer(box: Sandbox) -> Receiver:
