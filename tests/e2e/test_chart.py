@@ -12,6 +12,8 @@ component a pod with its own ServiceAccount and in-cluster config (gpusteward.sa
   makes of the chart's ServiceMonitors;
 * the reclaimer pod warns then evicts an idle GPU pod and leaves a busy one; a leader killed
   mid-cycle hands its Lease over within the documented time;
+* `helm upgrade` with a policy change rolls both Deployments (the pod template's policy
+  checksum), and `helm rollback` returns the policy and the checksum;
 * `helm test` passes (its Pod calls the extender by the Service name the chart renders,
   resolved by the sandbox's CoreDNS), and `helm uninstall` leaves none of the chart's objects
   behind: only the Lease, the ConfigMaps of its records and Events, as docs/install.md says;
@@ -38,11 +40,12 @@ from typing import Any
 
 import msgspec
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
 from gpusteward.sandbox import chart, realnode
-from gpusteward.sandbox.cluster import Sandbox, SandboxConfig
+from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox, SandboxConfig
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, TaintSpec
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.renderers import ensure_renderers
@@ -252,6 +255,54 @@ def test_a_killed_leader_hands_the_lease_over_within_the_documented_time(
     # the killed container restarts in its pod (restartPolicy Always) and stands by
     wait_for("both reclaimer pods Ready again", lambda: len(
         [p for p in _pods(box, "reclaimer") if _ready(p)]) == 2, timeout=60)
+
+
+def _rolled_out(box: Sandbox, component: str) -> dict[str, str] | None:
+    """Pod name -> its policy checksum, once ``component``'s Deployment has rolled out: every
+    replica updated and Ready, and no pod of an older ReplicaSet left."""
+    deployment = box.api().get(f"{APPS}/deployments/gpusteward-{component}")
+    status, want = deployment["status"], deployment["spec"]["replicas"]
+    if (status.get("observedGeneration") != deployment["metadata"]["generation"]
+            or status.get("updatedReplicas") != want or status.get("readyReplicas") != want):
+        return None
+    pods = [p for p in _pods(box, component) if not p["metadata"].get("deletionTimestamp")]
+    if len(pods) != want or not all(_ready(p) for p in pods):
+        return None
+    return {p["metadata"]["name"]: p["metadata"]["annotations"]["checksum/policy"] for p in pods}
+
+
+def _policy_mode(box: Sandbox) -> str:
+    text = box.api().get("/api/v1/namespaces/gpusteward/configmaps/gpusteward-policy")[
+        "data"]["policy.yaml"]
+    return str(yaml.safe_load(text)["reclaim"]["mode"])
+
+
+def test_helm_upgrade_rolls_a_policy_change_out_and_rollback_returns(
+        box: Sandbox, installed: chart.Helm) -> None:
+    # The pod template carries the policy's checksum (templates/_helpers.tpl,
+    # gpusteward.podMetadata): a policy change alone rolls both Deployments.
+    before = {c: wait_for(f"{c} rolled out", lambda c=c: _rolled_out(box, c), timeout=90)
+              for c in ("extender", "reclaimer")}
+    assert _policy_mode(box) == "enforce"
+    policy = yaml.safe_load(SANDBOX_POLICY.read_text())
+    policy["reclaim"]["mode"] = "warn"
+    warn = chart.write_values(box, {**chart.sandbox_values(box), "policy": yaml.safe_dump(policy)},
+                              "warn.yaml")
+    installed.upgrade(warn)
+    assert _policy_mode(box) == "warn"
+    after = {c: wait_for(f"{c} rolled out again", lambda c=c: _rolled_out(box, c), timeout=120)
+             for c in ("extender", "reclaimer")}
+    for component in ("extender", "reclaimer"):
+        assert not set(after[component]) & set(before[component]), "every pod replaced"
+        assert set(after[component].values()) != set(before[component].values())
+    installed.run("rollback", chart.RELEASE, "1", "--wait", "--timeout=4m")
+    assert _policy_mode(box) == "enforce"
+    back = {c: wait_for(f"{c} rolled back", lambda c=c: _rolled_out(box, c), timeout=120)
+            for c in ("extender", "reclaimer")}
+    for component in ("extender", "reclaimer"):
+        assert set(back[component].values()) == set(before[component].values())
+    history = json.loads(installed.run("history", chart.RELEASE, "--output=json").stdout)
+    assert [h["status"] for h in history][-1] == "deployed" and len(history) == 3
 
 
 def test_helm_uninstall_leaves_only_the_lease_ledgers_and_events(
