@@ -7,10 +7,12 @@ policy, Prometheus through the node's relay, and the components on the real node
 nodes are kwok's: a pod placed there would never run).
 
 Pods resolve Service names through the sandbox's CoreDNS (gpusteward.sandbox.clusterdns). Two
-pieces of a cluster the sandbox runs differently, and what stands in for them:
+pieces of a cluster the sandbox runs its own way:
 
-* **The scheduler** is the sandbox's own, a host process without cluster DNS. It uses the
-  ``defaultScheduler`` setup: the extender entry the chart's NOTES print, with the Service's
+* **The scheduler.** :func:`second_scheduler` runs the chart's own (``secondScheduler``:
+  kube-scheduler pods from an image of the sandbox's kube-scheduler, calling the extender by its
+  Service name). With ``defaultScheduler`` the sandbox's own kube-scheduler, a host process
+  without cluster DNS, gets the extender entry the chart's NOTES print, with the Service's
   ClusterIP in ``urlPrefix`` (:func:`use_chart_extender`). The host reaches ClusterIPs through
   the first real node's kube-proxy, so the call goes Service -> kube-proxy -> an extender pod,
   as in a cluster, only not by name.
@@ -31,8 +33,8 @@ from typing import Any
 import yaml
 
 from gpusteward.sandbox.cluster import PROMETHEUS_USER, REPO, SANDBOX_POLICY, Sandbox
-from gpusteward.sandbox.image import IMAGE
-from gpusteward.sandbox.realnode import LABEL
+from gpusteward.sandbox.image import IMAGE, archive, ensure_scheduler_image
+from gpusteward.sandbox.realnode import LABEL, import_archive
 from gpusteward.sandbox.scrape import KubernetesSD, service_monitor_jobs
 
 CHART = REPO / "deploy" / "helm" / "gpusteward"
@@ -97,6 +99,18 @@ def sandbox_values(box: Sandbox) -> dict[str, Any]:
         "policy": SANDBOX_POLICY.read_text(),
         "extender": on_real(), "reclaimer": on_real(),
     }
+
+
+def second_scheduler(box: Sandbox, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the chart's second scheduler: kube-scheduler pods on the real nodes,
+    from an image of the sandbox's own kube-scheduler (built and imported into every real
+    node here), calling the extender by the Service name the chart renders."""
+    tag = ensure_scheduler_image(box.bin / "k8s", log=box.cfg.log)
+    path = archive(tag)
+    for node in box.real_nodes.values():
+        import_archive(node, path)
+    return {**values, "schedulerSetup": "secondScheduler",
+            "scheduler": {"image": tag, "nodeSelector": {LABEL: "real"}}}
 
 
 def write_values(box: Sandbox, values: dict[str, Any], name: str = "values.yaml") -> Path:

@@ -363,6 +363,39 @@ def ensure_pause(log: Log | None = None) -> str:
     return tag
 
 
+def ensure_scheduler_image(k8s: Path, log: Log | None = None) -> str:
+    """``localhost/kube-scheduler:<digest>``: the sandbox's own kube-scheduler (the ``k8s``
+    multi-call binary, which dispatches on its name) as /usr/local/bin/kube-scheduler in an
+    image from scratch, as the chart's second scheduler runs registry.k8s.io's (its command is
+    ``kube-scheduler``, found on PATH). Tagged by the binary's digest, so a rebuilt control
+    plane gets a new image."""
+    say = log or _stderr_log
+    digest = hashlib.sha256(k8s.read_bytes()).hexdigest()[:16]
+    tag = f"localhost/kube-scheduler:{digest}"
+    _oci_root().mkdir(parents=True, exist_ok=True)
+    if _exists(tag):
+        return tag
+    with _locked(_oci_root() / ".lock"):
+        if _exists(tag):
+            return tag
+        say(f"building {tag} from {k8s}")
+        log_path = _oci_root() / "build-kube-scheduler.log"
+        container = subprocess.run(["buildah", "from", "scratch"], env=oci_env(),
+                                   capture_output=True, text=True, timeout=60,
+                                   check=True).stdout.strip()
+        try:
+            _step(["buildah", "copy", "--chmod", "0755", container, str(k8s),
+                   "/usr/local/bin/kube-scheduler"], log_path, "buildah copy")
+            _step(["buildah", "config", "--env", "PATH=/usr/local/bin", "--user",
+                   "65532:65532", "--entrypoint", '["/usr/local/bin/kube-scheduler"]',
+                   container], log_path, "buildah config")
+            _step(["buildah", "commit", container, tag], log_path, "buildah commit")
+        finally:
+            subprocess.run(["buildah", "rm", container], env=oci_env(), check=False,
+                           capture_output=True, timeout=60)
+    return tag
+
+
 def archive(tag: str) -> Path:
     """A docker-archive of ``tag`` (what ``ctr images import`` reads), kept by image id."""
     image_id = json.loads(podman("image", "inspect", tag).stdout)[0]["Id"]

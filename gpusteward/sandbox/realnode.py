@@ -165,9 +165,14 @@ def pids_in(slot: Slot) -> set[int]:
         root = tree / slot.cgroup
         if not root.is_dir():
             continue
-        for procs in root.rglob("cgroup.procs"):
+        # os.walk, not rglob: the kubelet removes pod cgroups while we look, and a directory
+        # gone mid-walk must be skipped, not raised (rglob raises FileNotFoundError).
+        for directory, _, files in os.walk(root):
+            if "cgroup.procs" not in files:
+                continue
             try:
-                pids.update(int(line) for line in procs.read_text().split())
+                text = Path(directory, "cgroup.procs").read_text()
+                pids.update(int(line) for line in text.split())
             except (OSError, ValueError):
                 continue
     return pids
@@ -475,9 +480,7 @@ def start_node(sb: Sandbox, name: str, token: str, proxy_token: str, pause: str,
         node.holder_pid, "containerd", f"--config={config}")),
         lambda: _ctr(node, "version").returncode == 0, timeout=60)
     for path in archives:
-        done = _ctr(node, "images", "import", str(path), timeout=300)
-        if done.returncode != 0:
-            raise SandboxError(f"ctr images import {path} failed: {done.stderr.strip()}")
+        import_archive(node, path)
     _cni_config(node)
     kubelet = _kubelet_config(node)
     kubeconfig = _kubeconfig(node, sb.ports["apiserver"], token)
@@ -505,6 +508,13 @@ def _listening(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
         return s.connect_ex((host, port)) == 0
+
+
+def import_archive(node: RealNode, path: Path) -> None:
+    """Import one more image archive into a running node's containerd."""
+    done = _ctr(node, "images", "import", str(path), timeout=300)
+    if done.returncode != 0:
+        raise SandboxError(f"ctr images import {path} failed: {done.stderr.strip()}")
 
 
 def _ctr(node: RealNode, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

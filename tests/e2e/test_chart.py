@@ -8,6 +8,9 @@ component a pod with its own ServiceAccount and in-cluster config (gpusteward.sa
   process, outside cluster DNS) with the defaultScheduler recipe and the Service's ClusterIP,
   kube-proxy on the node sending the calls to an extender pod, which places a GPU pod on a card
   it accepts;
+* the chart's second scheduler runs as kube-scheduler pods (the sandbox's own binary in an
+  image from scratch) and reaches the extender by the Service name the chart renders, through
+  the sandbox's CoreDNS and kube-proxy;
 * Prometheus scrapes both components' /metrics through the scrape jobs the Prometheus Operator
   makes of the chart's ServiceMonitors;
 * the reclaimer pod warns then evicts an idle GPU pod and leaves a busy one; a leader killed
@@ -85,7 +88,7 @@ def helm(box: Sandbox) -> chart.Helm:
 
 @pytest.fixture(scope="module")
 def values(box: Sandbox) -> Path:
-    return chart.write_values(box, chart.sandbox_values(box))
+    return chart.write_values(box, chart.second_scheduler(box, chart.sandbox_values(box)))
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +176,31 @@ def test_the_scheduler_places_gpu_pods_through_the_extender_service(
         ns.path("pods", "trainer"))["spec"].get("nodeName"), timeout=60)
     assert node.startswith("l4-"), node
     assert _filter_calls(box) > before, "the extender pods answered the scheduler's filter call"
+
+
+def test_the_charts_second_scheduler_places_gpu_pods_through_the_extender_by_name(
+        box: Sandbox, installed: chart.Helm, ns: Namespace) -> None:
+    # schedulerSetup=secondScheduler: kube-scheduler pods (the sandbox's own binary in an image)
+    # with the chart's config, whose extender urlPrefix is the Service's DNS name, resolved by
+    # the sandbox's CoreDNS; GPU pods opt in with spec.schedulerName.
+    config = yaml.safe_load(box.api().get(
+        "/api/v1/namespaces/gpusteward/configmaps/gpusteward-scheduler-config")["data"][
+        "config.yaml"])
+    assert config["extenders"][0]["urlPrefix"] == "http://gpusteward-extender.gpusteward.svc:8888"
+    pods = _pods(box, "scheduler")
+    assert len(pods) == 2 and all(_ready(p) for p in pods)
+    assert {p["spec"]["serviceAccountName"] for p in pods} == {"gpusteward-scheduler"}
+    before = _filter_calls(box)
+    pod = gpu_pod("opted-in", 1, cards="NVIDIA-L4", tolerate="nvidia.com/gpu")
+    pod["spec"]["schedulerName"] = "gpusteward-scheduler"
+    ns.create_pod(pod)
+    assert ns.node_of("opted-in").startswith("l4-")
+    assert _filter_calls(box) > before, "the extender pods answered the second scheduler"
+    scheduled = [e for e in ns.api.get(ns.path("events"))["items"]
+                 if e["reason"] == "Scheduled" and e["involvedObject"]["name"] == "opted-in"]
+    assert scheduled and all(
+        (e.get("reportingComponent") or e["source"].get("component")) == "gpusteward-scheduler"
+        for e in scheduled), scheduled
 
 
 def _up(box: Sandbox, job: str) -> list[dict[str, Any]]:
@@ -334,7 +362,8 @@ def test_helm_uninstall_leaves_only_the_lease_ledgers_and_events(
         del left["pods"]
     assert left.pop("serviceaccounts") == ["default"]
     assert set(left.pop("configmaps")) - {"kube-root-ca.crt"} <= LEFT_BEHIND
-    assert left == {"leases": ["gpusteward-reclaimer"]}, left
+    # the second scheduler's leader-election Lease stays too (docs/install.md, "Uninstall")
+    assert left == {"leases": ["gpusteward-reclaimer", "gpusteward-scheduler"]}, left
 
 
 # --- bad input at install (after the uninstall above: a fresh release each) ----------------
