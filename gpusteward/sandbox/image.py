@@ -346,18 +346,8 @@ def ensure_pause(log: Log | None = None) -> str:
         try:
             _step(["gcc", "-Os", "-static", "-Wall", f"-DVERSION={release}", "-o",
                    str(work / "pause"), str(source)], log_path, "gcc pause.c")
-            container = subprocess.run(["buildah", "from", "scratch"], env=oci_env(),
-                                       capture_output=True, text=True, timeout=60,
-                                       check=True).stdout.strip()
-            try:
-                _step(["buildah", "copy", container, str(work / "pause"), "/pause"], log_path,
-                      "buildah copy")
-                _step(["buildah", "config", "--entrypoint", '["/pause"]', "--user",
-                       "65535:65535", container], log_path, "buildah config")
-                _step(["buildah", "commit", container, tag], log_path, "buildah commit")
-            finally:
-                subprocess.run(["buildah", "rm", container], env=oci_env(), check=False,
-                               capture_output=True, timeout=60)
+            _from_scratch(tag, work / "pause", "/pause",
+                          ["--entrypoint", '["/pause"]', "--user", "65535:65535"], log_path)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return tag
@@ -376,24 +366,29 @@ def ensure_scheduler_image(k8s: Path, log: Log | None = None) -> str:
     if _exists(tag):
         return tag
     with _locked(_oci_root() / ".lock"):
-        if _exists(tag):
-            return tag
-        say(f"building {tag} from {k8s}")
-        log_path = _oci_root() / "build-kube-scheduler.log"
-        container = subprocess.run(["buildah", "from", "scratch"], env=oci_env(),
-                                   capture_output=True, text=True, timeout=60,
-                                   check=True).stdout.strip()
-        try:
-            _step(["buildah", "copy", "--chmod", "0755", container, str(k8s),
-                   "/usr/local/bin/kube-scheduler"], log_path, "buildah copy")
-            _step(["buildah", "config", "--env", "PATH=/usr/local/bin", "--user",
-                   "65532:65532", "--entrypoint", '["/usr/local/bin/kube-scheduler"]',
-                   container], log_path, "buildah config")
-            _step(["buildah", "commit", container, tag], log_path, "buildah commit")
-        finally:
-            subprocess.run(["buildah", "rm", container], env=oci_env(), check=False,
-                           capture_output=True, timeout=60)
+        if not _exists(tag):
+            say(f"building {tag} from {k8s}")
+            _from_scratch(tag, k8s, "/usr/local/bin/kube-scheduler",
+                          ["--env", "PATH=/usr/local/bin", "--user", "65532:65532",
+                           "--entrypoint", '["/usr/local/bin/kube-scheduler"]'],
+                          _oci_root() / "build-kube-scheduler.log")
     return tag
+
+
+def _from_scratch(tag: str, binary: Path, dest: str, config: list[str], log_path: Path) -> None:
+    """Commit ``tag``: an image from scratch holding one static binary at ``dest``, with
+    ``buildah config`` arguments ``config``."""
+    container = subprocess.run(["buildah", "from", "scratch"], env=oci_env(),
+                               capture_output=True, text=True, timeout=60,
+                               check=True).stdout.strip()
+    try:
+        _step(["buildah", "copy", "--chmod", "0755", container, str(binary), dest], log_path,
+              "buildah copy")
+        _step(["buildah", "config", *config, container], log_path, "buildah config")
+        _step(["buildah", "commit", container, tag], log_path, "buildah commit")
+    finally:
+        subprocess.run(["buildah", "rm", container], env=oci_env(), check=False,
+                       capture_output=True, timeout=60)
 
 
 def archive(tag: str) -> Path:
