@@ -311,10 +311,7 @@ def install_chart(box: Sandbox) -> tuple[chart.Helm, Path]:
     helm.install(path, "--set=reclaimer.enabled=false")
     url = chart.use_chart_extender(box)
     jobs = chart.scrape_service_monitors(box, helm, path)
-    for line in subprocess.run(
-            [str(helm.binary), "status", chart.RELEASE, f"--namespace={chart.NAMESPACE}",
-             f"--kubeconfig={box.kubeconfig}"], capture_output=True, text=True,
-            timeout=60).stdout.splitlines()[:6]:
+    for line in helm.run("status", chart.RELEASE).stdout.splitlines()[:6]:
         print(f"  {line}")
     print(f"  the scheduler calls the extender Service at {url}; Prometheus scrapes "
           f"{', '.join(jobs)}", flush=True)
