@@ -90,14 +90,13 @@ def sandbox_values(box: Sandbox) -> dict[str, Any]:
     through the first real node's relay, every component on the real nodes."""
     first = box.real_nodes[box.real_node_names()[0]].slot
     repository, tag = IMAGE.rsplit(":", 1)
-    def on_real() -> dict[str, Any]:
-        return {"nodeSelector": {LABEL: "real"}}
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "schedulerSetup": "defaultScheduler",
         "prometheusUrl": f"http://{first.host_ip}:{box.ports['prometheus']}",
         "policy": SANDBOX_POLICY.read_text(),
-        "extender": on_real(), "reclaimer": on_real(),
+        "extender": {"nodeSelector": {LABEL: "real"}},
+        "reclaimer": {"nodeSelector": {LABEL: "real"}},
     }
 
 

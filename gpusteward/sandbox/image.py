@@ -357,11 +357,11 @@ def ensure_scheduler_image(k8s: Path, log: Log | None = None) -> str:
     """``localhost/kube-scheduler:<digest>``: the sandbox's own kube-scheduler (the ``k8s``
     multi-call binary, which dispatches on its name) as /usr/local/bin/kube-scheduler in an
     image from scratch, as the chart's second scheduler runs registry.k8s.io's (its command is
-    ``kube-scheduler``, found on PATH). Tagged by the binary's digest, so a rebuilt control
-    plane gets a new image."""
+    ``kube-scheduler``, found on PATH). Tagged by the build's content key, the name of the
+    sandbox-bin directory it lies in (gpusteward.sandbox.build), so a rebuilt control plane gets
+    a new image without hashing the 130 MB binary again."""
     say = log or _stderr_log
-    digest = hashlib.sha256(k8s.read_bytes()).hexdigest()[:16]
-    tag = f"localhost/kube-scheduler:{digest}"
+    tag = f"localhost/kube-scheduler:{k8s.parent.name}"
     _oci_root().mkdir(parents=True, exist_ok=True)
     if _exists(tag):
         return tag

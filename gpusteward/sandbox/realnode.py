@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from gpusteward.sandbox.clusterdns import DOMAIN as DNS_DOMAIN
 from gpusteward.sandbox.image import IMAGE, ImageBuildError, archive, ensure_image, ensure_pause
 from gpusteward.sandbox.kubehttp import http_ok, node_ready
 from gpusteward.sandbox.procs import SandboxError, pid_alive
@@ -392,7 +393,7 @@ def _kubelet_config(node: RealNode) -> Path:
         "healthzBindAddress": node.slot.node_ip, "healthzPort": 10248,
         "resolvConf": str(resolv),
         # The sandbox's CoreDNS on this node's host end (gpusteward.sandbox.clusterdns).
-        "clusterDNS": [node.slot.host_ip], "clusterDomain": "cluster.local",
+        "clusterDNS": [node.slot.host_ip], "clusterDomain": DNS_DOMAIN,
         # The sandbox shares the machine's disk with everything else: evict only when full.
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
                          "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
