@@ -40,12 +40,20 @@ HELM_VARIANT = [
     "--set", "prometheusConnection.serviceAccountToken.enabled=true",
     "--set", "prometheusConnection.serviceAccountToken.audience=prometheus",
     "--set-string", "prometheusConnection.headers.X-Scope-OrgID=team-a",
+    "--set", "report.enabled=true", "--set", "whatif.enabled=true",
+    "--set-json", 'whatif.candidates={"longer-window":{"reclaim":{"idle":{"window":"2h"}}}}',
+    "--set-json", 'agent.extraHostVolumes=[{"name":"driver","hostPath":"/run/nvidia/driver"}]',
+    "--set-json", 'agent.extraVolumeMounts=[{"name":"driver","mountPath":"/driver"}]',
+    "--set-json", 'agent.extraEnv=[{"name":"LD_LIBRARY_PATH","value":"/driver"}]',
 ]
 
 #: ServiceAccounts and RBAC the cluster's admin made: the chart creates neither.
-COMPONENTS = ("scheduler", "extender", "reclaimer", "agent")
+COMPONENTS = ("scheduler", "extender", "reclaimer", "agent", "report", "whatif")
+#: Every component on, each with its own account.
+ALL_COMPONENTS = ["--set", "agent.enabled=true", "--set", "report.enabled=true",
+                  "--set", "whatif.enabled=true", "--set", "logFormat=json"]
 HELM_EXISTING_ACCOUNTS = [
-    "--set", "rbac.create=false", "--set", "agent.enabled=true", "--set", "logFormat=json",
+    "--set", "rbac.create=false", *ALL_COMPONENTS,
     *[arg for c in COMPONENTS for arg in (
         "--set", f"{c}.serviceAccount.create=false", "--set", f"{c}.serviceAccount.name=ops-{c}")],
 ]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpusteward.core.policyschema import policy_schema
-from tests.deploy.conftest import HELM_SECOND_RELEASE, REPO
+from tests.deploy.conftest import ALL_COMPONENTS, HELM_SECOND_RELEASE, REPO
 from tests.deploy.manifests import name_of, render_helm
 
 CHART = REPO / "deploy/helm/gpusteward"
@@ -263,9 +263,13 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 
 
 def _pods(objects: Objects) -> dict[str, dict[str, Any]]:
-    """Each workload's pod spec, and the `helm test` Pod's, by object name."""
-    return {o["metadata"]["name"]: o["spec"]["template"]["spec"] if "template" in o["spec"]
-            else o["spec"] for o in objects if o["kind"] in {"Deployment", "DaemonSet", "Pod"}}
+    """Each workload's pod spec, the CronJobs' and the `helm test` Pod's, by object name."""
+    def spec(o: dict[str, Any]) -> dict[str, Any]:
+        if o["kind"] == "CronJob":
+            return dict(o["spec"]["jobTemplate"]["spec"]["template"]["spec"])
+        return dict(o["spec"]["template"]["spec"] if "template" in o["spec"] else o["spec"])
+    return {o["metadata"]["name"]: spec(o) for o in objects
+            if o["kind"] in {"Deployment", "DaemonSet", "Pod", "CronJob"}}
 
 
 def _argv(pod: dict[str, Any]) -> list[str]:
@@ -277,7 +281,8 @@ def test_log_format_reaches_every_gpusteward_component(rendered: dict[str, Objec
     for render in ("helm-variant", "helm-existing-accounts"):
         pods = _pods(rendered[render])
         for name, pod in pods.items():
-            gpusteward = name.split("-")[-1] in {"extender", "reclaimer", "agent"}
+            gpusteward = name.split("-")[-1] in {"extender", "reclaimer", "agent", "report",
+                                                 "whatif"}
             assert ("--log-format=json" in _argv(pod)) is gpusteward, (render, name)
         assert "gpusteward-agent" in pods
     assert "gpusteward-scheduler" in _pods(rendered["helm-existing-accounts"])
@@ -296,10 +301,11 @@ def test_existing_service_accounts_and_no_rbac(bin_dir: Path,
     assert {name: pod["serviceAccountName"] for name, pod in pods.items()} == {
         "gpusteward-scheduler": "ops-scheduler", "gpusteward-extender": "ops-extender",
         "gpusteward-reclaimer": "ops-reclaimer", "gpusteward-agent": "ops-agent",
+        "gpusteward-report": "ops-report", "gpusteward-whatif": "ops-whatif",
         # without its Role, `helm test` reads the Lease with the reclaimer's rights
         "gpusteward-test": "ops-reclaimer"}
     # nothing else is left out: the same release with the chart's own accounts and RBAC
-    created = render_helm(bin_dir, CHART, "--set", "agent.enabled=true", "--set", "logFormat=json")
+    created = render_helm(bin_dir, CHART, *ALL_COMPONENTS)
     assert {name_of(o) for o in objects} == \
         {name_of(o) for o in created if o["kind"] not in RBAC_KINDS}
 
@@ -310,7 +316,8 @@ def test_named_service_accounts_are_created_bound_and_annotated(
     accounts = {o["metadata"]["name"]: o["metadata"].get("annotations")
                 for o in objects if o["kind"] == "ServiceAccount"}
     assert accounts == {  # IRSA: the annotation EKS's pod identity webhook reads
-        "steward-extender": None, "gpusteward-agent": None,
+        "steward-extender": None, "gpusteward-agent": None, "gpusteward-report": None,
+        "gpusteward-whatif": None,
         "gpusteward-reclaimer": {
             "eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/gpusteward-reclaimer"}}
     assert _pods(objects)["gpusteward-extender"]["serviceAccountName"] == "steward-extender"
@@ -336,3 +343,51 @@ def test_the_policys_own_owner_switches_get_exactly_their_rbac(bin_dir: Path) ->
          "verbs": ["get", "patch"]}]
     defaults = _one(render_helm(bin_dir, CHART), "ClusterRole", "gpusteward-reclaimer")["rules"]
     assert rules[:len(defaults)] == defaults
+
+
+def test_report_and_whatif_run_on_a_schedule_on_the_installed_policy(
+        rendered: dict[str, Objects]) -> None:
+    objects = rendered["helm-variant"]
+    pods = _pods(objects)
+    report, whatif = pods["gpusteward-report"], pods["gpusteward-whatif"]
+    assert _argv(report)[:4] == ["report", "--policy=/etc/gpusteward/policy.yaml",
+                                 "--window=7d", "--by=team"]
+    assert "--prometheus-url=http://prometheus.monitoring.svc:9090" in _argv(report)
+    # the installed policy beside each candidate, whose file the candidates ConfigMap holds
+    assert _argv(whatif)[:4] == ["whatif", "--policy=/etc/gpusteward/policy.yaml",
+                                 "--policy=/etc/gpusteward-whatif/longer-window.yaml",
+                                 "--window=7d"]
+    candidates = _one(objects, "ConfigMap", "gpusteward-whatif")["data"]
+    assert yaml.safe_load(candidates["longer-window.yaml"]) == {
+        "reclaim": {"idle": {"window": "2h"}}}
+    # the report reads the API server as its own account; whatif reads only Prometheus
+    assert report["serviceAccountName"] == "gpusteward-report"
+    assert report["automountServiceAccountToken"] is True
+    assert whatif["automountServiceAccountToken"] is False
+    for pod in (report, whatif):
+        assert pod["restartPolicy"] == "Never"
+        assert pod["securityContext"]["runAsUser"] == 65532
+        (container,) = pod["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["GPUSTEWARD_PROMETHEUS_BEARER_TOKEN_FILE"] == \
+            "/var/run/secrets/gpusteward/prometheus/token"
+    for name in ("gpusteward-report", "gpusteward-whatif"):
+        cron = _one(objects, "CronJob", name)["spec"]
+        assert cron["concurrencyPolicy"] == "Forbid"
+    binding = _one(objects, "ClusterRoleBinding", "gpusteward-report")
+    assert binding["subjects"][0]["name"] == "gpusteward-report"
+    verbs = {v for rule in _one(objects, "ClusterRole", "gpusteward-report")["rules"]
+             for v in rule["verbs"]}
+    assert verbs == {"get", "list"}, "the report writes nothing"
+    assert not [o for o in rendered["helm-defaults"] if o["kind"] == "CronJob"]
+
+
+def test_the_agent_mounts_a_driver_from_the_host_as_dcgm_exporters_chart_does(
+        rendered: dict[str, Objects]) -> None:
+    # NVIDIA/dcgm-exporter deployment/values.yaml: extraHostVolumes, extraVolumeMounts, extraEnv
+    agent = _pods(rendered["helm-variant"])["gpusteward-agent"]
+    (container,) = agent["containers"]
+    assert {"name": "LD_LIBRARY_PATH", "value": "/driver"} in container["env"]
+    assert {"name": "driver", "mountPath": "/driver"} in container["volumeMounts"]
+    assert {"name": "driver", "hostPath": {"path": "/run/nvidia/driver"}} in agent["volumes"]

@@ -256,3 +256,92 @@ metadata:
   {{- end }}
 {{- end }}
 {{- end -}}
+
+{{- /* A CronJob running one gpusteward command on the installed policy (reports.yaml). Its pod
+reads the API server only when it is the report; whatif reads Prometheus alone. (dict "root" $
+"component" "report" "values" .Values.report "args" (list ...)) */ -}}
+{{- define "gpusteward.cronJob" -}}
+{{- $root := .root }}
+{{- $values := .values }}
+{{- $name := include "gpusteward.fullname" $root }}
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: {{ $name }}-{{ .component }}
+  namespace: {{ $root.Release.Namespace }}
+  labels: {{- include "gpusteward.labels" . | nindent 4 }}
+spec:
+  schedule: {{ $values.schedule | quote }}
+  {{- with $values.timeZone }}
+  timeZone: {{ . | quote }}
+  {{- end }}
+  suspend: {{ $values.suspend }}
+  concurrencyPolicy: Forbid
+  successfulJobsHistoryLimit: {{ $values.historyLimit }}
+  failedJobsHistoryLimit: {{ $values.historyLimit }}
+  jobTemplate:
+    metadata:
+      labels: {{- include "gpusteward.labels" . | nindent 8 }}
+    spec:
+      backoffLimit: 1
+      activeDeadlineSeconds: {{ $values.activeDeadlineSeconds }}
+      template:
+        metadata:
+          {{- include "gpusteward.podMetadata" (dict "root" $root "component" .component "values" $values) | nindent 10 }}
+        spec:
+          restartPolicy: Never
+          serviceAccountName: {{ include "gpusteward.serviceAccountName" . }}
+          automountServiceAccountToken: {{ eq .component "report" }}
+          {{- with $root.Values.imagePullSecrets }}
+          imagePullSecrets: {{- toYaml . | nindent 12 }}
+          {{- end }}
+          securityContext: {{- include "gpusteward.podSecurity" $root | nindent 12 }}
+          {{- with include "gpusteward.podPlacement" $values | trim }}{{ . | nindent 10 }}{{ end }}
+          containers:
+            - name: {{ .component }}
+              image: {{ include "gpusteward.image" $root }}
+              imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+              terminationMessagePolicy: FallbackToLogsOnError
+              args:
+                {{- range concat .args $values.args }}
+                - {{ . | quote }}
+                {{- end }}
+                {{- with $root.Values.prometheusUrl }}
+                - --prometheus-url={{ . }}
+                {{- end }}
+                {{- with include "gpusteward.args" (dict "root" $root "values" $values) | trim }}{{ . | nindent 16 }}{{ end }}
+              {{- with include "gpusteward.prometheusEnv" $root | trim }}
+              env: {{- . | nindent 16 }}
+              {{- end }}
+              resources: {{- toYaml $values.resources | nindent 16 }}
+              securityContext: {{- include "gpusteward.containerSecurity" $root | nindent 16 }}
+              volumeMounts:
+                - name: policy
+                  mountPath: /etc/gpusteward
+                  readOnly: true
+                {{- if and (eq .component "whatif") $values.candidates }}
+                - name: candidates
+                  mountPath: /etc/gpusteward-whatif
+                  readOnly: true
+                {{- end }}
+                - name: tmp
+                  mountPath: /tmp
+                {{- with include "gpusteward.prometheusMount" $root | trim }}
+                {{- . | nindent 16 }}
+                {{- end }}
+          volumes:
+            - name: policy
+              configMap:
+                name: {{ $name }}-policy
+            {{- if and (eq .component "whatif") $values.candidates }}
+            - name: candidates
+              configMap:
+                name: {{ $name }}-whatif
+            {{- end }}
+            - name: tmp
+              emptyDir: {sizeLimit: 64Mi}
+            {{- with include "gpusteward.prometheusVolume" $root | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
+{{- end -}}
