@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from gpusteward.sandbox.cluster import PROMETHEUS_USER, REPO, SANDBOX_POLICY, Sandbox
+from gpusteward.sandbox.fakenvml import CONFIG_ENV, FakeGpu, build_fakenvml, write_config
 from gpusteward.sandbox.image import IMAGE, archive, ensure_scheduler_image
 from gpusteward.sandbox.realnode import LABEL, import_archive
 from gpusteward.sandbox.scrape import KubernetesSD, service_monitor_jobs
@@ -110,6 +111,32 @@ def second_scheduler(box: Sandbox, values: dict[str, Any]) -> dict[str, Any]:
         import_archive(node, path)
     return {**values, "schedulerSetup": "secondScheduler",
             "scheduler": {"image": tag, "nodeSelector": {LABEL: "real"}}}
+
+
+#: Where the agent's container finds the NVML test library and its GPUs.
+TEST_NVML_DIR = "/opt/gpusteward-test-nvml"
+
+
+def with_test_nvml(box: Sandbox, values: dict[str, Any], gpus: list[FakeGpu],
+                   ) -> tuple[dict[str, Any], Path]:
+    """``values`` with the agent DaemonSet on the real nodes, reading GPUs through the NVML test
+    library (gpusteward.sandbox.fakenvml) where a node without the NVIDIA runtime class gets
+    the driver's: a host directory mounted by ``agent.extraHostVolumes`` and found through
+    ``LD_LIBRARY_PATH``. Return the values and the GPUs' file, which a test may rewrite."""
+    lib = build_fakenvml(box.dir / "test-nvml").parent
+    config = lib / "gpus.json"
+    write_config(config, gpus)
+    # null drops the chart's default selector (nvidia.com/gpu.present): the real nodes
+    # carry no GPU labels, which would make them GPU nodes to the extender
+    agent = {"enabled": True, "runtimeClassName": "",
+             "nodeSelector": {LABEL: "real", "nvidia.com/gpu.present": None},
+             "extraArgs": ["--interval=1"],
+             "extraHostVolumes": [{"name": "test-nvml", "hostPath": str(lib)}],
+             "extraVolumeMounts": [{"name": "test-nvml", "mountPath": TEST_NVML_DIR,
+                                    "readOnly": True}],
+             "extraEnv": [{"name": "LD_LIBRARY_PATH", "value": TEST_NVML_DIR},
+                          {"name": CONFIG_ENV, "value": f"{TEST_NVML_DIR}/{config.name}"}]}
+    return {**values, "agent": agent}, config
 
 
 def write_values(box: Sandbox, values: dict[str, Any], name: str = "values.yaml") -> Path:

@@ -31,9 +31,11 @@ it land there; the chart's pods, which do not, land on the real node.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -49,6 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT
 from gpusteward.sandbox import chart, realnode
 from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox, SandboxConfig
+from gpusteward.sandbox.fakenvml import GIB, FakeGpu, write_config
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, TaintSpec
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.renderers import ensure_renderers
@@ -86,9 +89,40 @@ def helm(box: Sandbox) -> chart.Helm:
     return chart.Helm(ensure_renderers() / "helm", box.kubeconfig)
 
 
+#: The GPU the agent's NVML test library reports on the real node (gpusteward.sandbox.fakenvml).
+AGENT_GPU = FakeGpu(uuid="GPU-9b0e7c1a-real-0000-0000-000000000000", util_gpu=37,
+                    memory_used=4 * GIB)
+#: The scheduled report and what-if, suspended: each run here is made by hand, as
+#: `kubectl create job --from=cronjob/...` makes it.
+LONGER_WINDOW = yaml.safe_load(SANDBOX_POLICY.read_text())
+LONGER_WINDOW["reclaim"]["idle"]["window"] = "1h"
+REPORTS = {
+    "report": {"enabled": True, "suspend": True, "nodeSelector": {realnode.LABEL: "real"},
+               "args": ["--window=10m", "--by=card", "--format=json"]},
+    "whatif": {"enabled": True, "suspend": True, "nodeSelector": {realnode.LABEL: "real"},
+               "args": ["--window=15m", "--format=json"],
+               "candidates": {"longer-window": LONGER_WINDOW}},
+}
+
+
+#: The sandbox policy with one reclaim an hour: the reclaim test below takes it, and the
+#: leader that takes over after a kill must know it (the ledger beside the Lease).
+ONE_PER_HOUR = yaml.safe_load(SANDBOX_POLICY.read_text())
+ONE_PER_HOUR["reclaim"]["limits"]["maxPerHour"] = 1
+
+
 @pytest.fixture(scope="module")
-def values(box: Sandbox) -> Path:
-    return chart.write_values(box, chart.second_scheduler(box, chart.sandbox_values(box)))
+def agent_gpus(box: Sandbox) -> tuple[dict[str, Any], Path]:
+    """The chart's values (the second scheduler, one reclaim an hour, the report and what-if
+    CronJobs, the agent on the NVML test library) and the agent's GPUs' file."""
+    values = {**chart.second_scheduler(box, chart.sandbox_values(box)), **REPORTS,
+              "policy": yaml.safe_dump(ONE_PER_HOUR), "serviceMonitor": {"interval": "2s"}}
+    return chart.with_test_nvml(box, values, [AGENT_GPU])
+
+
+@pytest.fixture(scope="module")
+def values(box: Sandbox, agent_gpus: tuple[dict[str, Any], Path]) -> Path:
+    return chart.write_values(box, agent_gpus[0])
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +247,8 @@ def _up(box: Sandbox, job: str) -> list[dict[str, Any]]:
 def test_prometheus_scrapes_the_pods_its_service_monitors_select(
         box: Sandbox, installed: chart.Helm, values: Path) -> None:
     jobs = chart.scrape_service_monitors(box, installed, values)
-    assert sorted(jobs) == ["serviceMonitor/gpusteward/gpusteward-extender/0",
+    assert sorted(jobs) == ["serviceMonitor/gpusteward/gpusteward-agent/0",
+                            "serviceMonitor/gpusteward/gpusteward-extender/0",
                             "serviceMonitor/gpusteward/gpusteward-reclaimer/0"]
     # job: the Service's name, as the Operator sets it without a jobLabel
     for component, job in (("extender", "gpusteward-extender"),
@@ -224,6 +259,35 @@ def test_prometheus_scrapes_the_pods_its_service_monitors_select(
         assert {t["metric"]["pod"] for t in targets} == pods
         assert {t["metric"]["endpoint"] for t in targets} == {"metrics"}
         assert {t["metric"]["namespace"] for t in targets} == {"gpusteward"}
+
+
+def _agent_series(box: Sandbox) -> dict[str, float]:
+    """UUID -> DCGM_FI_DEV_GPU_UTIL as Prometheus scraped it from the agent pods."""
+    query = urllib.parse.urlencode(
+        {"query": 'DCGM_FI_DEV_GPU_UTIL{job="gpusteward-agent"}'})
+    with urllib.request.urlopen(f"{box.prometheus_url}/api/v1/query?{query}",
+                                timeout=5) as resp:
+        found = json.loads(resp.read())["data"]["result"]
+    return {s["metric"]["UUID"]: float(s["value"][1]) for s in found
+            if s["metric"].get("Hostname") == NODE}
+
+
+def test_the_agent_daemonset_reads_nvml_on_the_real_node_and_is_scraped(
+        box: Sandbox, installed: chart.Helm, values: Path,
+        agent_gpus: tuple[dict[str, Any], Path]) -> None:
+    # The NVML test library (sandbox/fakenvml/fakenvml.c, nvml.h's signatures) mounted where
+    # a node without the NVIDIA runtime class mounts the driver's (agent.extraHostVolumes).
+    chart.scrape_service_monitors(box, installed, values)
+    (pod,) = _pods(box, "agent")
+    assert pod["spec"]["nodeName"] == NODE and _ready(pod)
+    assert pod["spec"]["hostPID"] is True
+    assert _metric(box, "agent", 9400, "gpusteward_agent_nvml_up") == [1.0]
+    assert wait_for("the agent's GPU scraped", lambda: _agent_series(box) or None,
+                    timeout=60) == {AGENT_GPU.uuid: 37.0}
+    # the library re-reads its file: a new reading reaches Prometheus through the agent
+    write_config(agent_gpus[1], [dataclasses.replace(AGENT_GPU, util_gpu=81)])
+    wait_for("the new reading scraped",
+             lambda: _agent_series(box) == {AGENT_GPU.uuid: 81.0}, timeout=60)
 
 
 def test_helm_test_passes(box: Sandbox, installed: chart.Helm) -> None:
@@ -253,6 +317,78 @@ def test_the_reclaimer_pod_warns_then_evicts_an_idle_pod_and_leaves_a_busy_one(
     assert reclaimed["reportingInstance"] in pods, (reclaimed["reportingInstance"], pods)
 
 
+BATCH = "/apis/batch/v1/namespaces/gpusteward"
+
+
+def _run_now(box: Sandbox, cronjob: str, name: str) -> str:
+    """Run ``cronjob`` once, as `kubectl create job NAME --from=cronjob/CRONJOB` does
+    (kubectl's pkg/cmd/create/create_job.go, createJobFromCronJob: the jobTemplate, the
+    annotation cronjob.kubernetes.io/instantiate=manual, the CronJob as controlling owner);
+    return its pod's log once the Job has completed."""
+    api = box.api()
+    source = api.get(f"{BATCH}/cronjobs/{cronjob}")
+    template = source["spec"]["jobTemplate"]
+    api.create(f"{BATCH}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": template["metadata"].get("labels", {}),
+                     "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+                     "ownerReferences": [{
+                         "apiVersion": "batch/v1", "kind": "CronJob", "name": cronjob,
+                         "uid": source["metadata"]["uid"], "controller": True}]},
+        "spec": template["spec"]})
+
+    def finished() -> dict[str, Any] | None:
+        status = api.get(f"{BATCH}/jobs/{name}").get("status", {})
+        return status if status.get("succeeded") or status.get("failed") else None
+
+    status = wait_for(f"the {name} Job to finish", finished, timeout=120)
+    (pod,) = api.get("/api/v1/namespaces/gpusteward/pods?labelSelector=" + urllib.parse.quote(
+        f"batch.kubernetes.io/job-name={name}"))["items"]
+    log = str(api.get_text(f"/api/v1/namespaces/gpusteward/pods/{pod['metadata']['name']}/log"))
+    assert status.get("succeeded") == 1, log
+    assert pod["spec"]["nodeName"] == NODE
+    return log
+
+
+def _document(log: str) -> Any:
+    """The JSON document a pod wrote to stdout: its log also holds what went to stderr (the
+    progress lines, before the document, which is written last)."""
+    lines = log.splitlines()
+    start = lines.index("{")
+    end = len(lines) - lines[::-1].index("}")
+    return json.loads("\n".join(lines[start:end]))
+
+
+def test_the_report_runs_as_a_job_of_the_chart_on_its_own_read_only_account(
+        box: Sandbox, installed: chart.Helm, ns: Namespace) -> None:
+    ns.create_pod(gpu_pod("serving", 1, node="l4-2", util="70", tolerate="nvidia.com/gpu"))
+    ns.running("serving")
+    doc = _document(_run_now(box, "gpusteward-report", "report-now"))
+    nodes = box.api().get("/api/v1/nodes?labelSelector=" + urllib.parse.quote(
+        "nvidia.com/gpu.product=NVIDIA-L4"))["items"]
+    (l4,) = [g for g in doc["groups"] if g["name"] == "NVIDIA-L4"]
+    assert l4["allocatable"] == sum(int(n["status"]["allocatable"]["nvidia.com/gpu"])
+                                    for n in nodes)
+    assert l4["allocated"] >= 1, l4  # the serving pod, at least
+    (pod,) = _pods(box, "report")
+    assert pod["spec"]["serviceAccountName"] == "gpusteward-report"
+
+
+def test_whatif_runs_as_a_job_of_the_chart_and_replays_each_policy(
+        box: Sandbox, installed: chart.Helm) -> None:
+    # After the reclaim above: the installed policy (15 s window) frees the idle pod the
+    # reclaimer evicted; the candidate's 1 h window, longer than the replay, frees nothing.
+    doc = _document(_run_now(box, "gpusteward-whatif", "whatif-now"))
+    outcomes = {o["policy"]: o for o in doc["policies"]}
+    # each policy's column: its file's name (whatif/cli.py)
+    assert list(outcomes) == ["policy.yaml", "longer-window.yaml"]
+    installed_policy = outcomes["policy.yaml"]["reclaimed"]
+    assert any(r["pod"].endswith("/idle") for r in installed_policy), installed_policy
+    assert outcomes["longer-window.yaml"]["reclaimed"] == []
+    (pod,) = _pods(box, "whatif")
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
 def _process_of(box: Sandbox, pod: str, command: str) -> int:
     """The pid, as the host sees it, of ``pod``'s container running ``gpusteward command``:
     the kubelet sets each container's HOSTNAME to its pod's name."""
@@ -267,8 +403,8 @@ def _process_of(box: Sandbox, pod: str, command: str) -> int:
     raise AssertionError(f"no {command} process of pod {pod}")
 
 
-def test_a_killed_leader_hands_the_lease_over_within_the_documented_time(
-        box: Sandbox, installed: chart.Helm) -> None:
+def test_a_killed_leader_hands_the_lease_over_in_time_with_its_limits(
+        box: Sandbox, installed: chart.Helm, ns: Namespace) -> None:
     # docs/operations.md, "Failure modes of the reclaimer": a leader killed without releasing
     # its Lease is replaced within leaseDurationSeconds + 2 renewal periods (15 s + 2 x 2.5 s
     # with the chart's defaults) of its last renewal; 3 s more for this machine's API calls.
@@ -283,6 +419,24 @@ def test_a_killed_leader_hands_the_lease_over_within_the_documented_time(
     # the killed container restarts in its pod (restartPolicy Always) and stands by
     wait_for("both reclaimer pods Ready again", lambda: len(
         [p for p in _pods(box, "reclaimer") if _ready(p)]) == 2, timeout=60)
+    # Limits intact: the reclaim the killed leader made this hour is in the ledger, so the
+    # successor warns the next idle pod but holds its reclaim back (maxPerHour 1).
+    ledger = box.api().get("/api/v1/namespaces/gpusteward/configmaps/"
+                           "gpusteward-reclaimer-reclaims")["data"]
+    assert "/idle" in json.dumps(ledger), ledger
+    ns.create_pod(gpu_pod("idle-too", 1, node="l4-0", util="0", tolerate="nvidia.com/gpu"))
+    ns.running("idle-too")
+    wait_for("the successor to hold a reclaim back", lambda: sum(_metric(
+        box, "reclaimer", RECLAIMER_METRICS, "gpusteward_reclaimer_held_back_total")) > 0,
+        timeout=90)
+    assert RECLAIM_AT in annotations(ns, "idle-too")
+    leader_log = box.api().get_text("/api/v1/namespaces/gpusteward/pods/"
+                                    f"{successor.rsplit('-', 1)[0]}/log")
+    assert f"held-back pod={ns.name}/idle-too" in leader_log
+    assert "limit: 1 per hour" in leader_log
+    time.sleep(6)  # past the 4 s grace, two more cycles: still held, never evicted
+    assert not gone(ns, "idle-too")
+    assert "GPUReclaimed" not in reasons(ns, "idle-too")
 
 
 def _rolled_out(box: Sandbox, component: str) -> dict[str, str] | None:
@@ -331,6 +485,63 @@ def test_helm_upgrade_rolls_a_policy_change_out_and_rollback_returns(
         assert set(back[component].values()) == set(before[component].values())
     history = json.loads(installed.run("history", chart.RELEASE, "--output=json").stdout)
     assert [h["status"] for h in history][-1] == "deployed" and len(history) == 3
+
+
+#: kube-scheduler's line when it places a pod without an ignorable extender that failed
+#: (pkg/scheduler/schedule_one.go, findNodesThatPassExtenders, v1.36.3).
+SKIPPED_EXTENDER = "Skipping extender as it returned error and has ignorable flag set"
+
+
+def test_no_gpu_pod_is_placed_without_the_extender_while_it_rolls_out(
+        box: Sandbox, installed: chart.Helm, values: Path, ns: Namespace) -> None:
+    # The chart's extender entry is ignorable: a call that fails places its pod without the
+    # card filter. A rollout must not fail one: a new replica is Ready before an old one
+    # goes (the Deployment's default maxUnavailable 0 of 2), and the old one drains for
+    # --shutdown-delay (docs/operations.md, "Several extender replicas"). Pods go to the
+    # sandbox's scheduler through the Service while every extender pod is replaced; a probe
+    # asks for a card no node has, so only the extender's filter keeps it pending.
+    chart.use_chart_extender(box)
+    log = box.dir / "logs" / "scheduler.log"
+    offset = log.stat().st_size
+    old = {p["metadata"]["name"] for p in _pods(box, "extender")}
+    failed: list[BaseException] = []
+
+    def roll() -> None:
+        try:
+            installed.upgrade(values,
+                              f"--set-string=extender.podAnnotations.rolled={time.time_ns()}")
+        except BaseException as e:  # reported after the join
+            failed.append(e)
+
+    rollout = threading.Thread(target=roll)
+    rollout.start()
+    deadline = time.monotonic() + 300
+    placed = after = 0
+    while after < 3 and not failed:  # until every old replica has gone, then three more
+        assert time.monotonic() < deadline, "the rollout did not finish"
+        ns.create_pod(gpu_pod("probe", 1, cards="NVIDIA-H100-80GB-HBM3",
+                              tolerate="nvidia.com/gpu"))
+        ns.create_pod(gpu_pod("fit", 1, cards="NVIDIA-L4", tolerate="nvidia.com/gpu"))
+        assert ns.node_of("fit", timeout=30).startswith("l4-")
+        # the probe, queued first, was filtered out by the extender, not placed without it
+        said = wait_for("the probe refused", lambda: next(
+            (c for c in ns.pod("probe")["status"].get("conditions") or ()
+             if c["type"] == "PodScheduled" and c["status"] == "False"), None), timeout=30)
+        assert "not accepted" in said.get("message", ""), said
+        assert not ns.pod("probe")["spec"].get("nodeName")
+        for name in ("probe", "fit"):
+            ns.api.delete(ns.path("pods", name), {"gracePeriodSeconds": 0})
+        wait_for("both pods gone", lambda: not ns.pods(), timeout=30)
+        placed += 1
+        left = old & {p["metadata"]["name"] for p in _pods(box, "extender")}
+        after += not rollout.is_alive() and not left
+    rollout.join()
+    assert not failed, failed
+    assert not old & {p["metadata"]["name"] for p in _pods(box, "extender")}, "all replaced"
+    with log.open(errors="replace") as f:
+        f.seek(offset)
+        assert SKIPPED_EXTENDER not in f.read()
+    assert placed >= 5, placed
 
 
 def test_helm_uninstall_leaves_only_the_lease_ledgers_and_events(
