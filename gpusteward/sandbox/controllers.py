@@ -8,7 +8,8 @@ control plane::
     ${GPUSTEWARD_CACHE}/controllers/<key>/<binary>
 
 keyed by go.mod, go.sum, ``go version`` and the package; a build goes to a temporary directory
-and is renamed into place only when it succeeded; builds are serialised with a file lock. The
+and is renamed into place only when it succeeded; builds of one controller are serialised with
+its own file lock, so different ones may build at once (gpusteward.sandbox.prebuild). The
 CRDs are installed from the same module version (the module cache's copy of its
 ``config/components/crd/bases``).
 
@@ -162,6 +163,12 @@ def _required_version(c: Controller) -> str:
     raise SandboxBuildError(f"{c.source / 'go.mod'} does not require {c.module}")
 
 
+def lock_path(name: str) -> Path:
+    """One lock per controller: a test waits only for the build it needs, not for another
+    controller a background prebuild is compiling."""
+    return cache_root() / "controllers" / f".{name}.lock"
+
+
 def ensure_controller(name: str, log: Any = print) -> Path:
     """The controller's binary (its first, where it builds several), built on first use."""
     go = _go()
@@ -173,8 +180,10 @@ def ensure_controller(name: str, log: Any = print) -> Path:
     if all(os.access(bin_dir / b, os.X_OK) for b in c.binaries):
         return bin_dir / c.binary
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(root / ".lock"):
+    with _locked(lock_path(name)):
         if not all(os.access(bin_dir / b, os.X_OK) for b in c.binaries):
+            for stale in root.glob(f".tmp-{bin_dir.name}-*"):  # a killed build's; we hold the lock
+                shutil.rmtree(stale, ignore_errors=True)
             shutil.rmtree(bin_dir, ignore_errors=True)
             log(f"building {name} from Go modules into {bin_dir} (first use only)")
             took = go_build_into(go, c.source, [c.package, *c.also], ldflags(c), bin_dir,
