@@ -157,6 +157,11 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dra-driver", default="gpu.nvidia.com", metavar="NAME",
                         help="the DRA driver whose ResourceSlice devices are GPUs "
                              "(NVIDIA's DRA driver for GPUs: gpu.nvidia.com)")
+    add_prometheus_flags(parser)
+
+
+def add_prometheus_flags(parser: argparse.ArgumentParser) -> None:
+    """Every Prometheus connection flag (a command that reads no API server takes only these)."""
     group = parser.add_argument_group(
         "Prometheus (or Thanos, Mimir); each flag also reads the environment variable shown")
     group.add_argument("--prometheus-url", metavar="URL",

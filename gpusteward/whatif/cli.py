@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusteward.adapters.connectflags import (
-    add_connection_flags,
+    add_prometheus_flags,
     duration_flag,
     prometheus_connection,
 )
@@ -59,7 +59,7 @@ def add_whatif_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default="table", help="what stdout gets")
     p.add_argument("--top", type=_count, default=10, metavar="N",
                    help="how many reclaims, comebacks and earlier starts to list per policy")
-    add_connection_flags(p)
+    add_prometheus_flags(p)  # it replays Prometheus' history alone: no API server
     return p
 
 
