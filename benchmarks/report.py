@@ -420,6 +420,26 @@ def startup_section(st: dict) -> list[str]:
     return lines
 
 
+def ci_section(ci: dict) -> list[str]:
+    """The suite's own cost: a cold `.ci/run` on a fresh clone (issues 27 and 32)."""
+    lines = ["## CI time (a cold `.ci/run`)", ""]
+    for run in ci.values():
+        builds = sum(run["builds_s"].values())
+        lines += [f"{run['machine']}, {run['date']}, revision {run['revision']}: "
+                  f"`{run['command']}`. Cold: {run['cold_for']}. Beside it: {run['beside']}.", "",
+                  "| figure | value |", "|---|---|",
+                  f"| `.ci/run` (`make test`, `make demo`, `make bench-quick`) | "
+                  f"{run['total_s'] / 60:.1f} min (target <= {run['target_s'] / 60:.0f}) |",
+                  f"| `pytest tests` ({run['tests_passed']} passed) | "
+                  f"{run['pytest_s'] / 60:.1f} min |",
+                  f"| Go builds, summed | {builds / 60:.1f} min, all done "
+                  f"{run['builds_done_after_s'] / 60:.0f} min into the run (background "
+                  "prebuild, gpusteward/sandbox/prebuild.py) |",
+                  *(f"| build: {name} | {s / 60:.1f} min |" for name, s in run["builds_s"].items()),
+                  f"| before | {run['before']} |", ""]
+    return lines
+
+
 def _startup_cells(got: list[dict | None], key: str, digits: int) -> list[str]:
     """One figure of a command per side, and before / now where both were measured."""
     cells = [_num(g[key] if g else None, digits) for g in got]
@@ -462,6 +482,9 @@ def main() -> None:
     st = load("startup")
     if st:
         out += startup_section(st)
+    ci = load("ci")
+    if ci:
+        out += ci_section(ci)
     notes = HERE / "NOTES.md"
     if notes.exists():
         out += [notes.read_text()]
