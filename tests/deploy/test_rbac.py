@@ -65,17 +65,11 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         ("coordination.k8s.io", "leases", "get", "gpusteward-scheduler"),
         ("coordination.k8s.io", "leases", "update", "gpusteward-scheduler")},
 }
-#: The report's (a chart option): the reclaimer's reads, no write.
+#: The report's (a chart option): exactly the reclaimer's reads, without the per-pod get (it
+#: acts on no pod) and the scale subresource's (it scales nothing); no write.
 REPORT = {"gpusteward-report": {
-    ("", "nodes", "list", "*"), ("", "namespaces", "list", "*"), ("", "pods", "list", "*"),
-    *{(g, r, "list", "*") for g, r in DRA},
-    *{("apps", r, "list", "*") for r in ("replicasets", "deployments", "statefulsets")},
-    *{("apps", r, "get", "*") for r in ("deployments", "statefulsets")},
-    *{("batch", "jobs", v, "*") for v in ("get", "list")},
-    *{(group, r, "get", "*") for group, r in OWN_SWITCHES if not r.endswith("/scale")},
-    *{("kueue.x-k8s.io", r, "list", "*") for r in ("workloads", "localqueues", "clusterqueues")},
-    ("autoscaling", "horizontalpodautoscalers", "list", "*"),
-    ("keda.sh", "scaledobjects", "list", "*")}}
+    g for g in ALLOWED["gpusteward-reclaimer"] if g[2] in ("get", "list")
+    and g[:3] != ("", "pods", "get") and not g[1].endswith("/scale")}}
 #: The only roles bound that we do not ship: Kubernetes' own, for the second scheduler.
 BOUND_BUILTINS = {"system:kube-scheduler", "system:volume-scheduler",
                   "extension-apiserver-authentication-reader"}

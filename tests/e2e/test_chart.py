@@ -66,6 +66,7 @@ FLEET = Fleet(pools=[msgspec.structs.replace(p, taints=[GPU_TAINT])
 NODE = "real-0"
 APPS = "/apis/apps/v1/namespaces/gpusteward"
 EXTENDER_METRICS, RECLAIMER_METRICS = 9090, 8080  # the chart's metricsPort defaults
+AGENT_METRICS = 9400  # agent.port (dcgm-exporter's)
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/gpusteward/leases"
 #: What uninstall leaves (docs/install.md, "Uninstall"): the reclaimer's Lease and the records
 #: it keeps in ConfigMaps (made at run time, not by the chart).
@@ -281,7 +282,7 @@ def test_the_agent_daemonset_reads_nvml_on_the_real_node_and_is_scraped(
     (pod,) = _pods(box, "agent")
     assert pod["spec"]["nodeName"] == NODE and _ready(pod)
     assert pod["spec"]["hostPID"] is True
-    assert _metric(box, "agent", 9400, "gpusteward_agent_nvml_up") == [1.0]
+    assert _metric(box, "agent", AGENT_METRICS, "gpusteward_agent_nvml_up") == [1.0]
     assert wait_for("the agent's GPU scraped", lambda: _agent_series(box) or None,
                     timeout=60) == {AGENT_GPU.uuid: 37.0}
     # the library re-reads its file: a new reading reaches Prometheus through the agent
