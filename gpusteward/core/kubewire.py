@@ -41,6 +41,13 @@ class PodClaim(msgspec.Struct, rename="camel"):
     resource_claim_template_name: str | None = None
 
 
+class SchedulingGroup(msgspec.Struct, rename="camel"):
+    """spec.schedulingGroup (Kubernetes 1.36, GenericWorkload): the PodGroup the pod is one of
+    (k8s.io/api core/v1 PodSchedulingGroup)."""
+
+    pod_group_name: str | None = None
+
+
 class PodSpec(msgspec.Struct, rename="camel"):
     containers: list[Container] = msgspec.field(default_factory=list)
     init_containers: list[Container] | None = None
@@ -51,6 +58,7 @@ class PodSpec(msgspec.Struct, rename="camel"):
     node_selector: dict[str, str] | None = None
     tolerations: list[Toleration] | None = None
     resource_claims: list[PodClaim] | None = None
+    scheduling_group: SchedulingGroup | None = None
 
 
 class Condition(msgspec.Struct, rename="camel"):
@@ -235,4 +243,5 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
         nominated_node=(w.status.nominated_node_name if w.status else None) or None,
         preempted=_preempted(conditions),
         claims=tuple(c.name for c in s.resource_claims or ()),
+        pod_group=(s.scheduling_group.pod_group_name if s.scheduling_group else None) or None,
     )

@@ -120,6 +120,8 @@ class Pod(msgspec.Struct, frozen=True):
     preempted: bool = False
     # Its spec.resourceClaims entries: DRA devices may be behind them (core/dra.py).
     claims: tuple[str, ...] = ()
+    # spec.schedulingGroup.podGroupName: the Workload API's PodGroup it is one of (gangs.py).
+    pod_group: str | None = None
 
     @property
     def key(self) -> str:

@@ -16,7 +16,16 @@ import msgspec
 from gpusteward.core.model import Pod
 from gpusteward.core.owners import WHOLE_OWNER
 from gpusteward.core.policy import OwnerSwitch, Policy
-from gpusteward.core.reclaim import demote, kinds, kueue, queue, reserve, selfservice, snooze
+from gpusteward.core.reclaim import (
+    demote,
+    gangs,
+    kinds,
+    kueue,
+    queue,
+    reserve,
+    selfservice,
+    snooze,
+)
 from gpusteward.core.reclaim.model import (
     COOLDOWN_UNTIL,
     FAULT_NOTE,
@@ -262,12 +271,16 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
             how = demote.how_for(pod, policy)
         if how in GROUP_ACTIONS and not _whole_owner(owner, uid, dict.fromkeys(due, True)):
             continue  # partly idle workload: marks only
+        blocked = (gangs.eviction_refused(pod) if how == How.EVICT else None) or (
+            _blocked_reason(owner, policy) if how == How.BLOCK else None)
+        if blocked:
+            how = How.BLOCK
         if how == How.ANNOTATE or (how == How.BLOCK and pod.annotations.get(
-                RECLAIM_BLOCKED) == _blocked_reason(owner, policy)) or (
+                RECLAIM_BLOCKED) == blocked) or (
                 how == How.DEMOTE and owner.demoted_at is not None):
             continue  # annotate only; blocked, and the pod says why; demoted: Kueue's to preempt
         reason = Reason.OVER_QUOTA if uid in over else Reason.IDLE
-        message = (f"GPUs idle but not reclaimed: {_blocked_reason(owner, policy)}"
+        message = (f"GPUs idle but not reclaimed: {blocked}"
                    if how == How.BLOCK else _reclaiming(pod, owner, how, policy))
         out.append(Action(ActionKind.BLOCK if how == How.BLOCK else ActionKind.RECLAIM, pod,
                           team(pod, snap.namespace_labels), reason, message, owner, how,
@@ -297,7 +310,8 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
         owner = owner_of(pod, snap)
         how = how_to_reclaim(owner, policy)
         if idle and how not in (How.ANNOTATE, How.BLOCK) and not owner.in_progress and (
-                how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)):
+                how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)) and not (
+                how == How.EVICT and gangs.gang_of(pod)):  # never one pod of a gang
             candidates.append(queue.Candidate(pod, team(pod, snap.namespace_labels)))
     free = _free_gpus(snap)
     victims = queue.VictimPool(candidates)

@@ -1,0 +1,107 @@
+"""Gang pods are never evicted one by one (core/reclaim/gangs.py, issue 29).
+
+Shapes: the PodGroup link is Kubernetes 1.36's ``spec.schedulingGroup.podGroupName``
+(k8s.io/api v0.36.3 core/v1/types.go, PodSchedulingGroup); the labels are the controllers' own
+constants: Kueue v0.17 pkg/controller/jobs/pod/constants (GroupNameLabel), JobSet v0.11
+api/jobset/v1alpha2 (JobSetNameKey), KubeRay v1.6 ray-operator/controllers/ray/utils/constant.go
+(RayClusterLabelKey), LeaderWorkerSet v0.8 api/leaderworkerset/v1 (SetNameLabelKey,
+GroupIndexLabelKey)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from gpusteward.core.kubewire import WirePod, to_pod
+from gpusteward.core.model import Node
+from gpusteward.core.owners import How
+from gpusteward.core.reclaim.decide import plan
+from gpusteward.core.reclaim.gangs import gang_of
+from gpusteward.core.reclaim.model import RECLAIM_BLOCKED, Owner
+from tests.factories import H100
+from tests.unit.test_reclaim_decide import (
+    POLICY,
+    gpu_pod,
+    idle,
+    pending,
+    snapshot,
+    warned,
+)
+
+GANGS = [
+    pytest.param({"pod_group": "train"}, "PodGroup ml/train", id="workload-api-podgroup"),
+    pytest.param({"labels": {"kueue.x-k8s.io/pod-group-name": "g"}}, "Kueue pod group ml/g",
+                 id="kueue-pod-group"),
+    pytest.param({"labels": {"jobset.sigs.k8s.io/jobset-name": "llm"}}, "JobSet ml/llm",
+                 id="jobset"),
+    pytest.param({"labels": {"ray.io/cluster": "rc", "ray.io/node-type": "worker"}},
+                 "RayCluster ml/rc", id="raycluster-worker"),
+    pytest.param({"labels": {"leaderworkerset.sigs.k8s.io/name": "serve",
+                             "leaderworkerset.sigs.k8s.io/group-index": "2"}},
+                 "LeaderWorkerSet ml/serve group 2", id="leaderworkerset-group"),
+]
+
+
+@pytest.mark.parametrize(("fields", "gang"), GANGS)
+def test_a_due_gang_pod_is_blocked_not_evicted_and_says_why(fields, gang):
+    rank = warned("rank-0", **fields)
+    p = plan(snapshot([rank, warned("solo")]), POLICY)
+    by_pod = {a.pod.name: a for a in p.actions}
+    assert (by_pod["solo"].kind, by_pod["solo"].how) == ("reclaim", "evict")
+    assert by_pod["rank-0"].kind == "block" and gang_of(rank) == gang
+    assert f"one of {gang}" in by_pod["rank-0"].message
+    assert "never evicts a gang pod by pod" in by_pod["rank-0"].message
+
+
+def test_the_block_is_said_once_the_pod_carries_it():
+    rank = warned("rank-0", pod_group="train")
+    first = next(a for a in plan(snapshot([rank]), POLICY).actions if a.kind == "block")
+    said = warned("rank-0", pod_group="train",
+                  annotations={RECLAIM_BLOCKED: first.message.partition(": ")[2]})
+    assert [a.kind for a in plan(snapshot([said]), POLICY).actions] == []
+
+
+def test_one_idle_rank_of_a_busy_eight_pod_gang_is_never_evicted():
+    ranks = [warned(f"rank-{i}", pod_group="train") for i in range(8)]
+    ev = {r.key: idle(peak=95.0) for r in ranks}
+    ev["ml/rank-3"] = idle()
+    acts = plan(snapshot(ranks, ev), POLICY).actions
+    assert [a for a in acts if a.kind == "reclaim"] == []
+    assert [(a.kind, a.pod.name) for a in acts if a.kind == "block"] == [("block", "rank-3")]
+
+
+def test_a_gang_stopped_through_its_owners_switch_is_still_reclaimed_whole():
+    # A JobSet with a suspend switch: the owner is acted on once, as before (GROUP_ACTIONS).
+    owner = Owner("JobSet", "ml", "llm", pods=("r0", "r1"), group="jobset.x-k8s.io/v1alpha2",
+                  how=How.SUSPEND)
+    labels = {"jobset.sigs.k8s.io/jobset-name": "llm"}
+    pods = [warned("r0", labels=labels), warned("r1", labels=labels)]
+    acts = [a for a in plan(snapshot(pods, owners={"r0": owner, "r1": owner}), POLICY).actions
+            if a.kind == "reclaim"]
+    assert [(a.how, a.owner.name) for a in acts] == [("suspend", "llm")]
+
+
+def test_a_waiting_pod_never_takes_one_pod_of_a_gang():
+    gang = gpu_pod("rank-0", node="n1", gpus=4, priority=10, pod_group="train")
+    plain = gpu_pod("low", node="n2", gpus=4, priority=10)
+    want = pending("want", 4, 1000)
+    p = plan(snapshot([gang, plain, want], nodes=[Node("n1", H100, 4), Node("n2", H100, 4)]),
+             POLICY)
+    assert [(a.pod.name, a.reason) for a in p.actions if a.kind == "reclaim"] == [
+        ("low", "queue")]
+    alone = plan(snapshot([gang, want], nodes=[Node("n1", H100, 4)]), POLICY)
+    assert [a for a in alone.actions if a.kind == "reclaim"] == []
+
+
+def test_the_api_servers_pod_group_link_is_read_from_the_pod():
+    # spec.schedulingGroup as a 1.36 API server serves it (GenericWorkload on).
+    wire = msgspec.json.decode(msgspec.json.encode({
+        "metadata": {"name": "rank-0", "namespace": "ml", "uid": "u1"},
+        "spec": {"nodeName": "n1", "schedulingGroup": {"podGroupName": "train-0"},
+                 "containers": [{"name": "c", "resources": {
+                     "limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Running"}}), type=WirePod)
+    pod = to_pod(wire, ["nvidia.com/gpu"])
+    assert pod.pod_group == "train-0" and gang_of(pod) == "PodGroup ml/train-0"
+    bare = msgspec.json.decode(b'{"metadata": {"name": "p"}, "spec": {}}', type=WirePod)
+    assert to_pod(bare, ["nvidia.com/gpu"]).pod_group is None
