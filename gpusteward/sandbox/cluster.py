@@ -55,6 +55,8 @@ from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simul
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
+# The Workload API's gates (SandboxConfig.workload_api): GangScheduling needs GenericWorkload.
+WORKLOAD_GATES = ("GenericWorkload", "GangScheduling")
 PROMETHEUS_USER = "gpusteward-sandbox:prometheus"  # its service discovery on real nodes
 STOP_ORDER = ("reclaimer", "kueue", "kuberay", "trainer", "jobset", "keda", "scheduler",
               "extender", "noopextender", "prometheus", "agent", "simulator", "ksm", "coredns",
@@ -106,6 +108,11 @@ class SandboxConfig:
     scheduler_extender_url: str | None = None
     # kube-scheduler --feature-gates, e.g. {"OpportunisticBatching": False}.
     scheduler_feature_gates: dict[str, bool] = field(default_factory=dict)
+    # The Workload API of the pinned release (alpha in 1.36, pkg/features/kube_features.go):
+    # the GenericWorkload and GangScheduling gates on every component, scheduling.k8s.io/
+    # v1alpha2 served (PodGroup, Workload), and so the scheduler's GangScheduling plugin in its
+    # default profile (pkg/scheduler/apis/config/v1/default_plugins.go), beside the extender.
+    workload_api: bool = False
     reclaimer_mode: str | None = None  # None: the policy's reclaim.mode
     telemetry: str = "simulator"  # or "agent": NVML agents per node (see the module docstring)
     # The ServiceMonitor's honorLabels: false (dcgm-exporter's chart default) stores the
@@ -321,7 +328,7 @@ class Sandbox:
             "--kubelet-preferred-address-types=InternalIP",
             "--endpoint-reconciler-type=none", *self._admission(),
             "--enable-priority-and-fairness=false", "--max-requests-inflight=0",
-            "--max-mutating-requests-inflight=0", "-v=1"),
+            "--max-mutating-requests-inflight=0", "-v=1", *self._workload_api(runtime=True)),
             lambda: http_ok(f"{self.api_url}/readyz", self.token), timeout=120)
         wait_for("namespace default", lambda: self.api().exists("/api/v1/namespaces/default"))
 
@@ -342,8 +349,14 @@ class Sandbox:
             # The default 20 QPS lifts the not-ready taint off ~4 new nodes a second.
             "--kube-api-qps=300", "--kube-api-burst=600",
             f"--authorization-always-allow-paths={OPEN_PATHS}",
-            "--concurrent-gc-syncs=5", "-v=1"),
+            "--concurrent-gc-syncs=5", "-v=1", *self._workload_api()),
             lambda: http_ok(f"https://127.0.0.1:{port}/healthz"))
+
+    def _workload_api(self, runtime: bool = False) -> list[str]:
+        if not self.cfg.workload_api:
+            return []
+        return [f"--feature-gates={','.join(f'{g}=true' for g in WORKLOAD_GATES)}",
+                *(["--runtime-config=scheduling.k8s.io/v1alpha2=true"] if runtime else [])]
 
     def _kwok_stages(self) -> Path:
         """kwokctl's default Stages without pod-complete: in the sandbox a Job's GPU pod runs
@@ -577,8 +590,9 @@ class Sandbox:
         path = self.dir / "scheduler.yaml"
         path.write_text(yaml.safe_dump(self.scheduler_config()))
         port = self.ports["scheduler"]
-        gates = ",".join(f"{gate}={str(on).lower()}"
-                         for gate, on in self.cfg.scheduler_feature_gates.items())
+        wanted = {**(dict.fromkeys(WORKLOAD_GATES, True) if self.cfg.workload_api else {}),
+                  **self.cfg.scheduler_feature_gates}
+        gates = ",".join(f"{gate}={str(on).lower()}" for gate, on in wanted.items())
         self._run("scheduler", self._k8s(
             "scheduler", f"--config={path}", "--bind-address=127.0.0.1",
             f"--secure-port={port}", f"--authorization-always-allow-paths={OPEN_PATHS}", "-v=1",
