@@ -13,10 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
-from gpusteward.core.reclaim.model import RECLAIM_AT, RECLAIM_BLOCKED
+from gpusteward.adapters.policyfile import load_policy
+from gpusteward.core.model import RESERVED
+from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, RECLAIM_BLOCKED
+from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.cluster import Sandbox
+from gpusteward.sandbox.kubehttp import wait_for
+from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 from tests.e2e import kube
 from tests.e2e.kube import Namespace, gpu_pod
 from tests.support.sandbox import fresh_namespace, started
@@ -27,7 +33,9 @@ TIMEOUT = 150.0  # mark, warn (4 s grace) and act over a 15 s window, on a loade
 
 @pytest.fixture(scope="module")
 def gang_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    yield from started(tmp_path_factory, "gangs", workload_api=True)
+    # The scheduler's own preemption off: what frees GPUs for a waiting gang here is
+    # gpusteward's queue enforcement alone.
+    yield from started(tmp_path_factory, "gangs", workload_api=True, preemption=False)
 
 
 @pytest.fixture
@@ -96,3 +104,59 @@ def test_a_gang_short_of_its_min_count_is_not_placed(gang_ns: Namespace) -> None
     gang_ns.create_pod(pod)
     for i in range(3):
         gang_ns.running(f"short-{i}", timeout=90)
+
+
+PRIORITIES = {"gang-low": 100, "gang-high": 10000}
+L4 = ("l4-0", "l4-1", "l4-2")  # the sandbox's 3 L4 nodes, 4 GPUs each
+
+
+def long_grace(box: Sandbox):
+    """The sandbox's policy with an hour's grace: idle pods are warned, not evicted, in these
+    tests; only queue enforcement (no grace) frees GPUs."""
+    base = load_policy(box.cfg.policy)
+    idle = msgspec.structs.replace(base.reclaim.idle, grace=Duration(3600))
+    return msgspec.structs.replace(base, reclaim=msgspec.structs.replace(base.reclaim, idle=idle))
+
+
+async def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(
+        gang_box: Sandbox, gang_ns: Namespace, reclaimer) -> None:
+    kube.apply_priority_classes(gang_box.api(), PRIORITIES)
+    held = [f"low-{n}-{k}" for n in L4 for k in range(4)]  # every L4 GPU, 3 of them idle
+    for i, name in enumerate(held):
+        gang_ns.create_pod(gpu_pod(name, 1, node=L4[i // 4], util="0" if i < 3 else "90",
+                                   priority_class="gang-low"))
+    for name in held:
+        gang_ns.running(name)
+    kube.wait_for_gpu_samples(gang_box.prometheus_url, gang_ns.name, held, settle=0)
+    gang_ns.api.create(PODGROUPS.format(ns=gang_ns.name), {
+        "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+        "metadata": {"name": "waiting"}, "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}})
+    ranks = [f"waiting-{i}" for i in range(4)]
+    for name in ranks:
+        pod = gpu_pod(name, 1, cards="NVIDIA-L4", priority_class="gang-high")
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "waiting"}
+        gang_ns.create_pod(pod)
+    wait_for("the gang to be unschedulable", lambda: all(
+        unschedulable(gang_ns, r) for r in ranks), timeout=60)
+    rec = await reclaimer("enforce", box=gang_box, policy=long_grace(gang_box))
+    # Three idle GPUs for a gang of four: freeing them would help none of it. (Judged idle:
+    # marked, which the queue's candidates must be too.)
+    await kube.cycle_until(rec, "the three idle pods judged idle", lambda: all(
+        IDLE_SINCE in kube.annotations(gang_ns, p) for p in held[:3]), timeout=TIMEOUT)
+    await kube.cycle_for(rec, 6)
+    assert not any(kube.gone(gang_ns, p) for p in held)
+    assert not any(RESERVED in kube.annotations(gang_ns, r) for r in ranks)
+    # A fourth goes idle: all four are freed, and the gang is placed whole on them.
+    gang_ns.api.merge_patch(gang_ns.path("pods", held[3]), {"metadata": {"annotations": {
+        UTIL_ANNOTATION: "0"}}})
+    await kube.cycle_until(rec, "four idle pods freed for the gang", lambda: all(
+        kube.gone(gang_ns, p) for p in held[:4]), timeout=TIMEOUT)
+    for r in ranks:
+        gang_ns.running(r, timeout=90)
+    assert {gang_ns.pod(r)["spec"]["nodeName"] for r in ranks} <= set(L4)
+    assert not any(kube.gone(gang_ns, p) for p in held[4:])  # the busy ones stay
+
+
+def unschedulable(ns: Namespace, name: str) -> bool:
+    return any(c.get("reason") == "Unschedulable"
+               for c in ns.pod(name)["status"].get("conditions") or [])

@@ -105,3 +105,40 @@ def test_the_api_servers_pod_group_link_is_read_from_the_pod():
     assert pod.pod_group == "train-0" and gang_of(pod) == "PodGroup ml/train-0"
     bare = msgspec.json.decode(b'{"metadata": {"name": "p"}, "spec": {}}', type=WirePod)
     assert to_pod(bare, ["nvidia.com/gpu"]).pod_group is None
+
+
+def waiting_gang(size: int, group: str = "big") -> list:
+    return [pending(f"{group}-{i}", 1, 1000, pod_group=group) for i in range(size)]
+
+
+def queue_victims(p) -> list[str]:
+    return sorted(a.pod.name for a in p.actions if a.kind == "reclaim" and a.reason == "queue")
+
+
+@pytest.mark.parametrize(("idle_pods", "freed"), [
+    pytest.param(3, [], id="three-of-four-freeable-frees-none"),
+    pytest.param(4, ["low-0", "low-1", "low-2", "low-3"], id="four-freeable-frees-four"),
+])
+def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(idle_pods, freed):
+    # One 4-GPU node full of 1-GPU pods of low priority; a 4-pod gang of higher priority waits.
+    held = [gpu_pod(f"low-{i}", priority=10) for i in range(4)]
+    ev = {h.key: idle() if i < idle_pods else idle(peak=90.0) for i, h in enumerate(held)}
+    gang = waiting_gang(4)
+    p = plan(snapshot([*held, *gang], ev, nodes=[Node("n1", H100, 4)]), POLICY)
+    assert queue_victims(p) == freed
+    reserved = sorted(a.pod.name for a in p.actions if a.kind == "reserve")
+    assert reserved == ([f"big-{i}" for i in range(4)] if freed else [])
+
+
+def test_a_gang_pod_that_fits_in_free_gpus_takes_them_and_the_rest_get_victims():
+    held = [gpu_pod("low-0", priority=10), gpu_pod("low-1", priority=10)]
+    gang = waiting_gang(3)  # n1: 2 GPUs held by idle pods, 1 free
+    p = plan(snapshot([*held, *gang], nodes=[Node("n1", H100, 3)]), POLICY)
+    assert queue_victims(p) == ["low-0", "low-1"]
+
+
+def test_a_plain_pod_after_a_gang_that_cannot_be_helped_still_is():
+    held = [gpu_pod(f"low-{i}", priority=10) for i in range(2)]
+    p = plan(snapshot([*held, *waiting_gang(3), pending("one", 1, 500)],
+                      nodes=[Node("n1", H100, 2)]), POLICY)
+    assert queue_victims(p) == ["low-0"]  # the gang needs 3 and gets none; "one" needs 1

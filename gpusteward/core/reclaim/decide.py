@@ -318,17 +318,33 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
     actions: list[Action] = []
     reserves: list[Action] = []
     ttl = float(policy.queue.reservation_ttl)
-    for pending in queue.waiting(snap.pods, snap.now, float(policy.queue.min_wait)):
+    waiting = queue.waiting(snap.pods, snap.now, float(policy.queue.min_wait))
+    members: dict[str, list[Pod]] = {}
+    for p in waiting:
+        if (g := gangs.gang_of(p)) is not None:
+            members.setdefault(g, []).append(p)
+    for pending in waiting:
         name = team(pending, snap.namespace_labels)
-        c = queue.claim(pending, snap.nodes, free, victims, teams, name)
-        if c is None:
+        gang = gangs.gang_of(pending)
+        if gang is None:
+            c = queue.claim(pending, snap.nodes, free, victims, teams, name)
+            claims = [] if c is None else [c]
+            if c is not None:
+                victims.take(c)
+                free[c.node] = (free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims)
+                                - pending.gpus)
+        elif pending is members[gang][0]:  # the whole gang, once
+            whole = queue.gang_claim(members[gang], snap.nodes, free, victims, teams, name)
+            claims = [] if whole is None else list(whole.claims)
+            if whole is not None:
+                free, victims = whole.free, whole.victims
+        else:
             continue
-        victims.take(c)
-        free[c.node] = free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - pending.gpus
-        actions += [_claimed(snap, policy, by_uid, v, pending, f"on {c.node} ")
-                    for v in c.victims]
-        reserves.append(reserve.reserve(pending, c.node, [v.pod for v in c.victims], name,
-                                        snap.now, ttl))
+        for c in claims:
+            actions += [_claimed(snap, policy, by_uid, v, c.pending, f"on {c.node} ")
+                        for v in c.victims]
+            reserves.append(reserve.reserve(c.pending, c.node, [v.pod for v in c.victims],
+                                            name, snap.now, ttl))
     if snap.kueue is not None:
         left = [c for node in victims.by_node.values() for c in node]
         for k in kueue.claims(snap.kueue, snap.now, float(policy.queue.min_wait), left,

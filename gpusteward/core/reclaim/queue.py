@@ -6,11 +6,15 @@ allowed to preempt, may have idle pods reclaimed for it — only pods of strictl
 a node where it then fits (card, GPUs, node selector, taints), and as few as possible. A pod
 nominated to a node already (the scheduler's own preemption is freeing it, or a reservation
 holds what gpusteward freed: reserve.py) gets nothing more: one path per pod.
+
+The waiting pods of one gang (gangs.py) are claimed for together, all or none (gang_claim):
+the scheduler places a gang whole or not at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -59,6 +63,11 @@ class VictimPool:
     def take(self, claim: Claim) -> None:
         taken = {v.pod.uid for v in claim.victims}
         self.by_node[claim.node] = [c for c in self.on(claim.node) if c.pod.uid not in taken]
+
+    def copy(self) -> VictimPool:
+        out = VictimPool(())
+        out.by_node = dict(self.by_node)  # take() replaces a node's list, never edits it
+        return out
 
 
 def fits(pending: Pod, node: Node, patterns: Sequence[str] = ()) -> bool:
@@ -117,6 +126,46 @@ def claim(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int], vict
         if best is None or rank < best[0]:
             best = (rank, Claim(pending, name, tuple(chosen)))
     return None if best is None else best[1]
+
+
+class GangClaim(NamedTuple):
+    """Claims that let every waiting pod of one gang fit at once, and the free GPUs and victims
+    left once they are made (the gang's pods that fit in free GPUs take those)."""
+
+    claims: tuple[Claim, ...]
+    free: dict[str, int]
+    victims: VictimPool
+
+
+def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[str, int],
+               victims: VictimPool, teams: Mapping[str, TeamUsage],
+               pending_team: str) -> GangClaim | None:
+    """All of a waiting gang's pods placed, by free GPUs or by victims, or None: kube-scheduler
+    places a gang all or nothing (its GangScheduling plugin), so freeing GPUs for some of its
+    pods helps none of them and costs the victims their work."""
+    left, pool, claims = dict(free), victims.copy(), []
+    for pod in members:
+        room = _room(pod, nodes, left)
+        if room is not None:
+            left[room] -= pod.gpus
+            continue
+        c = claim(pod, nodes, left, pool, teams, pending_team)
+        if c is None:
+            return None
+        pool.take(c)
+        left[c.node] = left.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - pod.gpus
+        claims.append(c)
+    return GangClaim(tuple(claims), left, pool)
+
+
+def _room(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int]) -> str | None:
+    """A node where ``pending`` fits in free GPUs, if any."""
+    try:
+        patterns = parse_card_types(pending.annotations.get(CARD_TYPES_ANNOTATION))
+    except ValueError:
+        return None
+    return next((name for name, node in nodes.items()
+                 if free.get(name, 0) >= pending.gpus and fits(pending, node, patterns)), None)
 
 
 def _fewest(ordered: list[Candidate], need: int,
