@@ -11,6 +11,7 @@ Shapes: PodGroup as k8s.io/api v0.36.3 scheduling/v1alpha2 types.go defines it
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import msgspec
@@ -160,3 +161,49 @@ async def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(
 def unschedulable(ns: Namespace, name: str) -> bool:
     return any(c.get("reason") == "Unschedulable"
                for c in ns.pod(name)["status"].get("conditions") or [])
+
+
+@pytest.fixture
+def scheduler_preempting(gang_box: Sandbox) -> Iterator[None]:
+    """The gang sandbox's scheduler with DefaultPreemption on, put back as the module's other
+    tests want it (off) after."""
+    gang_box.restart_scheduler(preemption=True, preempt_verb=True)
+    yield
+    gang_box.restart_scheduler(preemption=False)
+
+
+def full_l4s(ns: Namespace) -> None:
+    """Every L4 GPU held by a busy low-priority pod."""
+    held = [f"low-{n}-{k}" for n in L4 for k in range(4)]
+    for i, name in enumerate(held):
+        ns.create_pod(gpu_pod(name, 1, node=L4[i // 4], util="90", priority_class="gang-low"))
+    for name in held:
+        ns.running(name)
+
+
+def preempt_calls(box: Sandbox) -> float:
+    prefix = 'gpusteward_extender_requests_total{code="200",verb="preempt"}'
+    with urllib.request.urlopen(f"{box.extender_url}/metrics", timeout=5) as resp:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in resp.read().decode().splitlines()
+                   if line.startswith(prefix))
+
+
+def test_a_gangs_pods_preempted_for_one_by_one_ask_the_extenders_preempt_verb(
+        gang_box: Sandbox, gang_ns: Namespace, scheduler_preempting: None) -> None:
+    # docs/operations.md, "Gangs and the scheduler's preemption": in a pod group's cycle each
+    # pod is still scheduled by schedulingAlgorithm (schedule_one_podgroup.go
+    # podGroupPodSchedulingAlgorithm), whose PostFilter is DefaultPreemption, which asks every
+    # extender that supports preemption (framework/preemption/preemption.go, ProcessPreemption).
+    kube.apply_priority_classes(gang_box.api(), PRIORITIES)
+    full_l4s(gang_ns)
+    before = preempt_calls(gang_box)
+    gang_ns.api.create(PODGROUPS.format(ns=gang_ns.name), {
+        "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+        "metadata": {"name": "urgent"}, "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}})
+    for i in range(2):
+        pod = gpu_pod(f"urgent-{i}", 1, cards="NVIDIA-L4", priority_class="gang-high")
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "urgent"}
+        gang_ns.create_pod(pod)
+    for i in range(2):  # the scheduler preempts two low pods, then places the gang
+        gang_ns.running(f"urgent-{i}", timeout=120)
+    assert preempt_calls(gang_box) > before
