@@ -15,6 +15,7 @@ import pytest
 from gpusteward.core.kubewire import WirePod, to_pod
 from gpusteward.core.model import Node
 from gpusteward.core.owners import How
+from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.gangs import gang_of
 from gpusteward.core.reclaim.model import RECLAIM_BLOCKED, Owner
@@ -142,3 +143,16 @@ def test_a_plain_pod_after_a_gang_that_cannot_be_helped_still_is():
     p = plan(snapshot([*held, *waiting_gang(3), pending("one", 1, 500)],
                       nodes=[Node("n1", H100, 2)]), POLICY)
     assert queue_victims(p) == ["low-0"]  # the gang needs 3 and gets none; "one" needs 1
+
+
+def test_a_limit_that_cannot_pass_all_of_a_gangs_victims_passes_none():
+    held = [gpu_pod(f"low-{i}", priority=10) for i in range(4)]
+    capped = parse_policy({"reclaim": {"limits": {"maxPerCycle": 3}}})
+    p = plan(snapshot([*held, *waiting_gang(4)], nodes=[Node("n1", H100, 4)]), capped)
+    assert queue_victims(p) == []
+    assert [a for a in p.actions if a.kind == "reserve"] == []
+    assert sorted((a.pod.name, why) for a, why in p.held_back) == [
+        (f"low-{i}", "limit: 3 per cycle (a waiting gang needs 4)") for i in range(4)]
+    roomy = parse_policy({"reclaim": {"limits": {"maxPerCycle": 4}}})
+    p = plan(snapshot([*held, *waiting_gang(4)], nodes=[Node("n1", H100, 4)]), roomy)
+    assert len(queue_victims(p)) == 4

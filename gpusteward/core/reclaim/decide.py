@@ -9,7 +9,7 @@ reclaims of a cycle; marks and warnings are reversible metadata and are not limi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import msgspec
 
@@ -341,7 +341,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
         else:
             continue
         for c in claims:
-            actions += [_claimed(snap, policy, by_uid, v, c.pending, f"on {c.node} ")
+            actions += [_claimed(snap, policy, by_uid, v, c.pending, f"on {c.node} ", gang or "")
                         for v in c.victims]
             reserves.append(reserve.reserve(c.pending, c.node, [v.pod for v in c.victims],
                                             name, snap.now, ttl))
@@ -356,13 +356,14 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
 
 
 def _claimed(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], v: queue.Candidate,
-             pending: Pod, where: str) -> Action:
+             pending: Pod, where: str, gang: str = "") -> Action:
     owner = owner_of(v.pod, snap)
     how = how_to_reclaim(owner, policy)
+    of = f" of {gang}" if gang else ""
     return Action(ActionKind.RECLAIM, v.pod, v.team, Reason.QUEUE,
-                  f"reclaiming {v.pod.gpus} idle GPU(s) {where}for pending {pending.key} "
+                  f"reclaiming {v.pod.gpus} idle GPU(s) {where}for pending {pending.key}{of} "
                   f"(priority {pending.priority} > {v.pod.priority})", owner, how,
-                  peers=_peers(owner, v.pod.uid, how, by_uid))
+                  peers=_peers(owner, v.pod.uid, how, by_uid), for_gang=gang)
 
 
 def _workload(owner: Owner) -> str | None:
@@ -413,23 +414,43 @@ def _limit(reclaims: list[Action], snap: Snapshot,
     held: list[tuple[Action, str]] = []
     owners: set[str] = set()
     ordered = sorted(reclaims, key=lambda a: (_ORDER[a.reason], a.pod.priority, a.pod.uid))
+    gangs_of: dict[str, list[Action]] = {}
+    for a in ordered:
+        if a.for_gang:
+            gangs_of.setdefault(a.for_gang, []).append(a)
     for a in ordered:
         assert a.owner is not None
         if a.owner.key in owners:
             continue  # one action per owner: the first one covers the workload
-        if a.owner.in_progress:
-            held.append((a, f"{a.owner.kind} {a.owner.name} already being reclaimed"))
-        elif len(allowed) >= lim.max_per_cycle:
-            held.append((a, f"limit: {lim.max_per_cycle} per cycle"))
-        elif len(hour) + len(allowed) >= lim.max_per_hour:
-            held.append((a, f"limit: {lim.max_per_hour} per hour"))
-        elif per_team.get(a.team, 0) >= lim.max_per_team_per_hour:
-            held.append((a, f"limit: {lim.max_per_team_per_hour} per team per hour"))
+        unit = [u for u in gangs_of.pop(a.for_gang, [])
+                if u.owner is not None and u.owner.key not in owners] if a.for_gang else [a]
+        if not unit:
+            continue  # a later action of a gang already decided
+        n, teams = len(unit), _count(u.team for u in unit)
+        need = f" (a waiting gang needs {n})" if a.for_gang else ""
+        if busy := next((u.owner for u in unit if u.owner and u.owner.in_progress), None):
+            why = f"{busy.kind} {busy.name} already being reclaimed{need}"
+        elif len(allowed) + n > lim.max_per_cycle:
+            why = f"limit: {lim.max_per_cycle} per cycle{need}"
+        elif len(hour) + len(allowed) + n > lim.max_per_hour:
+            why = f"limit: {lim.max_per_hour} per hour{need}"
+        elif any(per_team.get(t, 0) + k > lim.max_per_team_per_hour for t, k in teams.items()):
+            why = f"limit: {lim.max_per_team_per_hour} per team per hour{need}"
         else:
-            allowed.append(a)
-            per_team[a.team] = per_team.get(a.team, 0) + 1
-        owners.add(a.owner.key)
+            why = ""
+            allowed += unit
+            for t, k in teams.items():
+                per_team[t] = per_team.get(t, 0) + k
+        held += [(u, why) for u in unit] if why else []
+        owners.update(u.owner.key for u in unit if u.owner is not None)
     return allowed, held
+
+
+def _count(items: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
 
 
 def parse_stamp(text: str | None) -> float | None:

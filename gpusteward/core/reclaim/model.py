@@ -342,6 +342,9 @@ class Action(msgspec.Struct, frozen=True):
     until: float | None = None
     # Reserve: the victims (uids) it frees; one not reclaimed this cycle undoes it at once.
     after: tuple[str, ...] = ()
+    # A queue reclaim for a waiting gang (gangs.py): the gang's victims pass the limits together
+    # or not at all.
+    for_gang: str = ""
 
 
 FAULT_NOTE = "on a faulty GPU, not judged idle: "  # a FAULT action's message, then the fault
