@@ -436,6 +436,8 @@ def ci_section(ci: dict) -> list[str]:
                   f"{run['builds_done_after_s'] / 60:.0f} min into the run (background "
                   "prebuild, gpusteward/sandbox/prebuild.py) |",
                   *(f"| build: {name} | {s / 60:.1f} min |" for name, s in run["builds_s"].items()),
+                  *(f"| tier: {name} | {s / 60:.1f} min |"
+                    for name, s in run.get("tiers_s", {}).items()),
                   f"| before | {run['before']} |", ""]
     return lines
 
