@@ -96,8 +96,7 @@ async def test_a_re_created_pod_is_not_reclaimed_again_inside_its_cooldown(
     reclaimed_at = max(a.at for a in rec.recent if a.owner == f"{ns.name}/Pod/rerun")
     wait_for("the evicted pod to go", lambda: not ns.api.get(
         f"/api/v1/namespaces/{ns.name}/pods")["items"], timeout=60)
-    ns.create_pod(manifest)  # its owner brings it back: the same workload, <ns>/Pod/rerun
-    ns.running("rerun")
+    recreated(ns, manifest)  # its owner brings it back: the same workload, <ns>/Pod/rerun
     back = time.time()
     # Idle from its start, it would be due some 25 s later; inside the cooldown it is kept.
     vetoed = False
@@ -115,6 +114,25 @@ async def test_a_re_created_pod_is_not_reclaimed_again_inside_its_cooldown(
     assert vetoed, "the preempt verb kept offering the pod inside its cooldown"
     await cycle_until(rec, "the pod reclaimed again", lambda: gone(ns, "rerun"), timeout=60)
     assert time.time() >= reclaimed_at + COOLDOWN
+
+
+def recreated(ns, manifest: dict, attempts: int = 3, timeout: float = 60) -> None:
+    """Create the pod again under its old name and wait for it to run. kwok's stage controller
+    deletes a pod by name alone (sigs.k8s.io/kwok v0.8.0 pkg/kwok/controllers/
+    stage_controller.go deleteResource: grace 0, no UID precondition), so a delete it queued
+    for the evicted pod can still land on the new one under load (seen once in CI: the new pod
+    404 before it ran). A real kubelet deletes by UID; here the pod is made again at once."""
+    name, made = manifest["metadata"]["name"], 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if made < attempts and not any(p["metadata"]["name"] == name for p in ns.pods()):
+            ns.create_pod(manifest)
+            made += 1
+        elif any(p["metadata"]["name"] == name and p["status"].get("phase") == "Running"
+                 for p in ns.pods()):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"pod {ns.name}/{name} never ran ({made} made)")
 
 
 def preempt_keeps(sandbox, victim: dict) -> list[str]:
