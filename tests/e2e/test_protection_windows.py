@@ -125,12 +125,12 @@ def recreated(ns, manifest: dict, attempts: int = 3, timeout: float = 60) -> Non
     name, made = manifest["metadata"]["name"], 0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if made < attempts and not any(p["metadata"]["name"] == name for p in ns.pods()):
+        phases = [p["status"].get("phase") for p in ns.pods() if p["metadata"]["name"] == name]
+        if "Running" in phases:
+            return
+        if not phases and made < attempts:
             ns.create_pod(manifest)
             made += 1
-        elif any(p["metadata"]["name"] == name and p["status"].get("phase") == "Running"
-                 for p in ns.pods()):
-            return
         time.sleep(0.2)
     raise TimeoutError(f"pod {ns.name}/{name} never ran ({made} made)")
 

@@ -9,7 +9,8 @@ reclaims of a cycle; marks and warnings are reversible metadata and are not limi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Mapping
 
 import msgspec
 
@@ -330,9 +331,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
             c = queue.claim(pending, snap.nodes, free, victims, teams, name)
             claims = [] if c is None else [c]
             if c is not None:
-                victims.take(c)
-                free[c.node] = (free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims)
-                                - pending.gpus)
+                queue.take(c, free, victims)
         elif pending is members[gang][0]:  # the whole gang, once
             whole = queue.gang_claim(members[gang], snap.nodes, free, victims, teams, name)
             claims = [] if whole is None else list(whole.claims)
@@ -426,7 +425,7 @@ def _limit(reclaims: list[Action], snap: Snapshot,
                 if u.owner is not None and u.owner.key not in owners] if a.for_gang else [a]
         if not unit:
             continue  # a later action of a gang already decided
-        n, teams = len(unit), _count(u.team for u in unit)
+        n, teams = len(unit), Counter(u.team for u in unit)
         need = f" (a waiting gang needs {n})" if a.for_gang else ""
         if busy := next((u.owner for u in unit if u.owner and u.owner.in_progress), None):
             why = f"{busy.kind} {busy.name} already being reclaimed{need}"
@@ -444,13 +443,6 @@ def _limit(reclaims: list[Action], snap: Snapshot,
         held += [(u, why) for u in unit] if why else []
         owners.update(u.owner.key for u in unit if u.owner is not None)
     return allowed, held
-
-
-def _count(items: Iterable[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return out
 
 
 def parse_stamp(text: str | None) -> float | None:

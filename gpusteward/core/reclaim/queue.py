@@ -104,9 +104,7 @@ def claim(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int], vict
         patterns = parse_card_types(pending.annotations.get(CARD_TYPES_ANNOTATION))
     except ValueError:
         return None
-    # The cheap tests first: fits() is the cost when thousands of nodes meet hundreds of pods.
-    if any(free.get(name, 0) >= pending.gpus and fits(pending, node, patterns)
-           for name, node in nodes.items()):
+    if _room(pending, nodes, free, patterns) is not None:
         return None  # it fits without reclaiming anything: waiting for another reason
     own = teams.get(pending_team) or TeamUsage(pending_team)
 
@@ -145,25 +143,33 @@ def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[
     pods helps none of them and costs the victims their work."""
     left, pool, claims = dict(free), victims.copy(), []
     for pod in members:
-        room = _room(pod, nodes, left)
+        try:
+            room = _room(pod, nodes, left, parse_card_types(
+                pod.annotations.get(CARD_TYPES_ANNOTATION)))
+        except ValueError:
+            return None  # a pod the scheduler cannot place either
         if room is not None:
             left[room] -= pod.gpus
             continue
         c = claim(pod, nodes, left, pool, teams, pending_team)
         if c is None:
             return None
-        pool.take(c)
-        left[c.node] = left.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - pod.gpus
+        take(c, left, pool)
         claims.append(c)
     return GangClaim(tuple(claims), left, pool)
 
 
-def _room(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int]) -> str | None:
-    """A node where ``pending`` fits in free GPUs, if any."""
-    try:
-        patterns = parse_card_types(pending.annotations.get(CARD_TYPES_ANNOTATION))
-    except ValueError:
-        return None
+def take(c: Claim, free: dict[str, int], victims: VictimPool) -> None:
+    """Make the claim on the cycle's state: its victims taken, its node's free GPUs counted
+    with theirs and without the pending pod's."""
+    victims.take(c)
+    free[c.node] = free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - c.pending.gpus
+
+
+def _room(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int],
+          patterns: Sequence[str]) -> str | None:
+    """A node where ``pending`` fits in free GPUs, if any. The cheap test first: fits() is the
+    cost when thousands of nodes meet hundreds of pods."""
     return next((name for name, node in nodes.items()
                  if free.get(name, 0) >= pending.gpus and fits(pending, node, patterns)), None)
 
