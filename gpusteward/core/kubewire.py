@@ -48,6 +48,21 @@ class SchedulingGroup(msgspec.Struct, rename="camel"):
     pod_group_name: str | None = None
 
 
+class WorkloadRef(msgspec.Struct, rename="camel"):
+    """spec.workloadRef (Kubernetes 1.35, GenericWorkload alpha; replaced by schedulingGroup in
+    1.36): the Workload and the pod group in it (k8s.io/api v0.35 core/v1 WorkloadReference)."""
+
+    name: str = ""
+    pod_group: str = ""
+    pod_group_replica_key: str = ""
+
+    def group(self) -> str | None:
+        """``workload/group[/replica]``; None without a name."""
+        if not self.name:
+            return None
+        return "/".join(p for p in (self.name, self.pod_group, self.pod_group_replica_key) if p)
+
+
 class PodSpec(msgspec.Struct, rename="camel"):
     containers: list[Container] = msgspec.field(default_factory=list)
     init_containers: list[Container] | None = None
@@ -59,6 +74,7 @@ class PodSpec(msgspec.Struct, rename="camel"):
     tolerations: list[Toleration] | None = None
     resource_claims: list[PodClaim] | None = None
     scheduling_group: SchedulingGroup | None = None
+    workload_ref: WorkloadRef | None = None
 
 
 class Condition(msgspec.Struct, rename="camel"):
@@ -244,4 +260,5 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
         preempted=_preempted(conditions),
         claims=tuple(c.name for c in s.resource_claims or ()),
         pod_group=(s.scheduling_group.pod_group_name if s.scheduling_group else None) or None,
+        workload_group=s.workload_ref.group() if s.workload_ref else None,
     )

@@ -122,6 +122,8 @@ class Pod(msgspec.Struct, frozen=True):
     claims: tuple[str, ...] = ()
     # spec.schedulingGroup.podGroupName: the Workload API's PodGroup it is one of (gangs.py).
     pod_group: str | None = None
+    # 1.35's spec.workloadRef instead: ``workload/group[/replica]`` (gangs.py).
+    workload_group: str | None = None
 
     @property
     def key(self) -> str:

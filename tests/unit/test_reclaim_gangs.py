@@ -106,6 +106,22 @@ def test_the_api_servers_pod_group_link_is_read_from_the_pod():
     assert pod.pod_group == "train-0" and gang_of(pod) == "PodGroup ml/train-0"
     bare = msgspec.json.decode(b'{"metadata": {"name": "p"}, "spec": {}}', type=WirePod)
     assert to_pod(bare, ["nvidia.com/gpu"]).pod_group is None
+    assert gang_of(to_pod(bare, ["nvidia.com/gpu"])) is None
+
+
+def test_a_1_35_pods_workload_ref_names_its_gang():
+    # spec.workloadRef as a 1.35 API server serves it (k8s.io/api v0.35.3 core/v1
+    # WorkloadReference; 1.36 replaced it with schedulingGroup, keeping tag 42 reserved).
+    wire = msgspec.json.decode(msgspec.json.encode({
+        "metadata": {"name": "rank-1", "namespace": "ml", "uid": "u2"},
+        "spec": {"nodeName": "n1", "workloadRef": {"name": "train", "podGroup": "workers",
+                                                  "podGroupReplicaKey": "0"},
+                 "containers": [{"name": "c", "resources": {
+                     "limits": {"nvidia.com/gpu": "1"}}}]}}), type=WirePod)
+    pod = to_pod(wire, ["nvidia.com/gpu"])
+    assert gang_of(pod) == "Workload group ml/train/workers/0"
+    p = plan(snapshot([warned("rank-1", workload_group=pod.workload_group)]), POLICY)
+    assert [a.kind for a in p.actions] == ["block"]
 
 
 def waiting_gang(size: int, group: str = "big") -> list:

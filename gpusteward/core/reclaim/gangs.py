@@ -11,8 +11,10 @@ deadline the reclaim is blocked with the reason on the pod and in an Event, unti
 whole gang by eviction is supported.
 
 A pod is one of a gang when it names one: the Workload API's PodGroup (Kubernetes 1.36
-``spec.schedulingGroup.podGroupName``, k8s.io/api core/v1 PodSchedulingGroup), else the label
-its controller puts on every pod of the group (GANG_LABELS, LWS_NAME).
+``spec.schedulingGroup.podGroupName``, k8s.io/api core/v1 PodSchedulingGroup), or on 1.35 its
+Workload's pod group (``spec.workloadRef``: name, podGroup, podGroupReplicaKey, the field 1.36
+replaced), else the label its controller puts on every pod of the group (GANG_LABELS,
+LWS_NAME).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def gang_of(pod: Pod) -> str | None:
     not in one."""
     if pod.pod_group:
         return f"PodGroup {pod.namespace}/{pod.pod_group}"
+    if pod.workload_group:
+        return f"Workload group {pod.namespace}/{pod.workload_group}"
     labels = pod.labels
     if LWS_NAME in labels:
         group = labels.get(LWS_GROUP)
