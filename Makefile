@@ -45,12 +45,17 @@ unit: venv
 component: setup
 	$(PY) -m pytest tests/component -q
 
+# The suite on two workers, one test file at a time each (tests/support/parallel.py says how
+# it is shared); WORKERS=0 runs it in this one process.
+WORKERS ?= 2
+PARALLEL := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup --no-loadscope-reorder)
+
 # Builds the control plane from Go modules on first use (cached under ~/.cache/gpusteward).
 e2e: setup
-	$(PY) -m pytest tests/e2e -q
+	$(PY) -m pytest tests/e2e -q $(PARALLEL)
 
 test: setup lint
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q $(PARALLEL)
 
 sandbox-build: venv
 	$(PY) -m gpusteward.sandbox.build

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
+import json
 import os
 import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +24,11 @@ class SandboxError(RuntimeError):
 
 
 _LOWEST_PORT = 10000
-_handed_out: set[int] = set()
+# Ports chosen by any process of this user on this machine, with when: two sandboxes starting
+# at once (parallel test workers, a demo beside the tests) must not both pick a port neither has
+# bound yet. A sandbox binds its ports within a minute of choosing them; a claim lasts longer.
+_CLAIMS = Path(tempfile.gettempdir()) / f"gpusteward-ports-{os.getuid()}.json"
+_CLAIM_S = 900
 
 
 def free_port() -> int:
@@ -29,23 +36,41 @@ def free_port() -> int:
     hands out: those come from the kernel's ephemeral range, where any outgoing connection
     (the API server's to etcd, a client's to Prometheus) may take it before the process binds
     it ("address already in use"). Below that range only listeners bind, so the port stays
-    free unless another sandbox picks the same one: chosen at random among ~20,000, and never
-    twice by one process."""
+    free: chosen at random among ~20,000, and never one another process of this machine
+    claimed in the last quarter hour."""
     low, _ = _ephemeral_range()
     if low - _LOWEST_PORT < 1000:  # a kernel configured with (almost) every port ephemeral
         return _bound_port(0)
     rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(_LOWEST_PORT, low)
-        if port in _handed_out:
-            continue
-        try:
-            _bound_port(port)
-        except OSError:  # taken (or in TIME_WAIT): another
-            continue
-        _handed_out.add(port)
-        return port
+    with _claims() as claimed:
+        for _ in range(200):
+            port = rng.randrange(_LOWEST_PORT, low)
+            if str(port) in claimed:
+                continue
+            try:
+                _bound_port(port)
+            except OSError:  # taken (or in TIME_WAIT): another
+                continue
+            claimed[str(port)] = time.time()
+            return port
     return _bound_port(0)
+
+
+@contextlib.contextmanager
+def _claims() -> Iterator[dict[str, float]]:
+    """The machine's live port claims, locked, written back as the caller leaves them."""
+    with open(_CLAIMS.with_suffix(".lock"), "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            claimed = json.loads(_CLAIMS.read_text())
+        except (OSError, ValueError):
+            claimed = {}
+        now = time.time()
+        claimed = {port: at for port, at in claimed.items() if now - at < _CLAIM_S}
+        yield claimed
+        tmp = _CLAIMS.with_suffix(f".{os.getpid()}")
+        tmp.write_text(json.dumps(claimed))
+        os.replace(tmp, _CLAIMS)
 
 
 def _bound_port(port: int) -> int:

@@ -1,6 +1,8 @@
 """A run that reaches the e2e tier builds the Go-built tools in the background while the
 earlier tiers run (gpusteward.sandbox.prebuild, at the lowest CPU priority); the build stops
-with the session. GPUSTEWARD_PREBUILD=0 turns it off. Its log: <cache>/prebuild.log."""
+with the session. GPUSTEWARD_PREBUILD=0 turns it off. Its log: <cache>/prebuild.log. Under
+pytest-xdist only the first worker starts it; the others find its builds done, or wait on a
+build's lock."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ _BUILDER = pytest.StashKey[subprocess.Popen[bytes]]()
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if os.environ.get("GPUSTEWARD_PREBUILD", "1") == "0" or session.config.option.collectonly:
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
         return
     if not any(Path(item.path).is_relative_to(E2E) for item in session.items):
         return
