@@ -45,17 +45,24 @@ unit: venv
 component: setup
 	$(PY) -m pytest tests/component -q
 
-# The suite on two workers, one test file at a time each (tests/support/parallel.py says how
-# it is shared); WORKERS=0 runs it in this one process.
+# The suite on two workers, one test file at a time each, then the files marked `host` on
+# their own (tests/support/parallel.py says why); WORKERS=0 runs it all in one process.
+# Both passes run whatever the first gives; the exit status is the first failure's.
 WORKERS ?= 2
-PARALLEL := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup --no-loadscope-reorder)
+define pytest_in_passes
+	$(if $(filter 0,$(WORKERS)),$(PY) -m pytest $(1) -q,\
+	rc=0; $(PY) -m pytest $(1) -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder \
+	  -m "not host" || rc=$$?; \
+	$(PY) -m pytest $(1) -q -m host || { s=$$?; [ $$s = 5 ] || [ $$rc != 0 ] || rc=$$s; }; \
+	exit $$rc)
+endef
 
 # Builds the control plane from Go modules on first use (cached under ~/.cache/gpusteward).
 e2e: setup
-	$(PY) -m pytest tests/e2e -q $(PARALLEL)
+	$(call pytest_in_passes,tests/e2e)
 
 test: setup lint
-	$(PY) -m pytest tests -q $(PARALLEL)
+	$(call pytest_in_passes,tests)
 
 sandbox-build: venv
 	$(PY) -m gpusteward.sandbox.build

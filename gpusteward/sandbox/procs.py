@@ -27,8 +27,13 @@ _LOWEST_PORT = 10000
 # Ports chosen by any process of this user on this machine, with when: two sandboxes starting
 # at once (parallel test workers, a demo beside the tests) must not both pick a port neither has
 # bound yet. A sandbox binds its ports within a minute of choosing them; a claim lasts longer.
-_CLAIMS = Path(tempfile.gettempdir()) / f"gpusteward-ports-{os.getuid()}.json"
 _CLAIM_S = 900
+
+
+def _claims_path() -> Path:
+    # asked when a port is chosen, not at import: the image's read-only root has no temp
+    # directory, and its commands that never start a process must not need one
+    return Path(tempfile.gettempdir()) / f"gpusteward-ports-{os.getuid()}.json"
 
 
 def free_port() -> int:
@@ -59,18 +64,19 @@ def free_port() -> int:
 @contextlib.contextmanager
 def _claims() -> Iterator[dict[str, float]]:
     """The machine's live port claims, locked, written back as the caller leaves them."""
-    with open(_CLAIMS.with_suffix(".lock"), "a", encoding="utf-8") as lock:
+    path = _claims_path()
+    with open(path.with_suffix(".lock"), "a", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            claimed = json.loads(_CLAIMS.read_text())
+            claimed = json.loads(path.read_text())
         except (OSError, ValueError):
             claimed = {}
         now = time.time()
         claimed = {port: at for port, at in claimed.items() if now - at < _CLAIM_S}
         yield claimed
-        tmp = _CLAIMS.with_suffix(f".{os.getpid()}")
+        tmp = path.with_suffix(f".{os.getpid()}")
         tmp.write_text(json.dumps(claimed))
-        os.replace(tmp, _CLAIMS)
+        os.replace(tmp, path)
 
 
 def _bound_port(port: int) -> int:

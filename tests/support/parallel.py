@@ -1,12 +1,15 @@
 """How `make test` shares the suite between its two pytest-xdist workers (``-n 2 --dist
 loadgroup --no-loadscope-reorder``): each test file is one unit of work, run whole on one
-worker, so a module's own sandbox starts once and its tests keep their order. The files that
-touch the host itself (container storage, real nodes and their one services route, the chart on
-them) are one unit between them: a machine holds one real-node sandbox at a time.
+worker, so a module's own sandbox starts once and its tests keep their order.
 
-Units go out in the order below: the long ones first (the host unit, then the e2e files), the
-short pure tiers last, where they fill whichever worker finishes first. Without xdist the order
-is the same and nothing else changes."""
+The files that touch the host itself (container storage, real nodes and their one services
+route, the chart on them) are marked ``host``: `make test` runs them after the workers, on
+their own. Beside a second sandbox on two cores the chart's timed steps (a 15 s idle window
+replayed from 2 s scrapes, a rolling extender) missed their marks; alone they never have.
+
+Units go out in the order below: the long e2e files first, the short pure tiers last, where
+they fill whichever worker finishes first. Without xdist the order is the same and nothing
+else changes."""
 
 from __future__ import annotations
 
@@ -35,3 +38,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: units[id(item)][0])  # stable: files keep their own order
     for item in items:
         item.add_marker(pytest.mark.xdist_group(units[id(item)][1]))
+        if units[id(item)][1] == HOST:
+            item.add_marker(pytest.mark.host)

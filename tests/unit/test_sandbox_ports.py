@@ -28,7 +28,7 @@ def test_ports_come_from_below_the_ephemeral_range_and_are_free():
 
 @pytest.fixture(autouse=True)
 def claims(tmp_path, monkeypatch):
-    monkeypatch.setattr(procs, "_CLAIMS", tmp_path / "ports.json")
+    monkeypatch.setattr(procs, "_claims_path", lambda: tmp_path / "ports.json")
     return tmp_path / "ports.json"
 
 
@@ -78,7 +78,7 @@ PICKER = """
 import sys
 from pathlib import Path
 from gpusteward.sandbox import procs
-procs._CLAIMS = Path(sys.argv[1])
+procs._claims_path = lambda: Path(sys.argv[1])
 print(" ".join(str(procs.free_port()) for _ in range(300)))
 """
 
