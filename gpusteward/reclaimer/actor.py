@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from kubernetes_asyncio import client
@@ -47,7 +47,8 @@ from gpusteward.adapters.errors import (
 from gpusteward.adapters.events import EventWriter
 from gpusteward.adapters.kube import CALL_TIMEOUT, kube_errors
 from gpusteward.adapters.stopper import Stale, Switches
-from gpusteward.core.model import RESERVED
+from gpusteward.core import selectors
+from gpusteward.core.model import RESERVED, Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import kinds, reserve
 from gpusteward.core.reclaim.model import (
@@ -80,7 +81,8 @@ EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
 WARNINGS = frozenset({ActionKind.BLOCK, ActionKind.FAULT})
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
 FENCED_EVENT_REASON = "GPUReclaimFenced"
-PERMISSION = {How.EVICT: "create pods/eviction", How.SUSPEND: "patch batch/jobs",
+PERMISSION = {How.EVICT: "create pods/eviction (a gang: list policy/poddisruptionbudgets)",
+              How.SUSPEND: "patch batch/jobs",
               How.SCALE: "patch apps/deployments and apps/statefulsets",
               How.ANNOTATE: "patch pods", How.DEACTIVATE: "patch kueue.x-k8s.io/workloads",
               How.DEMOTE: "patch kueue.x-k8s.io/workloads",
@@ -105,6 +107,8 @@ class Actor:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.batch = client.BatchV1Api(api)
+        self.disruption = client.PolicyV1Api(api)
+        self.serializer = api
         self.switches = Switches(api, kinds.Catalog.of(policy.reclaim.owner_actions.kinds))
         self.policy = policy
         self.clock = clock
@@ -137,10 +141,13 @@ class Actor:
             assert action.owner is not None
             await self.switches.touch(action.owner, stamp(self.clock()))
             return ActResult.DONE
-        fresh = await self._recheck(action)
-        if fresh is None:
+        read = await self._recheck(action)
+        if read is None:
             return ActResult.STALE
+        fresh = read[action.pod.uid]
         try:
+            if action.kind == ActionKind.RECLAIM and action.how == How.EVICT and action.peers:
+                return await self._evict_gang(action, read)
             if action.kind == ActionKind.RECLAIM:
                 await self._reclaim(action, fresh)
             else:
@@ -156,11 +163,11 @@ class Actor:
             return ActResult.STALE
         return ActResult.DONE
 
-    async def _recheck(self, action: Action) -> Fresh | None:
-        """The acting pod as it is now; None when the action is stale (the cluster changed
-        since the decision). The acting pod and, for a workload, every pod the decision rests
-        on; the acting pod gone raises the API's 404."""
-        own: Fresh | None = None
+    async def _recheck(self, action: Action) -> dict[str, Fresh] | None:
+        """The acting pod and, for a workload, every pod the decision rests on, as they are now
+        (by uid; a peer gone has none); None when the action is stale (the cluster changed
+        since the decision). The acting pod gone raises the API's 404."""
+        read: dict[str, Fresh] = {}
         for decided in (action.pod, *action.peers):
             try:
                 with kube_errors():
@@ -177,19 +184,21 @@ class Actor:
                 log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
                             "%s", action.pod.key, action.kind, why)
                 return None
-            if fresh is not None and decided is action.pod:
-                own = Fresh(fresh.metadata.resource_version,
-                            fresh.spec.termination_grace_period_seconds)
-        return own
+            if fresh is not None:
+                read[decided.uid] = Fresh(fresh.metadata.resource_version,
+                                          fresh.spec.termination_grace_period_seconds)
+        return read
 
     async def _annotate(self, action: Action, annotations: dict[str, str | None],
-                        version: str) -> str:
-        """Patch the pod's annotations on the resourceVersion given; the one it has after."""
-        pod = await self.core.patch_namespaced_pod(
-            action.pod.name, action.pod.namespace,
+                        version: str, pod: Pod | None = None) -> str:
+        """Patch the annotations of the acting pod (or of ``pod``) on the resourceVersion
+        given; the one it has after."""
+        target = pod or action.pod
+        written_pod = await self.core.patch_namespaced_pod(
+            target.name, target.namespace,
             {"metadata": {"resourceVersion": version, "annotations": annotations}},
             _request_timeout=CALL_TIMEOUT)
-        written: str = pod.metadata.resource_version
+        written: str = written_pod.metadata.resource_version
         return written
 
     async def _mark(self, action: Action, version: str) -> None:
@@ -284,18 +293,54 @@ class Actor:
         else:
             raise ValueError(f"no way to reclaim by {action.how!r}")
 
-    async def _evict(self, action: Action, own_grace: int | None, version: str) -> None:
-        grace = eviction_grace(action.pod, own_grace, self.policy)
-        log.info("pod=%s evicting with a %ds grace period (its own: %s)", action.pod.key, grace,
+    async def _evict(self, action: Action, own_grace: int | None, version: str,
+                     pod: Pod | None = None) -> None:
+        """Evict the acting pod (or ``pod``), fenced on its uid and the resourceVersion given."""
+        target = pod or action.pod
+        grace = eviction_grace(target, own_grace, self.policy)
+        log.info("pod=%s evicting with a %ds grace period (its own: %s)", target.key, grace,
                  "unset" if own_grace is None else f"{own_grace}s")
         body = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=action.pod.name, namespace=action.pod.namespace),
+            metadata=client.V1ObjectMeta(name=target.name, namespace=target.namespace),
             delete_options=client.V1DeleteOptions(
                 grace_period_seconds=grace,
-                preconditions=client.V1Preconditions(uid=action.pod.uid,
-                                                     resource_version=version)))
-        await self.core.create_namespaced_pod_eviction(action.pod.name, action.pod.namespace,
+                preconditions=client.V1Preconditions(uid=target.uid, resource_version=version)))
+        await self.core.create_namespaced_pod_eviction(target.name, target.namespace,
                                                        body, _request_timeout=CALL_TIMEOUT)
+
+    async def _evict_gang(self, action: Action, read: dict[str, Fresh]) -> ActResult:
+        """A gang's eviction, all of it or none (core/reclaim/gangs.py), on every pod as re-read
+        (a peer gone made it stale: the next cycle decides on what is left). First every
+        PodDisruptionBudget over its pods must allow them all to go: the Eviction API asks each
+        pod's alone, and a refusal half way would leave the gang broken. Then the reason on
+        every pod, each fenced on its re-read, so that a change to any stops all before one
+        eviction; then the evictions, each fenced on the version its reason patch left."""
+        members = (action.pod, *action.peers)
+        refusing = await self._refusing_budget(members)
+        if refusing:
+            log.info("pod=%s gang eviction not carried out: %s; retrying next cycle",
+                     action.pod.key, refusing)
+            return ActResult.BLOCKED
+        reason: dict[str, str | None] = {RECLAIM_REASON: f"{action.reason}: {action.message}"}
+        versions = [await self._annotate(action, reason, read[p.uid].version, p)
+                    for p in members]
+        for p, version in zip(members, versions, strict=True):
+            await self._evict(action, read[p.uid].grace, version, p)
+        return ActResult.DONE
+
+    async def _refusing_budget(self, members: Sequence[Pod]) -> str:
+        """The first PodDisruptionBudget of the pods' namespace that would refuse evicting all
+        of them (its disruptionsAllowed below the number it selects); "" when none would."""
+        budgets = await self.disruption.list_namespaced_pod_disruption_budget(
+            members[0].namespace, _request_timeout=CALL_TIMEOUT)
+        for pdb in budgets.items:
+            selector = self.serializer.sanitize_for_serialization(pdb.spec.selector)
+            covered = sum(1 for p in members if selectors.matches(selector, p.labels))
+            allowed = (pdb.status.disruptions_allowed or 0) if pdb.status else 0
+            if covered > allowed:
+                return (f"PodDisruptionBudget {pdb.metadata.name} allows {allowed} "
+                        f"disruption(s), the gang would take {covered}")
+        return ""
 
     async def _suspend(self, owner: Owner, reason: str, at: str) -> None:
         """Suspend the Job as read just now; one already suspended was suspended by someone

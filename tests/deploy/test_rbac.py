@@ -38,6 +38,8 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         *{("", "pods", v, "*") for v in ("get", "list", "patch")},
         ("", "pods/eviction", "create", "*"), ("", "events", "create", "*"),
         ("", "pods/status", "patch", "*"),
+        # a gang's budgets, asked before its pods are evicted together (reclaimer/actor.py)
+        ("policy", "poddisruptionbudgets", "list", "*"),
         ("apps", "replicasets", "list", "*"),
         *{("apps", r, v, "*") for r in ("deployments", "statefulsets")
           for v in ("get", "list", "patch")},
@@ -66,10 +68,12 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         ("coordination.k8s.io", "leases", "update", "gpusteward-scheduler")},
 }
 #: The report's (a chart option): exactly the reclaimer's reads, without the per-pod get (it
-#: acts on no pod) and the scale subresource's (it scales nothing); no write.
+#: acts on no pod), the scale subresource's (it scales nothing) and the budgets' (it evicts
+#: nothing); no write.
 REPORT = {"gpusteward-report": {
     g for g in ALLOWED["gpusteward-reclaimer"] if g[2] in ("get", "list")
-    and g[:3] != ("", "pods", "get") and not g[1].endswith("/scale")}}
+    and g[:3] != ("", "pods", "get") and not g[1].endswith("/scale")
+    and g[1] != "poddisruptionbudgets"}}
 #: The only roles bound that we do not ship: Kubernetes' own, for the second scheduler.
 BOUND_BUILTINS = {"system:kube-scheduler", "system:volume-scheduler",
                   "extension-apiserver-authentication-reader"}
@@ -202,6 +206,8 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
     assert _check(client, [
         *[("GET", f"{path}?limit=500", None, 200) for path in snapshot_lists],
         ("GET", f"/api/v1/namespaces/{ns}/pods/p", None, 200),
+        ("GET", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", None, 200),
+        ("GET", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/b", None, 403),
         ("PATCH", f"/api/v1/namespaces/{ns}/pods/p", annotate, 200),
         ("POST", f"/api/v1/namespaces/{ns}/events", event, 201),
         ("GET", f"/apis/batch/v1/namespaces/{ns}/jobs/j", None, 200),

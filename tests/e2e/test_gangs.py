@@ -1,7 +1,7 @@
 """Gangs on the Workload API of the pinned Kubernetes release (1.36: GenericWorkload and
 GangScheduling, scheduling.k8s.io/v1alpha2), in a sandbox of their own: its kube-scheduler
 runs the GangScheduling plugin beside gpusteward's extender, and places a PodGroup's pods all
-or nothing (issue 29).
+or nothing; gpusteward reclaims a gang whole or not at all (issue 29).
 
 Shapes: PodGroup as k8s.io/api v0.36.3 scheduling/v1alpha2 types.go defines it
 (spec.schedulingPolicy.gang.minCount); each pod linked by spec.schedulingGroup.podGroupName
@@ -19,7 +19,7 @@ import pytest
 
 from gpusteward.adapters.policyfile import load_policy
 from gpusteward.core.model import RESERVED
-from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, RECLAIM_BLOCKED
+from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, RECLAIM_BLOCKED, RECLAIM_REASON
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.kubehttp import wait_for
@@ -45,14 +45,15 @@ def gang_ns(gang_box: Sandbox) -> Iterator[Namespace]:
 
 
 def gang(ns: Namespace, name: str, utils: list[str]) -> list[str]:
-    """A PodGroup of len(utils) one-GPU pods, gang-scheduled (minCount: all of them)."""
+    """A PodGroup of len(utils) one-GPU pods, gang-scheduled (minCount: all of them), each
+    labelled gang=<name>."""
     ns.api.create(PODGROUPS.format(ns=ns.name), {
         "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
         "metadata": {"name": name},
         "spec": {"schedulingPolicy": {"gang": {"minCount": len(utils)}}}})
     pods = []
     for i, util in enumerate(utils):
-        pod = gpu_pod(f"{name}-{i}", 1, util=util)
+        pod = gpu_pod(f"{name}-{i}", 1, util=util, labels={"gang": name})
         pod["spec"]["schedulingGroup"] = {"podGroupName": name}
         ns.create_pod(pod)
         pods.append(pod["metadata"]["name"])
@@ -61,31 +62,54 @@ def gang(ns: Namespace, name: str, utils: list[str]) -> list[str]:
     return pods
 
 
-async def test_an_eight_pod_gang_with_one_idle_rank_is_never_evicted(
+def budget(ns: Namespace, name: str, selector: dict, min_available: int) -> None:
+    """A PodDisruptionBudget; the real disruption controller fills in its status."""
+    ns.api.create(f"/apis/policy/v1/namespaces/{ns.name}/poddisruptionbudgets", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
+        "spec": {"minAvailable": min_available, "selector": selector}})
+
+
+async def test_an_eight_pod_gang_with_one_idle_rank_is_never_evicted_an_idle_gang_is_whole(
         gang_box: Sandbox, gang_ns: Namespace, reclaimer) -> None:
     ranks = gang(gang_ns, "train", ["95"] * 3 + ["0"] + ["95"] * 4)
     idle_gang = gang(gang_ns, "idle", ["0", "0"])
+    # Wholly idle too, but a budget over its pods allows one eviction of the two: the
+    # Eviction API would pass the first pod and refuse the second.
+    guarded = gang(gang_ns, "guarded", ["0", "0"])
+    budget(gang_ns, "guarded", {"matchExpressions": [
+        {"key": "gang", "operator": "In", "values": ["guarded"]}]}, 1)
     gang_ns.create_pod(gpu_pod("solo", 1, util="0"))
     gang_ns.running("solo")
     # The API server kept the link: the alpha field is served with the gate on.
     assert gang_ns.pod("train-3")["spec"]["schedulingGroup"] == {"podGroupName": "train"}
     kube.wait_for_gpu_samples(gang_box.prometheus_url, gang_ns.name,
-                              [*ranks, *idle_gang, "solo"], settle=0)
+                              [*ranks, *idle_gang, *guarded, "solo"], settle=0)
     rec = await reclaimer("enforce", box=gang_box)
-    # The plain idle pod is evicted at its deadline; the idle rank and the wholly idle gang
-    # reach theirs too, and are blocked instead, saying why.
+    # The plain idle pod and the idle gang are evicted at their deadline, the gang all at
+    # once; the idle rank reaches its deadline too, and is blocked instead, saying why; the
+    # guarded gang is held by its budget, whole.
     def settled() -> bool:
-        return kube.gone(gang_ns, "solo") and all(
-            RECLAIM_BLOCKED in kube.annotations(gang_ns, p) for p in ("train-3", *idle_gang))
+        return all(kube.gone(gang_ns, p) for p in ("solo", *idle_gang)) and (
+            RECLAIM_BLOCKED in kube.annotations(gang_ns, "train-3")) and (
+            "GPUReclaimBlocked" in kube.reasons(gang_ns, guarded[0]))
 
-    await kube.cycle_until(rec, "eviction of the plain pod and the gangs' blocks", settled,
-                           timeout=TIMEOUT)
-    assert not any(kube.gone(gang_ns, p) for p in (*ranks, *idle_gang))
-    assert "PodGroup" in kube.annotations(gang_ns, "train-3")[RECLAIM_BLOCKED]
+    await kube.cycle_until(rec, "evictions of the plain pod and the idle gang, the blocks",
+                           settled, timeout=TIMEOUT)
+    assert not any(kube.gone(gang_ns, p) for p in (*ranks, *guarded))
+    blocked = kube.annotations(gang_ns, "train-3")[RECLAIM_BLOCKED]
+    assert f"1 of the 8 running pods of PodGroup {gang_ns.name}/train are due (train-3)" in (
+        blocked), blocked
     assert "GPUReclaimBlocked" in kube.reasons(gang_ns, "train-3")
     assert RECLAIM_AT in kube.annotations(gang_ns, "train-3")  # warned like any idle pod
     # The busy ranks were never even marked.
     assert not any(RECLAIM_AT in kube.annotations(gang_ns, p) for p in ranks if p != "train-3")
+    # One decision for the idle gang: one GPUReclaimed Event, on its first pod, naming both.
+    said = [m for r, m in kube.events(gang_ns, "idle-0") if r == "GPUReclaimed"]
+    assert said == [f"reclaiming 2 idle GPU(s) by eviction of all 2 pods of PodGroup "
+                    f"{gang_ns.name}/idle"], said
+    assert "GPUReclaimed" not in kube.reasons(gang_ns, "idle-1")
+    # The guarded gang: neither pod's reason was written, so neither was asked to go.
+    assert not any(RECLAIM_REASON in kube.annotations(gang_ns, p) for p in guarded)
 
 
 def test_a_gang_short_of_its_min_count_is_not_placed(gang_ns: Namespace) -> None:

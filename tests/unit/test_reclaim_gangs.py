@@ -1,4 +1,5 @@
-"""Gang pods are never evicted one by one (core/reclaim/gangs.py, issue 29).
+"""Gang pods are never evicted one by one: a gang is evicted whole or not at all
+(core/reclaim/gangs.py, issue 29).
 
 Shapes: the PodGroup link is Kubernetes 1.36's ``spec.schedulingGroup.podGroupName``
 (k8s.io/api v0.36.3 core/v1/types.go, PodSchedulingGroup); the labels are the controllers' own
@@ -18,7 +19,7 @@ from gpusteward.core.owners import How
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.gangs import gang_of
-from gpusteward.core.reclaim.model import RECLAIM_BLOCKED, Owner
+from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_BLOCKED, Owner
 from tests.factories import H100
 from tests.unit.test_reclaim_decide import (
     POLICY,
@@ -44,22 +45,58 @@ GANGS = [
 
 
 @pytest.mark.parametrize(("fields", "gang"), GANGS)
-def test_a_due_gang_pod_is_blocked_not_evicted_and_says_why(fields, gang):
-    rank = warned("rank-0", **fields)
-    p = plan(snapshot([rank, warned("solo")]), POLICY)
-    by_pod = {a.pod.name: a for a in p.actions}
+def test_a_due_rank_of_a_gang_not_all_due_is_blocked_and_says_which(fields, gang):
+    # rank-1 is idle too, but only just marked: not due yet
+    ranks = [warned("rank-0", **fields), gpu_pod("rank-1", annotations={IDLE_SINCE: "x"},
+                                                  **fields)]
+    p = plan(snapshot([*ranks, warned("solo")]), POLICY)
+    by_pod = {a.pod.name: a for a in p.actions if a.kind in ("reclaim", "block")}
     assert (by_pod["solo"].kind, by_pod["solo"].how) == ("reclaim", "evict")
-    assert by_pod["rank-0"].kind == "block" and gang_of(rank) == gang
-    assert f"one of {gang}" in by_pod["rank-0"].message
-    assert "never evicts a gang pod by pod" in by_pod["rank-0"].message
+    assert by_pod["rank-0"].kind == "block" and gang_of(ranks[0]) == gang
+    assert f"1 of the 2 running pods of {gang} are due (rank-0)" in by_pod["rank-0"].message
+    assert "rank-1" not in by_pod
+
+
+@pytest.mark.parametrize(("fields", "gang"), GANGS)
+def test_a_gang_due_whole_is_evicted_whole_in_one_reclaim(fields, gang):
+    ranks = [warned(f"rank-{i}", gpus=2, **fields) for i in (2, 0, 1)]
+    acts = [a for a in plan(snapshot(ranks), POLICY).actions if a.kind in ("reclaim", "block")]
+    (one,) = acts
+    assert (one.kind, one.how, one.pod.name) == ("reclaim", "evict", "rank-0")
+    assert [p.name for p in one.peers] == ["rank-1", "rank-2"]
+    assert one.message == f"reclaiming 6 idle GPU(s) by eviction of all 3 pods of {gang}"
+    assert one.owner.pods == ("rank-0", "rank-1", "rank-2")
+    assert f"{one.owner.kind} ml/{one.owner.name}" == gang
+
+
+def test_a_gang_eviction_is_one_reclaim_for_the_limits():
+    policy = parse_policy({"reclaim": {"limits": {"maxPerCycle": 1}}})
+    ranks = [warned(f"rank-{i}", pod_group="train") for i in range(4)]
+    p = plan(snapshot([*ranks, warned("solo")]), policy)
+    reclaims = [a for a in p.actions if a.kind == "reclaim"]
+    held = [(a.pod.name, why) for a, why in p.held_back]
+    # one of the two passes the limit of one per cycle: the whole gang, or the solo pod
+    assert len(reclaims) == 1 and len(held) == 1, (reclaims, held)
+    assert {reclaims[0].pod.name, held[0][0]} == {"rank-0", "solo"}
+
+
+def test_a_protected_rank_keeps_its_whole_gang():
+    ranks = [warned("rank-0", pod_group="train"), warned("rank-1", pod_group="train",
+                                                         priority=1_000_000)]
+    acts = plan(snapshot(ranks), POLICY).actions  # priority 1,000,000: protected by default
+    assert not [a for a in acts if a.kind == "reclaim"]
+    (block,) = [a for a in acts if a.kind == "block"]
+    assert block.pod.name == "rank-0" and "1 of the 2 running pods" in block.message
 
 
 def test_the_block_is_said_once_the_pod_carries_it():
-    rank = warned("rank-0", pod_group="train")
-    first = next(a for a in plan(snapshot([rank]), POLICY).actions if a.kind == "block")
+    rank, busy = warned("rank-0", pod_group="train"), gpu_pod("rank-1", pod_group="train")
+    ev = {rank.key: idle(), busy.key: idle(peak=90.0)}
+    first = next(a for a in plan(snapshot([rank, busy], ev), POLICY).actions
+                 if a.kind == "block")
     said = warned("rank-0", pod_group="train",
                   annotations={RECLAIM_BLOCKED: first.message.partition(": ")[2]})
-    assert [a.kind for a in plan(snapshot([said]), POLICY).actions] == []
+    assert [a.kind for a in plan(snapshot([said, busy], ev), POLICY).actions] == []
 
 
 def test_one_idle_rank_of_a_busy_eight_pod_gang_is_never_evicted():
@@ -121,7 +158,9 @@ def test_a_1_35_pods_workload_ref_names_its_gang():
     pod = to_pod(wire, ["nvidia.com/gpu"])
     assert gang_of(pod) == "Workload group ml/train/workers/0"
     p = plan(snapshot([warned("rank-1", workload_group=pod.workload_group)]), POLICY)
-    assert [a.kind for a in p.actions] == ["block"]
+    assert [(a.kind, a.message) for a in p.actions] == [
+        ("reclaim", "reclaiming 1 idle GPU(s) by eviction of all 1 pods of "
+                    "Workload group ml/train/workers/0")]
 
 
 def waiting_gang(size: int, group: str = "big") -> list:

@@ -264,6 +264,7 @@ def _whole_owner(owner: Owner, uid: str, ok: Mapping[str, bool]) -> bool:
 def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: set[str],
                   over: set[str]) -> list[Action]:
     out: list[Action] = []
+    running = gangs.running(snap.pods)
     for uid in sorted(due):
         pod = by_uid[uid]
         owner = owner_of(pod, snap)
@@ -272,8 +273,10 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
             how = demote.how_for(pod, policy)
         if how in GROUP_ACTIONS and not _whole_owner(owner, uid, dict.fromkeys(due, True)):
             continue  # partly idle workload: marks only
-        blocked = (gangs.eviction_refused(pod) if how == How.EVICT else None) or (
-            _blocked_reason(owner, policy) if how == How.BLOCK else None)
+        if how == How.EVICT and (gang := gangs.gang_of(pod)) is not None:
+            out += _gang_eviction(snap, policy, pod, gang, running[gang], due, over)
+            continue
+        blocked = _blocked_reason(owner, policy) if how == How.BLOCK else None
         if blocked:
             how = How.BLOCK
         if how == How.ANNOTATE or (how == How.BLOCK and pod.annotations.get(
@@ -287,6 +290,35 @@ def _due_reclaims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], due: s
                           team(pod, snap.namespace_labels), reason, message, owner, how,
                           peers=_peers(owner, uid, how, by_uid)))
     return out
+
+
+def _gang_eviction(snap: Snapshot, policy: Policy, pod: Pod, gang: str, members: list[Pod],
+                   due: set[str], over: set[str]) -> list[Action]:
+    """A due pod of a gang stopped by eviction: the whole gang's one reclaim, made from its
+    first pod once every running pod is due (peers: the others); else a block on each due pod
+    saying which ranks are due. Nothing for the gang's other pods."""
+    name = team(pod, snap.namespace_labels)
+    reason = Reason.OVER_QUOTA if any(m.uid in over for m in members) else Reason.IDLE
+    other_way = [m for m in members if m.uid in due and _stop_of(m, snap, policy) != How.EVICT]
+    if all(m.uid in due for m in members) and not other_way:
+        if pod is not members[0]:
+            return []
+        gpus = sum(m.gpus for m in members)
+        message = (f"reclaiming {gpus} idle GPU(s) by eviction of all {len(members)} pods of "
+                   f"{gang}")
+        return [Action(ActionKind.RECLAIM, pod, name, reason, message, gangs.owner(members),
+                       How.EVICT, peers=tuple(members[1:]))]
+    blocked = (gangs.not_all_evictable(gang, other_way) if other_way
+               else gangs.partly_due(gang, members, due))
+    if pod.annotations.get(RECLAIM_BLOCKED) == blocked:
+        return []  # the pod says why already
+    return [Action(ActionKind.BLOCK, pod, name, reason, f"GPUs idle but not reclaimed: {blocked}",
+                   owner_of(pod, snap), How.BLOCK)]
+
+
+def _stop_of(pod: Pod, snap: Snapshot, policy: Policy) -> How:
+    how = how_to_reclaim(owner_of(pod, snap), policy)
+    return demote.how_for(pod, policy) if how == How.DEACTIVATE else how
 
 
 def _reclaiming(pod: Pod, owner: Owner, how: How, policy: Policy) -> str:
