@@ -424,7 +424,7 @@ def ci_section(ci: dict) -> list[str]:
     """The suite's own cost: a cold `.ci/run` on a fresh clone (issues 27 and 32)."""
     lines = ["## CI time (a cold `.ci/run`)", ""]
     for run in ci.values():
-        builds = sum(run["builds_s"].values())
+        builds = sum(run.get("builds_s", {}).values())
         lines += [f"{run['machine']}, {run['date']}, revision {run['revision']}: "
                   f"`{run['command']}`. Cold: {run['cold_for']}. Beside it: {run['beside']}.", "",
                   "| figure | value |", "|---|---|",
@@ -432,10 +432,11 @@ def ci_section(ci: dict) -> list[str]:
                   f"{run['total_s'] / 60:.1f} min (target <= {run['target_s'] / 60:.0f}) |",
                   f"| `pytest tests` ({run['tests_passed']} passed) | "
                   f"{run['pytest_s'] / 60:.1f} min |",
-                  f"| Go builds, summed | {builds / 60:.1f} min, all done "
-                  f"{run['builds_done_after_s'] / 60:.0f} min into the run (background "
-                  "prebuild, gpusteward/sandbox/prebuild.py) |",
-                  *(f"| build: {name} | {s / 60:.1f} min |" for name, s in run["builds_s"].items()),
+                  *([f"| Go builds, summed | {builds / 60:.1f} min, all done "
+                     f"{run['builds_done_after_s'] / 60:.0f} min into the run (background "
+                     "prebuild, gpusteward/sandbox/prebuild.py) |"] if builds else []),
+                  *(f"| build: {name} | {s / 60:.1f} min |"
+                    for name, s in run.get("builds_s", {}).items()),
                   *(f"| tier: {name} | {s / 60:.1f} min |"
                     for name, s in run.get("tiers_s", {}).items()),
                   f"| before | {run['before']} |", ""]
