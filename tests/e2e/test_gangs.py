@@ -6,13 +6,19 @@ or nothing; gpusteward reclaims a gang whole or not at all (issue 29).
 Shapes: PodGroup as k8s.io/api v0.36.3 scheduling/v1alpha2 types.go defines it
 (spec.schedulingPolicy.gang.minCount); each pod linked by spec.schedulingGroup.podGroupName
 (core/v1 PodSchedulingGroup), as the Job controller links the pods it creates for a Workload.
+
+The same rules on an owner-defined gang, a JobSet run by the real JobSet controller
+(sigs.k8s.io/jobset v0.8.2, its CRDs and webhooks from the same module): its pods carry
+jobset.sigs.k8s.io/jobset-name (api/jobset/v1alpha2 JobSetNameKey) and no PodGroup, so the
+scheduler places them one by one; gpusteward still judges, stops and frees for them as one.
 """
 
 from __future__ import annotations
 
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgspec
 import pytest
@@ -29,6 +35,8 @@ from tests.e2e.kube import Namespace, gpu_pod
 from tests.support.sandbox import fresh_namespace, started
 
 PODGROUPS = "/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups"
+JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets"
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 TIMEOUT = 150.0  # mark, warn (4 s grace) and act over a 15 s window, on a loaded machine
 
 
@@ -36,12 +44,13 @@ TIMEOUT = 150.0  # mark, warn (4 s grace) and act over a 15 s window, on a loade
 def gang_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     # The scheduler's own preemption off: what frees GPUs for a waiting gang here is
     # gpusteward's queue enforcement alone.
-    yield from started(tmp_path_factory, "gangs", workload_api=True, preemption=False)
+    yield from started(tmp_path_factory, "gangs", workload_api=True, preemption=False,
+                       with_controllers=("jobset",))
 
 
 @pytest.fixture
 def gang_ns(gang_box: Sandbox) -> Iterator[Namespace]:
-    yield from fresh_namespace(gang_box.api(), "gang")
+    yield from fresh_namespace(gang_box.api(), "gang", owners=(JOBSETS,))
 
 
 def gang(ns: Namespace, name: str, utils: list[str]) -> list[str]:
@@ -143,16 +152,46 @@ def long_grace(box: Sandbox):
     return msgspec.structs.replace(base, reclaim=msgspec.structs.replace(base.reclaim, idle=idle))
 
 
+def l4s_held(box: Sandbox, ns: Namespace) -> list[str]:
+    """Every L4 GPU held by a low-priority pod, the first three idle, the rest busy."""
+    kube.apply_priority_classes(box.api(), PRIORITIES)
+    held = [f"low-{n}-{k}" for n in L4 for k in range(4)]
+    for i, name in enumerate(held):
+        ns.create_pod(gpu_pod(name, 1, node=L4[i // 4], util="0" if i < 3 else "90",
+                              priority_class="gang-low"))
+    for name in held:
+        ns.running(name)
+    kube.wait_for_gpu_samples(box.prometheus_url, ns.name, held, settle=0)
+    return held
+
+
+async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[str],
+                             ranks: Callable[[], list[str]]) -> None:
+    """A waiting gang of four L4 pods (``ranks()``), the L4s held as l4s_held leaves them: with
+    three idle GPUs nothing is freed (it would help none of the gang); once a fourth goes idle
+    all four are freed, and the gang runs on them."""
+    wait_for("the gang to be unschedulable", lambda: len(ranks()) == 4 and all(
+        unschedulable(ns, r) for r in ranks()), timeout=60)
+    rec = await reclaimer("enforce", box=box, policy=long_grace(box))
+    # Judged idle (marked), which the queue's candidates must be too.
+    await kube.cycle_until(rec, "the three idle pods judged idle", lambda: all(
+        IDLE_SINCE in kube.annotations(ns, p) for p in held[:3]), timeout=TIMEOUT)
+    await kube.cycle_for(rec, 6)
+    assert not any(kube.gone(ns, p) for p in held)
+    assert not any(RESERVED in kube.annotations(ns, r) for r in ranks())
+    ns.api.merge_patch(ns.path("pods", held[3]), {"metadata": {"annotations": {
+        UTIL_ANNOTATION: "0"}}})
+    await kube.cycle_until(rec, "four idle pods freed for the gang", lambda: all(
+        kube.gone(ns, p) for p in held[:4]), timeout=TIMEOUT)
+    for r in ranks():
+        ns.running(r, timeout=90)
+    assert {ns.pod(r)["spec"]["nodeName"] for r in ranks()} <= set(L4)
+    assert not any(kube.gone(ns, p) for p in held[4:])  # the busy ones stay
+
+
 async def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(
         gang_box: Sandbox, gang_ns: Namespace, reclaimer) -> None:
-    kube.apply_priority_classes(gang_box.api(), PRIORITIES)
-    held = [f"low-{n}-{k}" for n in L4 for k in range(4)]  # every L4 GPU, 3 of them idle
-    for i, name in enumerate(held):
-        gang_ns.create_pod(gpu_pod(name, 1, node=L4[i // 4], util="0" if i < 3 else "90",
-                                   priority_class="gang-low"))
-    for name in held:
-        gang_ns.running(name)
-    kube.wait_for_gpu_samples(gang_box.prometheus_url, gang_ns.name, held, settle=0)
+    held = l4s_held(gang_box, gang_ns)
     gang_ns.api.create(PODGROUPS.format(ns=gang_ns.name), {
         "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
         "metadata": {"name": "waiting"}, "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}})
@@ -161,25 +200,58 @@ async def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(
         pod = gpu_pod(name, 1, cards="NVIDIA-L4", priority_class="gang-high")
         pod["spec"]["schedulingGroup"] = {"podGroupName": "waiting"}
         gang_ns.create_pod(pod)
-    wait_for("the gang to be unschedulable", lambda: all(
-        unschedulable(gang_ns, r) for r in ranks), timeout=60)
-    rec = await reclaimer("enforce", box=gang_box, policy=long_grace(gang_box))
-    # Three idle GPUs for a gang of four: freeing them would help none of it. (Judged idle:
-    # marked, which the queue's candidates must be too.)
-    await kube.cycle_until(rec, "the three idle pods judged idle", lambda: all(
-        IDLE_SINCE in kube.annotations(gang_ns, p) for p in held[:3]), timeout=TIMEOUT)
-    await kube.cycle_for(rec, 6)
-    assert not any(kube.gone(gang_ns, p) for p in held)
-    assert not any(RESERVED in kube.annotations(gang_ns, r) for r in ranks)
-    # A fourth goes idle: all four are freed, and the gang is placed whole on them.
-    gang_ns.api.merge_patch(gang_ns.path("pods", held[3]), {"metadata": {"annotations": {
+    await freed_only_for_all(gang_box, gang_ns, reclaimer, held, lambda: ranks)
+
+
+def jobset(ns: Namespace, name: str, replicas: int, util: str, **pod: Any) -> Callable[
+        [], list[str]]:
+    """A JobSet of one replicated job: ``replicas`` Jobs of one 1-GPU pod each (jobset_types.go
+    ReplicatedJob: name, replicas, a batch/v1 JobTemplateSpec; the JobSet webhook defaults the
+    rest). Returns: its pods' names now, as the controller named them, by name."""
+    shape = gpu_pod("x", 1, util=util, **pod)
+    ns.api.create(JOBSETS.format(ns=ns.name), {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
+        "spec": {"replicatedJobs": [{"name": "rank", "replicas": replicas, "template": {
+            "spec": {"template": {"metadata": {"annotations": shape["metadata"]["annotations"]},
+                                  "spec": shape["spec"]}}}}]}})
+    return lambda: sorted(p["metadata"]["name"] for p in ns.pods() if (
+        p["metadata"].get("labels") or {}).get(JOBSET_NAME) == name
+        and "deletionTimestamp" not in p["metadata"])
+
+
+def suspended(ns: Namespace, name: str) -> bool:
+    return bool(ns.api.get(f"{JOBSETS.format(ns=ns.name)}/{name}")["spec"].get("suspend"))
+
+
+async def test_a_jobset_with_one_idle_rank_is_kept_a_wholly_idle_one_suspended_whole(
+        gang_box: Sandbox, gang_ns: Namespace, reclaimer) -> None:
+    ns = gang_ns
+    train, idle = jobset(ns, "train", 8, "95"), jobset(ns, "idle", 2, "0")
+    wait_for("both JobSets' pods", lambda: len(train()) == 8 and len(idle()) == 2, timeout=120)
+    for p in (*train(), *idle()):
+        ns.running(p, timeout=90)
+    stuck, *busy = train()
+    ns.api.merge_patch(ns.path("pods", stuck), {"metadata": {"annotations": {
         UTIL_ANNOTATION: "0"}}})
-    await kube.cycle_until(rec, "four idle pods freed for the gang", lambda: all(
-        kube.gone(gang_ns, p) for p in held[:4]), timeout=TIMEOUT)
-    for r in ranks:
-        gang_ns.running(r, timeout=90)
-    assert {gang_ns.pod(r)["spec"]["nodeName"] for r in ranks} <= set(L4)
-    assert not any(kube.gone(gang_ns, p) for p in held[4:])  # the busy ones stay
+    kube.wait_for_gpu_samples(gang_box.prometheus_url, ns.name, [*train(), *idle()], settle=0)
+    rec = await reclaimer("enforce", box=gang_box)
+    # The idle JobSet is stopped through its switch, all of it; its controller deletes the pods.
+    await kube.cycle_until(rec, "the idle JobSet suspended and the stuck rank warned", lambda: (
+        suspended(ns, "idle") and RECLAIM_AT in kube.annotations(ns, stuck)), timeout=TIMEOUT)
+    await kube.cycle_for(rec, 8)  # well past the 4 s grace of the stuck rank
+    assert not suspended(ns, "train")
+    assert train() == sorted([stuck, *busy]) and not any(kube.gone(ns, p) for p in train())
+    assert not any(RECLAIM_AT in kube.annotations(ns, p) for p in busy)
+    wait_for("the idle JobSet's pods deleted", lambda: not idle(), timeout=120)
+
+
+async def test_a_waiting_jobset_gets_gpus_only_when_all_of_it_can_be_placed(
+        gang_box: Sandbox, gang_ns: Namespace, reclaimer) -> None:
+    # No PodGroup: the scheduler would place its pods one by one on whatever is freed, but a
+    # JobSet only runs whole, so gpusteward frees for all of it or for none.
+    held = l4s_held(gang_box, gang_ns)
+    ranks = jobset(gang_ns, "waiting", 4, "80", cards="NVIDIA-L4", priority_class="gang-high")
+    await freed_only_for_all(gang_box, gang_ns, reclaimer, held, ranks)
 
 
 def unschedulable(ns: Namespace, name: str) -> bool:
