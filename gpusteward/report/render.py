@@ -167,9 +167,16 @@ def headline(r: Report, look: Presentation) -> list[tuple[str, str, str]]:
 
 
 def idle_pod_cells(p: IdlePod) -> list[str]:
-    return [f"{p.namespace}/{p.pod}", p.owner, p.team, _g(p.gpus), iso(p.idle_since) or "-",
+    return [_idle_who(p), p.owner, p.team, _g(p.gpus), iso(p.idle_since) or "-",
             f"{p.idle_gpu_hours:.2f}", "-" if p.idle_cost is None else f"{p.idle_cost:.2f}",
             p.reclaimer.action, p.reclaimer.why]
+
+
+def _idle_who(p: IdlePod) -> str:
+    if not p.gang:
+        return f"{p.namespace}/{p.pod}"
+    idle = "all idle" if len(p.idle_pods) == p.pods else f"idle: {', '.join(p.idle_pods)}"
+    return f"{p.gang} ({p.pods} pods, {idle})"
 
 
 def idle_pod_headers(currency: str) -> list[str]:

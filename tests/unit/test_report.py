@@ -172,6 +172,39 @@ def test_top_idle_pods_carry_the_reclaimers_own_decision():
     assert "peak 0% < 5%" in top.reclaimer.why
 
 
+def test_a_gang_is_one_top_idle_line_naming_its_idle_ranks():
+    # A gang is judged and reclaimed whole (core/reclaim/gangs.py), so the report lists it as
+    # one: a PodGroup (spec.schedulingGroup.podGroupName) of three with one idle rank, and a
+    # wholly idle one of two; a plain idle pod beside them keeps its own line.
+    idle = Evidence(1800.0, 0.0, 1.0, 1)
+    busy = Evidence(1800.0, 80.0, 1.0, 1)
+    pods = [pod(f"train-{i}", pod_group="train") for i in range(3)] + [
+        pod(f"idle-{i}", pod_group="idle") for i in range(2)] + [pod("solo")]
+    ev = {"ml/train-0": busy, "ml/train-1": idle, "ml/train-2": busy, "ml/idle-0": idle,
+          "ml/idle-1": idle, "ml/solo": idle}
+    r = report(pods, [samples("train-0", BUSY, gpu="0"), samples("train-1", ZERO, gpu="1"),
+                      samples("train-2", BUSY, gpu="2"), samples("idle-0", ZERO, gpu="3"),
+                      samples("idle-1", ZERO, gpu="4"),
+                      samples("solo", ZERO, gpu="5")], evidence=ev)
+    whole, solo, partly = r.top_idle
+    assert (whole.gang, whole.pod, whole.pods, whole.idle_pods, whole.gpus, whole.state) == (
+        "PodGroup ml/idle", "idle-0", 2, ("idle-0", "idle-1"), 2, "idle")
+    assert whole.idle_gpu_hours == pytest.approx(2 * HOURS)
+    assert whole.idle_cost == pytest.approx(3.0 * whole.idle_gpu_hours)
+    assert whole.idle_since == WINDOW.start
+    assert (solo.gang, solo.pod, solo.pods, solo.idle_pods) == ("", "solo", 1, ())
+    # Partly idle: the gang is busy (not idle unless all are), its idle hours the idle rank's.
+    assert (partly.gang, partly.pods, partly.idle_pods, partly.gpus, partly.state) == (
+        "PodGroup ml/train", 3, ("train-1",), 3, "busy")
+    assert (partly.idle_since, partly.idle_gpu_hours) == (None, pytest.approx(HOURS))
+    # The line shows the furthest its pods' reclaim has come: the idle rank's mark.
+    assert (partly.reclaimer.state, partly.reclaimer.action) == ("idle", "mark")
+    table = to_table(r)
+    assert "PodGroup ml/train (3 pods, idle: train-1)" in table
+    assert "PodGroup ml/idle (2 pods, all idle)" in table
+    assert "ml/train-1" not in table
+
+
 def test_the_queue_lists_pending_gpu_pods_by_team_and_class_with_their_wait():
     waiting = [pod("p1", 2, node=None, started=NOW - 120, unschedulable_since=NOW - 100),
                pod("p2", 1, node=None, started=NOW - 30)]

@@ -156,6 +156,11 @@ class IdlePod(msgspec.Struct, frozen=True):
     idle_gpu_hours: float
     idle_cost: float | None
     reclaimer: Decision
+    # A gang's line (core/reclaim/gangs.py): it is judged and reclaimed as one, so it is
+    # listed as one. ``pod`` is then its first pod by name, the figures its pods' sums.
+    gang: str = ""  # "PodGroup ml/train"; empty for a pod on its own
+    pods: int = 1
+    idle_pods: tuple[str, ...] = ()  # a gang's pods idle over the window, by name
 
 
 class FaultyPod(msgspec.Struct, frozen=True):

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import msgspec
+
 from gpusteward.core.model import class_of
 from gpusteward.core.policy import Policy
-from gpusteward.core.reclaim import reserve
+from gpusteward.core.reclaim import gangs, reserve
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import ActionKind, Plan, Snapshot
 from gpusteward.core.reclaim.quota import borrowed, team
@@ -63,17 +65,55 @@ def _state(decided: Plan, key: str) -> DecisionState:
 
 def top_idle(usages: list[PodUsage], snap: Snapshot, policy: Policy,
              top: int) -> tuple[IdlePod, ...]:
-    """Pods present now with idle GPU-hours in the window, most idle GPU-hours first."""
-    ranked = sorted((u for u in usages if u.state != UsageState.GONE and u.idle_hours > 0),
-                    key=lambda u: (-u.idle_hours, u.key))[:top]
+    """Pods present now with idle GPU-hours in the window, most idle GPU-hours first; a gang's
+    pods as one line, with which of them are idle (a gang is judged and reclaimed whole)."""
+    gang = {p.key: g for p in snap.pods if (g := gangs.gang_of(p)) is not None}
+    lines: dict[str, list[PodUsage]] = defaultdict(list)
+    for u in usages:
+        if u.state != UsageState.GONE:
+            lines[gang.get(u.key, u.key)].append(u)
+    ranked = sorted((sorted(m, key=lambda u: u.key) for m in lines.values()
+                     if sum(u.idle_hours for u in m) > 0),
+                    key=lambda m: (-sum(u.idle_hours for u in m), m[0].key))[:top]
     if not ranked:
         return ()
     decided = decisions(snap, policy)
     missing = Decision(DecisionState.UNKNOWN, Step.NONE, "not in the reclaimer's snapshot")
-    return tuple(IdlePod(
-        namespace=u.namespace, pod=u.name, owner=u.owner, team=u.team, card=u.card, gpus=u.gpus,
-        state=u.state, idle_since=u.idle_since, idle_gpu_hours=u.idle_hours,
-        idle_cost=u.idle_cost, reclaimer=decided.get(u.key, missing)) for u in ranked)
+    out = []
+    for members in ranked:
+        u = members[0]
+        line = IdlePod(
+            namespace=u.namespace, pod=u.name, owner=u.owner, team=u.team, card=u.card,
+            gpus=u.gpus, state=u.state, idle_since=u.idle_since, idle_gpu_hours=u.idle_hours,
+            idle_cost=u.idle_cost, reclaimer=decided.get(u.key, missing))
+        out.append(line if u.key not in gang else _gang_line(
+            line, gang[u.key], members, [decided.get(m.key, missing) for m in members]))
+    return tuple(out)
+
+
+# The member decision a gang's line shows: the furthest its reclaim has come.
+_FURTHEST = (ActionKind.RECLAIM, ActionKind.BLOCK, Step.HELD, ActionKind.WARN, ActionKind.MARK)
+
+
+def _gang_line(first: IdlePod, name: str, members: list[PodUsage],
+               said: list[Decision]) -> IdlePod:
+    idle = tuple(m.name for m in members if m.state == UsageState.IDLE)
+    whole = len(idle) == len(members)
+    # Not idle unless all are: the worst member's state stands for the gang's.
+    state = first.state if whole else next(
+        s for s in (UsageState.FAULTY, UsageState.BUSY, UsageState.UNKNOWN)
+        if any(m.state == s for m in members))
+    since = [m.idle_since for m in members]
+    costs = [m.idle_cost for m in members if m.idle_cost is not None]
+    rank = {str(k): i for i, k in enumerate(_FURTHEST)}
+    shown = min(said, key=lambda d: rank.get(d.action.split("/")[0], len(rank)))
+    return msgspec.structs.replace(
+        first, gang=name, pods=len(members), idle_pods=idle, state=state,
+        card=",".join(sorted({m.card for m in members})),
+        gpus=sum(m.gpus for m in members),
+        idle_since=None if not whole or None in since else max(s for s in since if s is not None),
+        idle_gpu_hours=sum(m.idle_hours for m in members),
+        idle_cost=sum(costs) if costs else None, reclaimer=shown)
 
 
 def queue(snap: Snapshot, policy: Policy) -> tuple[QueuedPod, ...]:
