@@ -55,6 +55,7 @@ from gpusteward.core.reclaim.model import (
     COOLDOWN_UNTIL,
     FAULTY_GPU,
     IDLE_SINCE,
+    QUEUE_BLOCKED,
     RECLAIM_AT,
     RECLAIM_BLOCKED,
     RECLAIM_REASON,
@@ -65,6 +66,7 @@ from gpusteward.core.reclaim.model import (
     ActResult,
     How,
     Owner,
+    Reason,
     noted_fault,
 )
 from gpusteward.core.reclaim.recheck import changed, eviction_grace
@@ -226,7 +228,7 @@ class Actor:
         status (its conditions) as soon as the victims go, and both are gpusteward's own
         fields, meant whatever else changed; a pod bound meanwhile is released next cycle."""
         del version
-        await self._reserved(action, reserve.entry(action))
+        await self._reserved(action, reserve.entry(action), {QUEUE_BLOCKED: None})
         try:
             with kube_errors():
                 await self.core.patch_namespaced_pod_status(
@@ -236,10 +238,14 @@ class Actor:
         except KubeUnprocessable:  # bound meanwhile: a bound pod takes no nomination
             log.info("pod=%s not nominated: bound meanwhile", action.pod.key)
 
-    async def _reserved(self, action: Action, entry: str | None) -> None:
+    async def _reserved(self, action: Action, entry: str | None,
+                        more: dict[str, str | None] | None = None) -> None:
+        """The reservation annotation; ``more``: others written with it (a waiting gang's
+        note why nothing was freed goes once something is)."""
         await self.core.patch_namespaced_pod(
             action.pod.name, action.pod.namespace,
-            {"metadata": {"annotations": {RESERVED: entry}}}, _request_timeout=CALL_TIMEOUT)
+            {"metadata": {"annotations": {RESERVED: entry, **(more or {})}}},
+            _request_timeout=CALL_TIMEOUT)
 
     async def _release(self, action: Action, version: str) -> None:
         """Not fenced on the pod's resourceVersion either (see _reserve): a release refused
@@ -268,8 +274,15 @@ class Actor:
         await self.switches.undemote(action.owner)
 
     async def _block(self, action: Action, version: str) -> None:
-        await self._annotate(action, {RECLAIM_BLOCKED: action.message.partition(": ")[2]},
-                             version)
+        why = action.message.partition(": ")[2]
+        if action.reason == Reason.QUEUE:
+            # On a waiting pod, not fenced (see _reserve): the scheduler rewrites its status
+            # at every attempt, and the note is gpusteward's own, meant whatever else changed.
+            await self.core.patch_namespaced_pod(
+                action.pod.name, action.pod.namespace,
+                {"metadata": {"annotations": {QUEUE_BLOCKED: why}}}, _request_timeout=CALL_TIMEOUT)
+            return
+        await self._annotate(action, {RECLAIM_BLOCKED: why}, version)
 
     async def _reclaim(self, action: Action, fresh: Fresh) -> None:
         """The reason first, on the pod as re-read; then the stop, fenced on the pod as that

@@ -12,6 +12,7 @@ from gpusteward.core.times import span
 from gpusteward.report.render import (
     DEFAULT_LOOK,
     FAULTY_HEADERS,
+    NOT_FREED_HEADERS,
     QUEUE_HEADERS,
     QUOTA_HEADERS,
     RESERVED_HEADERS,
@@ -23,6 +24,8 @@ from gpusteward.report.render import (
     idle_pod_cells,
     idle_pod_headers,
     iso,
+    not_freed,
+    not_freed_cells,
     queue_cells,
     quota_cells,
     reserved,
@@ -182,6 +185,9 @@ def to_html(r: Report, look: Presentation = DEFAULT_LOOK) -> str:
         *(["<h3>Reserved for waiting pods</h3>",
            _table(RESERVED_HEADERS, [reserved_cells(q) for q in held], left=2)]
           if (held := reserved(r)) else []),
+        *(["<h3>Not freed for waiting gangs</h3>",
+           _table(NOT_FREED_HEADERS, [not_freed_cells(q) for q in short], left=2)]
+          if (short := not_freed(r)) else []),
         "<h2>Teams and quotas</h2>",
         _table(QUOTA_HEADERS, [quota_cells(q) for q in r.quotas]),
         "</body></html>\n"])

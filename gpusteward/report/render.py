@@ -199,6 +199,19 @@ def reserved_cells(q: QueuedPod) -> list[str]:
 def reserved(r: Report) -> list[QueuedPod]:
     """The waiting pods GPUs are reserved for, GPUs freed for them by a queue reclaim."""
     return [q for q in r.queue if q.reserved_node]
+
+
+NOT_FREED_HEADERS = ["POD", "TEAM", "WHY"]
+
+
+def not_freed_cells(q: QueuedPod) -> list[str]:
+    return [f"{q.namespace}/{q.pod}", q.team, q.not_freed]
+
+
+def not_freed(r: Report) -> list[QueuedPod]:
+    """The waiting gangs no idle GPUs are freed for, though some could be: the reclaimer's
+    note why."""
+    return [q for q in r.queue if q.not_freed]
 FAULTY_HEADERS = ["POD", "TEAM", "NODE", "GPUS", "FAULT"]
 
 
@@ -236,6 +249,9 @@ def _queue_section(r: Report) -> str:
     if held := reserved(r):
         out += "\n\nReserved for waiting pods\n" + table(
             [reserved_cells(q) for q in held], RESERVED_HEADERS, left=2)
+    if short := not_freed(r):
+        out += "\n\nNot freed for waiting gangs\n" + table(
+            [not_freed_cells(q) for q in short], NOT_FREED_HEADERS, left=2)
     return out
 
 

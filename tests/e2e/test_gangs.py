@@ -25,7 +25,13 @@ import pytest
 
 from gpusteward.adapters.policyfile import load_policy
 from gpusteward.core.model import RESERVED
-from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_AT, RECLAIM_BLOCKED, RECLAIM_REASON
+from gpusteward.core.reclaim.model import (
+    IDLE_SINCE,
+    QUEUE_BLOCKED,
+    RECLAIM_AT,
+    RECLAIM_BLOCKED,
+    RECLAIM_REASON,
+)
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.kubehttp import wait_for
@@ -166,10 +172,11 @@ def l4s_held(box: Sandbox, ns: Namespace) -> list[str]:
 
 
 async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[str],
-                             ranks: Callable[[], list[str]]) -> None:
-    """A waiting gang of four L4 pods (``ranks()``), the L4s held as l4s_held leaves them: with
-    three idle GPUs nothing is freed (it would help none of the gang); once a fourth goes idle
-    all four are freed, and the gang runs on them."""
+                             ranks: Callable[[], list[str]], gang: str) -> None:
+    """A waiting gang of four L4 pods (``ranks()``; ``gang``: its name, as in its note), the
+    L4s held as l4s_held leaves them: with three idle GPUs nothing is freed (it would help
+    none of the gang) and its first pod says so; once a fourth goes idle all four are freed,
+    the note goes, and the gang runs on them."""
     wait_for("the gang to be unschedulable", lambda: len(ranks()) == 4 and all(
         unschedulable(ns, r) for r in ranks()), timeout=60)
     rec = await reclaimer("enforce", box=box, policy=long_grace(box))
@@ -179,12 +186,19 @@ async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[
     await kube.cycle_for(rec, 6)
     assert not any(kube.gone(ns, p) for p in held)
     assert not any(RESERVED in kube.annotations(ns, r) for r in ranks())
+    (noted,) = [r for r in ranks() if QUEUE_BLOCKED in kube.annotations(ns, r)]
+    why = kube.annotations(ns, noted)[QUEUE_BLOCKED]
+    assert why.startswith(f"3 of the 4 waiting pods of {gang} could be placed (freeing 3 idle "
+                          "GPU(s))"), why
+    assert [m for r, m in kube.events(ns, noted) if r == "GPUReclaimBlocked"] == [
+        f"GPUs not freed: {why}"]  # written once, though every cycle finds it short
     ns.api.merge_patch(ns.path("pods", held[3]), {"metadata": {"annotations": {
         UTIL_ANNOTATION: "0"}}})
     await kube.cycle_until(rec, "four idle pods freed for the gang", lambda: all(
         kube.gone(ns, p) for p in held[:4]), timeout=TIMEOUT)
     for r in ranks():
         ns.running(r, timeout=90)
+    assert QUEUE_BLOCKED not in kube.annotations(ns, noted)  # its reservation took it off
     assert {ns.pod(r)["spec"]["nodeName"] for r in ranks()} <= set(L4)
     assert not any(kube.gone(ns, p) for p in held[4:])  # the busy ones stay
 
@@ -200,7 +214,8 @@ async def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(
         pod = gpu_pod(name, 1, cards="NVIDIA-L4", priority_class="gang-high")
         pod["spec"]["schedulingGroup"] = {"podGroupName": "waiting"}
         gang_ns.create_pod(pod)
-    await freed_only_for_all(gang_box, gang_ns, reclaimer, held, lambda: ranks)
+    await freed_only_for_all(gang_box, gang_ns, reclaimer, held, lambda: ranks,
+                             f"PodGroup {gang_ns.name}/waiting")
 
 
 def jobset(ns: Namespace, name: str, replicas: int, util: str, **pod: Any) -> Callable[
@@ -251,7 +266,8 @@ async def test_a_waiting_jobset_gets_gpus_only_when_all_of_it_can_be_placed(
     # JobSet only runs whole, so gpusteward frees for all of it or for none.
     held = l4s_held(gang_box, gang_ns)
     ranks = jobset(gang_ns, "waiting", 4, "80", cards="NVIDIA-L4", priority_class="gang-high")
-    await freed_only_for_all(gang_box, gang_ns, reclaimer, held, ranks)
+    await freed_only_for_all(gang_box, gang_ns, reclaimer, held, ranks,
+                             f"JobSet {gang_ns.name}/waiting")
 
 
 def unschedulable(ns: Namespace, name: str) -> bool:

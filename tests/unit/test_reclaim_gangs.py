@@ -19,7 +19,7 @@ from gpusteward.core.owners import How
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.gangs import gang_of
-from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_BLOCKED, Owner
+from gpusteward.core.reclaim.model import IDLE_SINCE, QUEUE_BLOCKED, RECLAIM_BLOCKED, Owner
 from tests.factories import H100
 from tests.unit.test_reclaim_decide import (
     POLICY,
@@ -184,6 +184,26 @@ def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(idle_pods, f
     assert queue_victims(p) == freed
     reserved = sorted(a.pod.name for a in p.actions if a.kind == "reserve")
     assert reserved == ([f"big-{i}" for i in range(4)] if freed else [])
+    # Held back, it says why on its first pod (and in an Event): 3 of 4 could be placed.
+    notes = [(a.pod.name, a.message) for a in p.actions if a.kind == "block"]
+    assert notes == ([] if freed else [("big-0", f"GPUs not freed: {SHORT}")])
+
+
+SHORT = ("3 of the 4 waiting pods of PodGroup ml/big could be placed (freeing 3 idle GPU(s)); "
+         "the scheduler places a gang whole, so gpusteward frees GPUs for it only when all of "
+         "its pods then fit: none freed")
+
+
+def test_a_waiting_gangs_note_is_said_once_and_only_where_idle_gpus_could_help():
+    held = [gpu_pod(f"low-{i}", priority=10) for i in range(4)]
+    ev = {h.key: idle() if i < 3 else idle(peak=90.0) for i, h in enumerate(held)}
+    gang = waiting_gang(4)
+    noted = msgspec.structs.replace(gang[0], annotations={QUEUE_BLOCKED: SHORT})
+    p = plan(snapshot([*held, noted, *gang[1:]], ev, nodes=[Node("n1", H100, 4)]), POLICY)
+    assert [a for a in p.actions if a.kind == "block"] == []
+    busy = {h.key: idle(peak=90.0) for h in held}  # nothing idle: it waits like any pod
+    p = plan(snapshot([*held, *gang], busy, nodes=[Node("n1", H100, 4)]), POLICY)
+    assert [a for a in p.actions if a.kind == "block"] == []
 
 
 def test_a_gang_pod_that_fits_in_free_gpus_takes_them_and_the_rest_get_victims():

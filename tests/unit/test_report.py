@@ -10,7 +10,13 @@ import pytest
 from gpusteward.core.health import Fault, Source, pod_faults
 from gpusteward.core.model import RESERVED, Node, Pod, Taint, WithheldDevice
 from gpusteward.core.policy import parse_policy
-from gpusteward.core.reclaim.model import COOLDOWN_UNTIL, Evidence, Snapshot, VerdictState
+from gpusteward.core.reclaim.model import (
+    COOLDOWN_UNTIL,
+    QUEUE_BLOCKED,
+    Evidence,
+    Snapshot,
+    VerdictState,
+)
 from gpusteward.core.report.aggregate import build_report
 from gpusteward.core.report.facts import pod_usages
 from gpusteward.core.report.model import DecisionState, ReportInput, Series, Window
@@ -203,6 +209,20 @@ def test_a_gang_is_one_top_idle_line_naming_its_idle_ranks():
     assert "PodGroup ml/train (3 pods, idle: train-1)" in table
     assert "PodGroup ml/idle (2 pods, all idle)" in table
     assert "ml/train-1" not in table
+
+
+def test_the_queue_says_why_nothing_is_freed_for_a_waiting_gang():
+    # The reclaimer's note on a waiting gang's first pod (decide._short): the report reads it,
+    # as it reads the cooldown note, and lists it under the queue.
+    why = "3 of the 4 waiting pods of PodGroup ml/big could be placed (...): none freed"
+    gang = [pod("big-0", node=None, pod_group="big", annotations={QUEUE_BLOCKED: why}),
+            pod("big-1", node=None, pod_group="big")]
+    r = report(gang, [])
+    assert [(q.pod, q.not_freed) for q in r.queue] == [("big-0", why), ("big-1", "")]
+    table = to_table(r)
+    assert "Not freed for waiting gangs" in table and why in table
+    assert why in to_html(r)
+    assert "Not freed" not in to_table(report([pod("one", node=None)], []))
 
 
 def test_the_queue_lists_pending_gpu_pods_by_team_and_class_with_their_wait():

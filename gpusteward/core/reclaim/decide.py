@@ -32,6 +32,7 @@ from gpusteward.core.reclaim.model import (
     FAULT_NOTE,
     FAULTY_GPU,
     IDLE_SINCE,
+    QUEUE_BLOCKED,
     RECLAIM_AT,
     RECLAIM_BLOCKED,
     Action,
@@ -366,9 +367,11 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                 queue.take(c, free, victims)
         elif pending is members[gang][0]:  # the whole gang, once
             whole = queue.gang_claim(members[gang], snap.nodes, free, victims, teams, name)
-            claims = [] if whole is None else list(whole.claims)
-            if whole is not None:
-                free, victims = whole.free, whole.victims
+            if isinstance(whole, queue.GangShort):
+                actions += _short(pending, name, gang, whole)
+                continue
+            claims = list(whole.claims)
+            free, victims = whole.free, whole.victims
         else:
             continue
         for c in claims:
@@ -384,6 +387,18 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
             actions += [_claimed(snap, policy, by_uid, v, k.pending,
                                  f"in ClusterQueue {k.cluster_queue} ") for v in k.victims]
     return actions, reserves
+
+
+def _short(first: Pod, name: str, gang: str, short: queue.GangShort) -> list[Action]:
+    """The note on a waiting gang's first pod, when idle GPUs could place part of it: why none
+    are freed (only then: a gang no idle GPU would help waits like any pod). Written once."""
+    if not short.gpus:
+        return []
+    why = gangs.short_of(gang, short.placeable, short.members, short.gpus)
+    if first.annotations.get(QUEUE_BLOCKED) == why:
+        return []
+    return [Action(ActionKind.BLOCK, first, name, Reason.QUEUE, f"GPUs not freed: {why}",
+                   how=How.BLOCK)]
 
 
 def _claimed(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], v: queue.Candidate,

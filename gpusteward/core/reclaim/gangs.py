@@ -100,3 +100,10 @@ def not_all_evictable(gang: str, which: Sequence[Pod]) -> str:
     return (f"{gang} is idle, but {', '.join(p.name for p in which)} would not be stopped by "
             "eviction (another owner action, or none allowed): gpusteward stops a gang only "
             "whole, in one way")
+
+
+def short_of(gang: str, placeable: int, members: int, gpus: int) -> str:
+    """Why no idle GPUs are freed for a waiting gang: freeing some would place only part."""
+    return (f"{placeable} of the {members} waiting pods of {gang} could be placed (freeing "
+            f"{gpus} idle GPU(s)); the scheduler places a gang whole, so gpusteward frees "
+            "GPUs for it only when all of its pods then fit: none freed")

@@ -20,6 +20,8 @@ RECLAIM_REASON = "gpusteward.io/reclaim-reason"
 RECLAIMED_AT = "gpusteward.io/reclaimed-at"  # on an owner stopped through its own switch
 FENCED_AT = "gpusteward.io/fenced-at"  # on an owner a new leader fenced (core/reclaim/takeover)
 RECLAIM_BLOCKED = "gpusteward.io/reclaim-blocked"  # on a due pod: why nothing was stopped
+# On a waiting gang's first pod: why no idle GPUs are freed for it (queue.gang_claim).
+QUEUE_BLOCKED = "gpusteward.io/queue-blocked"
 FAULTY_GPU = "gpusteward.io/faulty-gpu"  # on a pod whose GPU is faulty: why (core/health.py)
 REPLICAS_BEFORE = "gpusteward.io/replicas-before-reclaim"
 OPT_OUT = "gpusteward.io/reclaim"  # value "never"

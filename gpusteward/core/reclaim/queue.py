@@ -135,27 +135,40 @@ class GangClaim(NamedTuple):
     victims: VictimPool
 
 
+class GangShort(NamedTuple):
+    """A waiting gang not all of whose pods can be placed: how many could (in free GPUs or on
+    victims), and the idle GPUs it would have taken to place those."""
+
+    placeable: int
+    members: int
+    gpus: int
+
+
 def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[str, int],
                victims: VictimPool, teams: Mapping[str, TeamUsage],
-               pending_team: str) -> GangClaim | None:
-    """All of a waiting gang's pods placed, by free GPUs or by victims, or None: kube-scheduler
-    places a gang all or nothing (its GangScheduling plugin), so freeing GPUs for some of its
-    pods helps none of them and costs the victims their work."""
-    left, pool, claims = dict(free), victims.copy(), []
+               pending_team: str) -> GangClaim | GangShort:
+    """All of a waiting gang's pods placed, by free GPUs or by victims, or what falls short:
+    kube-scheduler places a gang all or nothing (its GangScheduling plugin), so freeing GPUs
+    for some of its pods helps none of them and costs the victims their work."""
+    left, pool, claims, placeable = dict(free), victims.copy(), [], 0
     for pod in members:
         try:
             room = _room(pod, nodes, left, parse_card_types(
                 pod.annotations.get(CARD_TYPES_ANNOTATION)))
         except ValueError:
-            return None  # a pod the scheduler cannot place either
+            continue  # a pod the scheduler cannot place either
         if room is not None:
             left[room] -= pod.gpus
+            placeable += 1
             continue
         c = claim(pod, nodes, left, pool, teams, pending_team)
-        if c is None:
-            return None
-        take(c, left, pool)
-        claims.append(c)
+        if c is not None:
+            take(c, left, pool)
+            claims.append(c)
+            placeable += 1
+    if placeable < len(members):
+        return GangShort(placeable, len(members),
+                         sum(v.pod.gpus for c in claims for v in c.victims))
     return GangClaim(tuple(claims), left, pool)
 
 

@@ -186,6 +186,9 @@ class QueuedPod(msgspec.Struct, frozen=True):
     # GPUs a queue reclaim freed for it and holds for it (core/reclaim/reserve.py); "": none
     reserved_node: str = ""
     reserved_until: str = ""  # RFC 3339
+    # A waiting gang's first pod: why the reclaimer frees no idle GPUs for it (its note,
+    # gpusteward.io/queue-blocked: freeing some would place only part of the gang).
+    not_freed: str = ""
 
 
 class QueueGroup(msgspec.Struct, frozen=True):

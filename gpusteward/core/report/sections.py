@@ -11,7 +11,7 @@ from gpusteward.core.model import class_of
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim import gangs, reserve
 from gpusteward.core.reclaim.decide import plan
-from gpusteward.core.reclaim.model import ActionKind, Plan, Snapshot
+from gpusteward.core.reclaim.model import QUEUE_BLOCKED, ActionKind, Plan, Snapshot
 from gpusteward.core.reclaim.quota import borrowed, team
 from gpusteward.core.reclaim.rules import cooling_until
 from gpusteward.core.report.model import (
@@ -127,7 +127,8 @@ def queue(snap: Snapshot, policy: Policy) -> tuple[QueuedPod, ...]:
             cls=class_of(p.labels, p.annotations, policy.default_class), gpus=p.gpus,
             priority=p.priority, wait_seconds=max(0.0, snap.now - p.created_at),
             unschedulable=p.unschedulable_since is not None,
-            reserved_node=held.node if held else "", reserved_until=held.until if held else ""))
+            reserved_node=held.node if held else "", reserved_until=held.until if held else "",
+            not_freed=p.annotations.get(QUEUE_BLOCKED, "")))
     return tuple(sorted(out, key=lambda q: (-q.wait_seconds, q.namespace, q.pod)))
 
 
