@@ -140,6 +140,22 @@ def test_a_gap_in_a_pods_samples_is_unknown_never_idle():
     assert out.warned == ()
 
 
+GANG = {"gpusteward.io/team": "vision", "kueue.x-k8s.io/pod-group-name": "train"}
+
+
+def test_a_gang_is_replayed_whole_or_not_at_all():
+    # The live rule (core/reclaim/gangs.py): a gang stopped by eviction goes whole once all its
+    # pods are due, in one decision, and not at all while one is busy; the replay, which shows
+    # plan() only the pods that may change, must still show it the busy rank.
+    out = replay(history(record("a", IDLE, labels=GANG), record("b", IDLE, labels=GANG)),
+                 policy())
+    assert [(r.pod, r.how, r.at) for r in out.reclaimed] == [
+        ("ml/a", "evict", t(9)), ("ml/b", "evict (with its workload)", t(9))]
+    out = replay(history(record("a", IDLE, labels=GANG), record("b", BUSY, labels=GANG)),
+                 policy())
+    assert [w.pod for w in out.warned] == ["ml/a"] and out.reclaimed == ()
+
+
 def test_a_scaled_down_deployment_keeps_its_later_pods_down_and_counts_their_hours():
     rs = OwnerRef("ReplicaSet", "web-5d8f", "rs-uid", controller=True)
     first = record("web-1", IDLE[:30], last=29, owner=rs)
@@ -210,9 +226,11 @@ def random_history(seed: int) -> History:
             value = rng.choice([0.0, 0.0, 1.0, 40.0, 90.0, None])
             utils += [value] * rng.randrange(1, 25)
         gpus = rng.choice([1, 1, 2, 4])
+        labels = {"gpusteward.io/team": rng.choice(["a", "b"])}
+        if n % 3 == 0:  # gangs of bare pods (a Kueue pod group's label), judged whole
+            labels["kueue.x-k8s.io/pod-group-name"] = f"g{n % 2}"
         rec = record(f"p{n}", utils[:steps], gpus=gpus, first=first, last=last, pending=pending,
-                     labels={"gpusteward.io/team": rng.choice(["a", "b"])},
-                     priority=rng.choice([0, 0, 100]))
+                     labels=labels, priority=rng.choice([0, 0, 100]))
         if n % 4 == 2:  # an XID on its GPUs now and then (its own draws: the rest unchanged)
             xids = random.Random(seed * 100 + n)
             rec = msgspec.structs.replace(rec, faults=tuple(sorted(

@@ -9,8 +9,9 @@ make most of that work provably idle:
   cycle that did nothing, does nothing; it is skipped.
 * A pod that is unmarked and judged busy or unknown over every window it may be judged on
   gets no action and changes no other pod's decision, unless team quotas are in force (it
-  counts toward its team's use) or a pending pod that outranks a running one waits for the
-  queue (its GPUs are not free). Otherwise such pods are left out of the snapshot.
+  counts toward its team's use), a pending pod that outranks a running one waits for the
+  queue (its GPUs are not free), or another pod of its gang is shown (a gang is judged on all
+  its pods: replay._with_gangs). Otherwise such pods are left out of the snapshot.
 
 ``replay(..., every_step=True)`` decides every cycle over every pod; the tests hold both to the
 same outcome.

@@ -20,6 +20,7 @@ import msgspec
 from gpusteward.core.health import Fault, Source
 from gpusteward.core.model import Pod
 from gpusteward.core.policy import Policy
+from gpusteward.core.reclaim import gangs
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.model import Evidence, Snapshot
 from gpusteward.core.reclaim.rules import remembered
@@ -49,6 +50,7 @@ def replay(history: History, policy: Policy, name: str = "policy",
     flips: dict[int, list[str]] = {}  # cycle -> pods whose judged state may change there
     by_start, by_end = _by_start(history), _by_end(history)
     times = {r.pod.uid: Times.of(r, history) for r in history.pods}
+    gang = {r.pod.uid: g for r in history.pods if (g := gangs.gang_of(r.pod)) is not None}
     active: dict[str, PodRecord] = {}
     halted, carry = 0, True
     for i in range(grid.steps):
@@ -68,7 +70,8 @@ def replay(history: History, policy: Policy, name: str = "policy",
             continue
         present = list(_present(active.values(), i, state, history, times))
         if not (every_step or needs_everyone(policy, present, i, history, times)):
-            present = [r for r in present if _shown(r, i, state, watches, times)]
+            present = _with_gangs(present, {r.pod.uid for r in present
+                                            if _shown(r, i, state, watches, times)}, gang)
         decided = plan(_snapshot(present, i, ok, state, cache, watches, history, policy), policy)
         halted += bool(decided.halted)
         carry = bool(decided.actions or decided.held_back)
@@ -109,6 +112,15 @@ def _shown(r: PodRecord, i: int, state: ReplayState, watches: dict[str, PodWatch
     t = times[uid]
     return (uid in state.marks or watch is None or watch.idle
             or not t.run_first <= i <= t.run_last)
+
+
+def _with_gangs(present: list[PodRecord], shown: set[str],
+                gang: dict[str, str]) -> list[PodRecord]:
+    """The shown pods and every pod of a gang one of them is in (``gang``: uid -> its gang): a
+    gang is judged on all its pods (core/reclaim/gangs.py), so a busy rank hidden from plan()
+    would let an idle one look like its whole gang."""
+    wanted = {gang[u] for u in shown if u in gang}
+    return [r for r in present if r.pod.uid in shown or gang.get(r.pod.uid) in wanted]
 
 
 def _snapshot(present: list[PodRecord], i: int, ok: bool, state: ReplayState,
