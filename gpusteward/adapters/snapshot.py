@@ -11,6 +11,7 @@ working in exactly those minutes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -21,7 +22,7 @@ from kubernetes_asyncio import client
 
 from gpusteward.adapters.dra import KINDS as DRA_KINDS
 from gpusteward.adapters.dra import read as read_dra
-from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.adapters.errors import KubeRefused, TelemetryUnavailable
 from gpusteward.adapters.faults import gpu_faults
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.owners import Link, OwnerChains, link_of
@@ -35,7 +36,15 @@ from gpusteward.core.dra import DEFAULT_DRIVER
 from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.health import Fault, pod_faults
-from gpusteward.core.kubewire import Meta, QuantityError, WireNode, WirePod, to_node, to_pod
+from gpusteward.core.kubewire import (
+    Meta,
+    QuantityError,
+    WireNode,
+    WirePod,
+    WirePodGroup,
+    to_node,
+    to_pod,
+)
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.owners import BUILT_IN, BUILT_IN_RESOURCES
 from gpusteward.core.policy import Policy
@@ -63,6 +72,10 @@ class NamespaceObj(msgspec.Struct):
     metadata: Meta = msgspec.field(default_factory=Meta)
 
 
+log = logging.getLogger("gpusteward.reclaimer")
+
+# The Workload API's PodGroups (Kubernetes 1.36, GenericWorkload): their minCount.
+PODGROUPS_PATH = "/apis/scheduling.k8s.io/v1alpha2/podgroups"
 # The owners listed once a cycle, across namespaces (core.owners BUILT_IN_RESOURCES).
 WORKLOAD_PATHS = {kind: f"/apis/{BUILT_IN_RESOURCES[kind][0]}/{BUILT_IN_RESOURCES[kind][1]}"
                   for kind in ("ReplicaSet", "Deployment", "StatefulSet", "Job")}
@@ -104,6 +117,7 @@ class SnapshotReader:
         chains = OwnerChains(self.api, self.catalog)
         owners = await chains.resolve(pods, wires, listed_links(owned))
         queued = await chains.kueue_demand(names)
+        min_counts = await self._min_counts(pods)
         self.api_calls += chains.api_calls
         # Every pod's node, the exporters' too: an older exporter's series name its pod, not
         # its node (core.attribution.node_of).
@@ -127,8 +141,25 @@ class SnapshotReader:
             recent_actions=tuple(recent),
             tiers={n.name: self.tiers.tier_of(n.product) for n in nodes.values()},
             restore_asks=restore_asks(owned, ns_labels, names),
-            kueue=queued, doubted_series=self.doubted, faults=faults,
+            kueue=queued, doubted_series=self.doubted, faults=faults, min_counts=min_counts,
         )
+
+    async def _min_counts(self, pods: Iterable[Pod]) -> dict[str, int]:
+        """Each gang PodGroup's minCount ("PodGroup ns/name", as gangs.gang_of names it), read
+        only where a waiting pod names a PodGroup. Where the API is not served (before 1.36,
+        or GenericWorkload off) or not readable, none: a waiting gang then needs all of its
+        waiting pods placed, the stricter demand."""
+        if not any(p.pod_group and p.node is None for p in pods):
+            return {}
+        try:
+            raws = await self._list(PODGROUPS_PATH)
+            groups = _decode(raws, WirePodGroup)
+        except (KubeRefused, msgspec.ValidationError) as e:
+            log.warning("PodGroups unreadable, a waiting gang needs all its waiting pods "
+                        "placed: %s", e)
+            return {}
+        return {f"PodGroup {g.metadata.namespace}/{g.metadata.name}": g.min_count
+                for g in groups if g.min_count is not None}
 
     async def _lists(self) -> tuple[list[WirePod], list[WireNode], dict[str, dict[str, str]],
                                     dict[str, list[Workload]]]:

@@ -63,6 +63,31 @@ class WorkloadRef(msgspec.Struct, rename="camel"):
         return "/".join(p for p in (self.name, self.pod_group, self.pod_group_replica_key) if p)
 
 
+class GangPolicy(msgspec.Struct, rename="camel"):
+    min_count: int | None = None
+
+
+class PodGroupPolicy(msgspec.Struct):
+    gang: GangPolicy | None = None  # absent: the "basic" policy, pods placed one by one
+
+
+class PodGroupSpec(msgspec.Struct, rename="camel"):
+    scheduling_policy: PodGroupPolicy | None = None
+
+
+class WirePodGroup(msgspec.Struct):
+    """A Workload API PodGroup (Kubernetes 1.36, scheduling.k8s.io/v1alpha2; k8s.io/api
+    v0.36.3 scheduling/v1alpha2 types.go: spec.schedulingPolicy.gang.minCount)."""
+
+    metadata: Meta
+    spec: PodGroupSpec | None = None
+
+    @property
+    def min_count(self) -> int | None:
+        policy = self.spec.scheduling_policy if self.spec else None
+        return policy.gang.min_count if policy and policy.gang else None
+
+
 class PodSpec(msgspec.Struct, rename="camel"):
     containers: list[Container] = msgspec.field(default_factory=list)
     init_containers: list[Container] | None = None

@@ -40,6 +40,8 @@ ALLOWED: dict[str, set[tuple[str, str, str, str]]] = {
         ("", "pods/status", "patch", "*"),
         # a gang's budgets, asked before its pods are evicted together (reclaimer/actor.py)
         ("policy", "poddisruptionbudgets", "list", "*"),
+        # a waiting gang's PodGroup minCount (adapters/snapshot.py)
+        ("scheduling.k8s.io", "podgroups", "list", "*"),
         ("apps", "replicasets", "list", "*"),
         *{("apps", r, v, "*") for r in ("deployments", "statefulsets")
           for v in ("get", "list", "patch")},
@@ -207,6 +209,9 @@ def test_the_reclaimer_service_account_can_do_every_call_it_makes_and_nothing_mo
         *[("GET", f"{path}?limit=500", None, 200) for path in snapshot_lists],
         ("GET", f"/api/v1/namespaces/{ns}/pods/p", None, 200),
         ("GET", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", None, 200),
+        # allowed, so past authorization; not served by this sandbox (no GenericWorkload)
+        ("GET", "/apis/scheduling.k8s.io/v1alpha2/podgroups?limit=500", None, 404),
+        ("GET", f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/g", None, 403),
         ("GET", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/b", None, 403),
         ("PATCH", f"/api/v1/namespaces/{ns}/pods/p", annotate, 200),
         ("POST", f"/api/v1/namespaces/{ns}/events", event, 201),

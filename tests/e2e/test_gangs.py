@@ -203,19 +203,44 @@ async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[
     assert not any(kube.gone(ns, p) for p in held[4:])  # the busy ones stay
 
 
+def waiting_group(ns: Namespace, name: str, size: int, min_count: int) -> list[str]:
+    """A PodGroup of ``size`` high-priority one-GPU L4 pods, gang-scheduled at ``min_count``."""
+    ns.api.create(PODGROUPS.format(ns=ns.name), {
+        "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+        "metadata": {"name": name},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}})
+    ranks = [f"{name}-{i}" for i in range(size)]
+    for rank in ranks:
+        pod = gpu_pod(rank, 1, cards="NVIDIA-L4", priority_class="gang-high")
+        pod["spec"]["schedulingGroup"] = {"podGroupName": name}
+        ns.create_pod(pod)
+    return ranks
+
+
 async def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(
         gang_box: Sandbox, gang_ns: Namespace, reclaimer) -> None:
     held = l4s_held(gang_box, gang_ns)
-    gang_ns.api.create(PODGROUPS.format(ns=gang_ns.name), {
-        "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
-        "metadata": {"name": "waiting"}, "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}})
-    ranks = [f"waiting-{i}" for i in range(4)]
-    for name in ranks:
-        pod = gpu_pod(name, 1, cards="NVIDIA-L4", priority_class="gang-high")
-        pod["spec"]["schedulingGroup"] = {"podGroupName": "waiting"}
-        gang_ns.create_pod(pod)
+    ranks = waiting_group(gang_ns, "waiting", 4, min_count=4)
     await freed_only_for_all(gang_box, gang_ns, reclaimer, held, lambda: ranks,
                              f"PodGroup {gang_ns.name}/waiting")
+
+
+async def test_a_waiting_gang_needs_its_min_count_placed_not_every_pod(
+        gang_box: Sandbox, gang_ns: Namespace, reclaimer) -> None:
+    # minCount 3 of 4 pods: GangScheduling places the group once 3 fit at once, so 3 idle
+    # GPUs are enough; the reclaimer reads the minCount from the PodGroup (a LIST it makes
+    # only when a waiting pod names one).
+    held = l4s_held(gang_box, gang_ns)
+    ranks = waiting_group(gang_ns, "fewer", 4, min_count=3)
+    wait_for("the gang to be unschedulable", lambda: all(
+        unschedulable(gang_ns, r) for r in ranks), timeout=60)
+    rec = await reclaimer("enforce", box=gang_box, policy=long_grace(gang_box))
+    await kube.cycle_until(rec, "three idle pods freed for the gang's minCount", lambda: all(
+        kube.gone(gang_ns, p) for p in held[:3]), timeout=TIMEOUT)
+    wait_for("three of its pods running", lambda: sum(
+        gang_ns.pod(r)["status"].get("phase") == "Running" for r in ranks) == 3, timeout=90)
+    assert not any(kube.gone(gang_ns, p) for p in held[3:])  # the busy ones stay
+    assert not any(QUEUE_BLOCKED in kube.annotations(gang_ns, r) for r in ranks)
 
 
 def jobset(ns: Namespace, name: str, replicas: int, util: str, **pod: Any) -> Callable[

@@ -10,10 +10,12 @@ GroupIndexLabelKey)."""
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 
-from gpusteward.core.kubewire import WirePod, to_pod
+from gpusteward.core.kubewire import WirePod, WirePodGroup, to_pod
 from gpusteward.core.model import Node
 from gpusteward.core.owners import How
 from gpusteward.core.policy import parse_policy
@@ -204,6 +206,41 @@ def test_a_waiting_gangs_note_is_said_once_and_only_where_idle_gpus_could_help()
     busy = {h.key: idle(peak=90.0) for h in held}  # nothing idle: it waits like any pod
     p = plan(snapshot([*held, *gang], busy, nodes=[Node("n1", H100, 4)]), POLICY)
     assert [a for a in p.actions if a.kind == "block"] == []
+
+
+@pytest.mark.parametrize(("min_count", "running", "freed"), [
+    pytest.param(3, 0, 3, id="min-count-3-of-4-frees-3"),
+    pytest.param(3, 1, 2, id="one-running-already-frees-2"),
+    pytest.param(4, 0, 0, id="min-count-4-with-3-idle-frees-none"),
+    pytest.param(2, 2, 0, id="min-count-met-frees-none-for-the-rest"),
+])
+def test_a_waiting_gang_needs_only_its_pod_groups_min_count(min_count, running, freed):
+    # PodGroup spec.schedulingPolicy.gang.minCount (k8s.io/api v0.36.3 scheduling/v1alpha2):
+    # the scheduler places the group once that many of its pods fit at once, so the demand
+    # is minCount less the pods already bound, not every waiting pod.
+    held = [gpu_pod(f"low-{i}", priority=10) for i in range(4)]
+    ev = {h.key: idle() if i < 3 else idle(peak=90.0) for i, h in enumerate(held)}
+    bound = [gpu_pod(f"big-r{i}", node="n2", pod_group="big") for i in range(running)]
+    snap = snapshot([*held, *bound, *waiting_gang(4)], ev,
+                    nodes=[Node("n1", H100, 4), Node("n2", H100, running)])
+    snap = msgspec.structs.replace(snap, min_counts={"PodGroup ml/big": min_count})
+    p = plan(snap, POLICY)
+    assert len(queue_victims(p)) == freed
+    assert len([a for a in p.actions if a.kind == "reserve"]) == freed
+
+
+def test_a_pod_groups_min_count_is_read_as_the_api_server_serves_it():
+    # scheduling.k8s.io/v1alpha2 PodGroup, as k8s.io/api v0.36.3 scheduling/v1alpha2 types.go
+    # defines it: a gang policy's minCount; the basic policy has none.
+    gang = msgspec.json.decode(json.dumps({
+        "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+        "metadata": {"name": "big", "namespace": "ml", "uid": "u1"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}},
+        "status": {"conditions": []}}), type=WirePodGroup)
+    basic = msgspec.json.decode(json.dumps({
+        "metadata": {"name": "b", "namespace": "ml"},
+        "spec": {"schedulingPolicy": {"basic": {}}}}), type=WirePodGroup)
+    assert (gang.min_count, basic.min_count) == (3, None)
 
 
 def test_a_gang_pod_that_fits_in_free_gpus_takes_them_and_the_rest_get_victims():

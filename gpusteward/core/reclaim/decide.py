@@ -354,6 +354,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
     ttl = float(policy.queue.reservation_ttl)
     waiting = queue.waiting(snap.pods, snap.now, float(policy.queue.min_wait))
     members: dict[str, list[Pod]] = {}
+    bound = gangs.running(snap.pods) if snap.min_counts else {}
     for p in waiting:
         if (g := gangs.gang_of(p)) is not None:
             members.setdefault(g, []).append(p)
@@ -366,7 +367,8 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
             if c is not None:
                 queue.take(c, free, victims)
         elif pending is members[gang][0]:  # the whole gang, once
-            whole = queue.gang_claim(members[gang], snap.nodes, free, victims, teams, name)
+            whole = queue.gang_claim(members[gang], snap.nodes, free, victims, teams, name,
+                                     _need(snap, gang, members[gang], bound))
             if isinstance(whole, queue.GangShort):
                 actions += _short(pending, name, gang, whole)
                 continue
@@ -387,6 +389,17 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
             actions += [_claimed(snap, policy, by_uid, v, k.pending,
                                  f"in ClusterQueue {k.cluster_queue} ") for v in k.victims]
     return actions, reserves
+
+
+def _need(snap: Snapshot, gang: str, waiting: list[Pod],
+          bound: Mapping[str, list[Pod]]) -> int:
+    """How many of a gang's waiting pods must fit at once: its PodGroup's minCount less its
+    pods bound already (``bound``: gangs.running; the scheduler's GangScheduling places the
+    group once that many fit); all of them where no minCount is known."""
+    least = snap.min_counts.get(gang)
+    if least is None:
+        return len(waiting)
+    return max(0, min(len(waiting), least - len(bound.get(gang, ()))))
 
 
 def _short(first: Pod, name: str, gang: str, short: queue.GangShort) -> list[Action]:

@@ -324,6 +324,9 @@ class Snapshot(msgspec.Struct, frozen=True):
     doubted_series: int = 0
     # Bound pod key -> the fault its GPUs are under (core/health.pod_faults)
     faults: Mapping[str, Fault] = msgspec.field(default_factory=dict)
+    # Workload API PodGroups: the gang (gangs.gang_of: "PodGroup ns/name") -> its gang
+    # policy's minCount; read only where a waiting pod names one, absent where not served.
+    min_counts: Mapping[str, int] = msgspec.field(default_factory=dict)
 
 
 class Action(msgspec.Struct, frozen=True):

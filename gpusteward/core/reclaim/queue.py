@@ -7,8 +7,8 @@ a node where it then fits (card, GPUs, node selector, taints), and as few as pos
 nominated to a node already (the scheduler's own preemption is freeing it, or a reservation
 holds what gpusteward freed: reserve.py) gets nothing more: one path per pod.
 
-The waiting pods of one gang (gangs.py) are claimed for together, all or none (gang_claim):
-the scheduler places a gang whole or not at all.
+The waiting pods of one gang (gangs.py) are claimed for together, all it needs or none
+(gang_claim): the scheduler places a gang whole (a PodGroup: its minCount) or not at all.
 """
 
 from __future__ import annotations
@@ -146,12 +146,16 @@ class GangShort(NamedTuple):
 
 def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[str, int],
                victims: VictimPool, teams: Mapping[str, TeamUsage],
-               pending_team: str) -> GangClaim | GangShort:
-    """All of a waiting gang's pods placed, by free GPUs or by victims, or what falls short:
-    kube-scheduler places a gang all or nothing (its GangScheduling plugin), so freeing GPUs
-    for some of its pods helps none of them and costs the victims their work."""
+               pending_team: str, need: int | None = None) -> GangClaim | GangShort:
+    """``need`` (default: all) of a waiting gang's pods placed, by free GPUs or by victims, or
+    what falls short: kube-scheduler places a gang all or nothing (its GangScheduling plugin
+    waits for minCount pods to fit at once), so freeing GPUs for fewer helps none of them and
+    costs the victims their work."""
+    need = len(members) if need is None else need
     left, pool, claims, placeable = dict(free), victims.copy(), [], 0
     for pod in members:
+        if placeable >= need:
+            break
         try:
             room = _room(pod, nodes, left, parse_card_types(
                 pod.annotations.get(CARD_TYPES_ANNOTATION)))
@@ -166,9 +170,8 @@ def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[
             take(c, left, pool)
             claims.append(c)
             placeable += 1
-    if placeable < len(members):
-        return GangShort(placeable, len(members),
-                         sum(v.pod.gpus for c in claims for v in c.victims))
+    if placeable < need:
+        return GangShort(placeable, need, sum(v.pod.gpus for c in claims for v in c.victims))
     return GangClaim(tuple(claims), left, pool)
 
 
