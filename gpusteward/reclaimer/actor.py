@@ -228,7 +228,8 @@ class Actor:
         status (its conditions) as soon as the victims go, and both are gpusteward's own
         fields, meant whatever else changed; a pod bound meanwhile is released next cycle."""
         del version
-        await self._reserved(action, reserve.entry(action), {QUEUE_BLOCKED: None})
+        # a waiting gang's note why nothing was freed goes once something is
+        await self._note(action, {RESERVED: reserve.entry(action), QUEUE_BLOCKED: None})
         try:
             with kube_errors():
                 await self.core.patch_namespaced_pod_status(
@@ -238,13 +239,10 @@ class Actor:
         except KubeUnprocessable:  # bound meanwhile: a bound pod takes no nomination
             log.info("pod=%s not nominated: bound meanwhile", action.pod.key)
 
-    async def _reserved(self, action: Action, entry: str | None,
-                        more: dict[str, str | None] | None = None) -> None:
-        """The reservation annotation; ``more``: others written with it (a waiting gang's
-        note why nothing was freed goes once something is)."""
+    async def _note(self, action: Action, annotations: dict[str, str | None]) -> None:
+        """gpusteward's own annotations on a waiting pod, not fenced (see _reserve)."""
         await self.core.patch_namespaced_pod(
-            action.pod.name, action.pod.namespace,
-            {"metadata": {"annotations": {RESERVED: entry, **(more or {})}}},
+            action.pod.name, action.pod.namespace, {"metadata": {"annotations": annotations}},
             _request_timeout=CALL_TIMEOUT)
 
     async def _release(self, action: Action, version: str) -> None:
@@ -252,7 +250,7 @@ class Actor:
         for a status the scheduler wrote would leave the pod nominated, and the queue leaves a
         nominated pod alone."""
         del version
-        await self._reserved(action, None)
+        await self._note(action, {RESERVED: None})
         if not action.node:
             return
         # Still nominated where the reservation put it: that goes too, fenced on that one field
@@ -275,12 +273,8 @@ class Actor:
 
     async def _block(self, action: Action, version: str) -> None:
         why = action.message.partition(": ")[2]
-        if action.reason == Reason.QUEUE:
-            # On a waiting pod, not fenced (see _reserve): the scheduler rewrites its status
-            # at every attempt, and the note is gpusteward's own, meant whatever else changed.
-            await self.core.patch_namespaced_pod(
-                action.pod.name, action.pod.namespace,
-                {"metadata": {"annotations": {QUEUE_BLOCKED: why}}}, _request_timeout=CALL_TIMEOUT)
+        if action.reason == Reason.QUEUE:  # on a waiting pod
+            await self._note(action, {QUEUE_BLOCKED: why})
             return
         await self._annotate(action, {RECLAIM_BLOCKED: why}, version)
 

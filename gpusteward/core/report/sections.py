@@ -92,7 +92,8 @@ def top_idle(usages: list[PodUsage], snap: Snapshot, policy: Policy,
 
 
 # The member decision a gang's line shows: the furthest its reclaim has come.
-_FURTHEST = (ActionKind.RECLAIM, ActionKind.BLOCK, Step.HELD, ActionKind.WARN, ActionKind.MARK)
+_FURTHEST = {str(k): i for i, k in enumerate(
+    (ActionKind.RECLAIM, ActionKind.BLOCK, Step.HELD, ActionKind.WARN, ActionKind.MARK))}
 
 
 def _gang_line(first: IdlePod, name: str, members: list[PodUsage],
@@ -105,8 +106,7 @@ def _gang_line(first: IdlePod, name: str, members: list[PodUsage],
         if any(m.state == s for m in members))
     since = [m.idle_since for m in members]
     costs = [m.idle_cost for m in members if m.idle_cost is not None]
-    rank = {str(k): i for i, k in enumerate(_FURTHEST)}
-    shown = min(said, key=lambda d: rank.get(d.action.split("/")[0], len(rank)))
+    shown = min(said, key=lambda d: _FURTHEST.get(d.action.split("/")[0], len(_FURTHEST)))
     return msgspec.structs.replace(
         first, gang=name, pods=len(members), idle_pods=idle, state=state,
         card=",".join(sorted({m.card for m in members})),
