@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpusteward.adapters.background import every, running
 from gpusteward.adapters.errors import TelemetryUnavailable
+from gpusteward.core.kubewire import WirePod
 from gpusteward.core.model import Telemetry
 from gpusteward.extender import preempt, wire
 from gpusteward.extender.metrics import ExtenderMetrics
@@ -62,6 +63,9 @@ class Extender:
     side_watches: Sequence[Watch] = ()
     # SIGTERM received: readiness fails and every answer closes its connection (serve._drain).
     draining: bool = False
+    # Seconds a call about a GPU pod the pod watch has not shown yet waits for it (catch_up);
+    # 0 where nothing watches (a store fed directly).
+    watch_wait: float = 0.0
 
     def __post_init__(self) -> None:
         # Read at scrape time, so a refresh that stops or crashes still shows as ageing.
@@ -242,6 +246,29 @@ def _failure_status(request: web.Request, verb: str, e: Exception) -> int:
 
 Answer = Callable[[PlacementView, wire.ExtenderArgs], Reply]
 
+# How often a waiting call looks again: the watch applies events between two looks.
+WATCH_POLL = 0.002
+
+
+async def catch_up(ext: Extender, pod: WirePod) -> None:
+    """Wait, up to ``ext.watch_wait``, until the pod watch shows the pod asked about.
+
+    In a burst the scheduler places pods tens of milliseconds apart, and a watch that lags that
+    much would leave each pod of the burst ranked before the last one counted (parked,
+    view.py): all of them onto the node that looked idlest. One watch delivers in
+    resourceVersion order, so once it shows this pod it shows every pod created before it. A
+    made-up pod delays only its own answer."""
+    if not ext.watch_wait or not ext.view.unwatched(pod):
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ext.watch_wait
+    while ext.view.unwatched(pod):
+        if loop.time() >= deadline:
+            ext.metrics.watch_waits.labels("timed_out").inc()
+            return
+        await asyncio.sleep(WATCH_POLL)
+    ext.metrics.watch_waits.labels("caught_up").inc()
+
 
 def respond(view: PlacementView, answer: Answer, args: wire.ExtenderArgs) -> Reply:
     """One filter or prioritize request. The answer itself only reads the view; these are the
@@ -327,7 +354,10 @@ def _verb(verb: str, answer: Answer) -> Callable[[web.Request], Awaitable[web.Re
     async def handler(request: web.Request) -> web.Response:
         ext = request.app[EXTENDER]
         try:
-            reply = respond(ext.view, answer, wire.decode_args(await _body(request)))
+            args = wire.decode_args(await _body(request))
+            assert args.Pod is not None  # decode_args refuses a request without one
+            await catch_up(ext, args.Pod)
+            reply = respond(ext.view, answer, args)
         except (wire.BadRequest, _Refused) as e:
             return _refusal(verb, e, wire.error_result(str(e)) if verb == "filter"
                             else _error(str(e)))

@@ -56,4 +56,10 @@ class ExtenderMetrics:
             "between requests, closed at the cap for a new one), connection_cap (a new one "
             "refused: at the cap with every connection inside a request).", ["reason"],
             registry=r)
+        self.watch_waits = Counter(
+            "gpusteward_extender_watch_waits_total",
+            "Scheduler calls about a GPU pod the pod watch had not delivered yet, answered once "
+            "it had (caught_up) or after the wait with the pod still unseen (timed_out: a "
+            "lagging watch, or a caller sending pods that do not exist).", ["outcome"],
+            registry=r)
         self.nodes = Gauge("gpusteward_extender_nodes", "GPU nodes in the watch cache.", registry=r)

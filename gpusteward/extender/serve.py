@@ -33,6 +33,10 @@ from gpusteward.extender.guard import ConnectionGuard
 from gpusteward.extender.view import PlacementView
 
 log = logging.getLogger("gpusteward.extender")
+# A quarter of the scheduler's usual httpTimeout (2 s, the shipped configs): a watch is
+# milliseconds behind the scheduler's informer, and a call never waits near the point where the
+# scheduler gives up on it.
+WATCH_WAIT = 0.5
 _AIOHTTP_SERVER_LOG = logging.getLogger("aiohttp.server")
 
 
@@ -76,7 +80,7 @@ def build_extender(settings: ExtenderSettings, api: client.ApiClient) -> Extende
                     "load and health terms stay neutral")
     watches = [Watcher(api, dra, kind, policy.resources) for kind in ("nodes", "pods")]
     return Extender(view, telemetry, watches, float(policy.telemetry.refresh),
-                    evidence=evidence,
+                    evidence=evidence, watch_wait=WATCH_WAIT,
                     side_watches=[DraWatcher(api, dra, kind) for kind in DRA_KINDS])
 
 

@@ -6,7 +6,9 @@ Watch events rebuild the states of the nodes they touch; each telemetry tick reb
 A pod the extender just ranked is expected on its top node until the watch shows where it was
 bound: in a burst the scheduler places the next pod before our watch sees the last binding.
 Only pods the watch shows pending can be expected, within the node's GPU count; a pod ranked
-before the watch delivered it is parked and counts once the watch shows it.
+before the watch delivered it is parked and counts once the watch shows it. The app makes such
+an answer wait a moment for the watch (`unwatched`): one stream in resourceVersion order, so the
+pod showing means every pod created before it shows too.
 
 GPUs the reclaimer reserved for a waiting pod (core/reclaim/reserve.py: the pod's annotation and
 its nomination, on the API object, so every replica sees them) count as taken on their node for
@@ -131,6 +133,21 @@ class PlacementView:
             return
         self.inflight[pod_uid] = (node, pod.gpus, self.clock())
         self._refresh_nodes({node, previous[0]} if previous else {node})
+
+    def unwatched(self, pod: WirePod) -> bool:
+        """A GPU pod (by its request, or its claims) the watch has not delivered yet: the
+        scheduler saw it first, so our watch is behind, maybe also on the pods placed just
+        before it, whose placements then do not count yet (parked). A request the answer will
+        refuse (a bad quantity) is not waited for."""
+        uid = pod.metadata.uid
+        if not uid or uid in self.fleet.pods:
+            return False
+        if pod.spec.resource_claims:
+            return True
+        try:
+            return sum(pod_request(pod.spec, self.policy.resources).values()) > 0
+        except ValueError:
+            return False
 
     def settle_parked(self) -> None:
         """Parked pods the watch now shows count as expected; expired ones are dropped."""

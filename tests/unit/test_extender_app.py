@@ -5,6 +5,7 @@ Upstream shape and bad input; replies against real telemetry are in tests/compon
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import tracemalloc
@@ -325,6 +326,77 @@ def test_the_watch_gpu_count_wins_over_the_request():
     respond(view, prioritize_reply, wire.decode_args(json.dumps(
         {"Pod": pod_json, "NodeNames": ["x", "y"]}).encode()))
     assert [gpus for _, gpus, _ in view.inflight.values()] == [4]
+
+
+def lagging_watch(wait: float) -> tuple[PlacementView, FleetStore, Extender]:
+    """coolness_only_view's nodes, with a pod watch that has delivered nothing yet."""
+    view, fleet = coolness_only_view()
+    fleet.replace_all(None, [])
+    return view, fleet, Extender(view, telemetry=None, watch_wait=wait)
+
+
+async def prioritized(c: TestClient, uid: str, gpus: int = 4) -> dict[str, int]:
+    pod_json = gpu_pod(gpus)
+    pod_json["metadata"]["uid"] = uid
+    status, body = await post(c, "prioritize", {"Pod": pod_json, "NodeNames": ["x", "y"]})
+    assert status == 200, body
+    return {e["Host"]: e["Score"] for e in json.loads(body)}
+
+
+def delivered_later(fleet: FleetStore, *uids: str) -> None:
+    """The watch delivers these pending pods 20 ms from now, in this order."""
+    asyncio.get_running_loop().call_later(0.02, lambda: [
+        fleet.upsert_pod(msgspec.structs.replace(pod(u, node=None, gpus=4), uid=u))
+        for u in uids])
+
+
+@pytest.mark.parametrize("wait", [0.5, 0.0])
+async def test_a_call_the_watch_lags_behind_waits_for_it_so_the_burst_before_counts(wait):
+    # A burst whose every call reached us before our watch showed its pod: with the wait, each
+    # answer comes once the watch shows the pod, and with it the pods created before; without
+    # it both pods are parked when answered and both rank x first.
+    view, fleet, extender = lagging_watch(wait)
+    async with TestClient(TestServer(create_app(extender))) as c:
+        delivered_later(fleet, "first")
+        assert await prioritized(c, "first") == {"x": 10, "y": 8}
+        delivered_later(fleet, "second")
+        second = await prioritized(c, "second")
+        metrics = await (await c.get("/metrics")).text()
+    if wait:
+        assert second == {"x": 5, "y": 8}  # "first" expected on x: 4 of its 8 GPUs busy
+        assert 'gpusteward_extender_watch_waits_total{outcome="caught_up"} 2.0' in metrics
+    else:
+        assert second == {"x": 10, "y": 8}
+        assert "gpusteward_extender_watch_waits_total{" not in metrics
+
+
+async def test_a_pod_the_watch_never_shows_delays_only_its_own_answer():
+    view, fleet, extender = lagging_watch(0.3)
+    fleet.upsert_pod(msgspec.structs.replace(pod("real", node=None, gpus=4), uid="real"))
+    async with TestClient(TestServer(create_app(extender))) as c:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        made_up = asyncio.ensure_future(prioritized(c, "made-up"))
+        assert await prioritized(c, "real") == {"x": 10, "y": 8}
+        assert loop.time() - started < 0.2  # answered while the other call waits
+        assert await made_up == {"x": 5, "y": 8}  # "real", just ranked, is expected on x
+        assert loop.time() - started >= 0.3
+        metrics = await (await c.get("/metrics")).text()
+    assert 'gpusteward_extender_watch_waits_total{outcome="timed_out"} 1.0' in metrics
+    assert view.inflight.keys() == {"real"}  # the made-up pod registered nothing
+
+
+async def test_a_pod_without_gpus_or_with_a_bad_quantity_is_never_waited_for():
+    _, _, extender = lagging_watch(5.0)
+    async with TestClient(TestServer(create_app(extender))) as c:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await prioritized(c, "cpu-only", gpus=0)
+        bad = gpu_pod(1)
+        bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1.5"
+        status, _ = await post(c, "prioritize", {"Pod": bad, "NodeNames": ["x"]})
+        assert status == 400
+        assert loop.time() - started < 1.0
 
 
 async def test_more_nodes_than_any_cluster_has_are_refused_before_scoring(client):
