@@ -192,8 +192,8 @@ def test_a_waiting_gang_gets_gpus_only_when_all_of_it_can_be_placed(idle_pods, f
 
 
 SHORT = ("3 of the 4 waiting pods of PodGroup ml/big could be placed (freeing 3 idle GPU(s)); "
-         "the scheduler places a gang whole, so gpusteward frees GPUs for it only when all of "
-         "its pods then fit: none freed")
+         "the scheduler starts a gang only once the pods it needs fit (all of them, or its "
+         "PodGroup's minCount), so gpusteward frees GPUs for it only then: none freed")
 
 
 def test_a_waiting_gangs_note_is_said_once_and_only_where_idle_gpus_could_help():
@@ -227,6 +227,14 @@ def test_a_waiting_gang_needs_only_its_pod_groups_min_count(min_count, running, 
     p = plan(snap, POLICY)
     assert len(queue_victims(p)) == freed
     assert len([a for a in p.actions if a.kind == "reserve"]) == freed
+    # Short of its minCount, it says how many it needs; met, it needs nothing and says nothing.
+    notes = [a.message for a in p.actions if a.kind == "block"]
+    need = min_count - running
+    assert notes == ([f"GPUs not freed: 3 of the {need} waiting pods of PodGroup ml/big could "
+                      "be placed (freeing 3 idle GPU(s)); the scheduler starts a gang only once "
+                      "the pods it needs fit (all of them, or its PodGroup's minCount), so "
+                      "gpusteward frees GPUs for it only then: none freed"]
+                     if not freed and need > 0 else [])
 
 
 def test_a_pod_groups_min_count_is_read_as_the_api_server_serves_it():

@@ -104,7 +104,9 @@ def not_all_evictable(gang: str, which: Sequence[Pod]) -> str:
 
 def short_of(gang: str, placeable: int, members: int, gpus: int) -> str:
     """Why no idle GPUs are freed for a waiting gang: freeing some would place only part of
-    the ``members`` waiting pods it needs placed at once."""
+    the ``members`` waiting pods it needs placed at once (all, or a PodGroup's minCount less
+    its bound pods)."""
     return (f"{placeable} of the {members} waiting pods of {gang} could be placed (freeing "
-            f"{gpus} idle GPU(s)); the scheduler places a gang whole, so gpusteward frees "
-            "GPUs for it only when all of its pods then fit: none freed")
+            f"{gpus} idle GPU(s)); the scheduler starts a gang only once the pods it needs "
+            "fit (all of them, or its PodGroup's minCount), so gpusteward frees GPUs for it "
+            "only then: none freed")
