@@ -7,6 +7,7 @@ Prometheus or the API server.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -26,6 +27,8 @@ from gpusteward.extender.replies import Reply, filter_reply, prioritize_reply
 from gpusteward.extender.view import PlacementView
 
 log = logging.getLogger("gpusteward.extender")
+# Each prioritize answer at debug (`ranking`): a logger of its own, to turn on alone.
+placement_log = logging.getLogger("gpusteward.extender.placement")
 
 JSON = "application/json"
 
@@ -279,7 +282,7 @@ def respond(view: PlacementView, answer: Answer, args: wire.ExtenderArgs) -> Rep
     watch shows where it was bound (burst correction, view.py)."""
     assert args.Pod is not None  # decode_args refuses a request without one
     uid = args.Pod.metadata.uid
-    view.settle_parked()
+    view.settle()
     view.forget(uid)
     reserved = view.exempt(uid) if uid else None
     try:
@@ -289,8 +292,30 @@ def respond(view: PlacementView, answer: Answer, args: wire.ExtenderArgs) -> Rep
             view.unexempt(reserved)
     # No uid: a probe, or a pod the scheduler never binds under that uid.
     if uid and reply.best_node is not None:
+        if placement_log.isEnabledFor(logging.DEBUG):
+            placement_log.debug("%s", ranking(view, args.Pod, reply))
         view.expect(uid, reply.best_node)
     return reply
+
+
+def ranking(view: PlacementView, pod: WirePod, reply: Reply, top: int = 5) -> str:
+    """One prioritize answer as a debug line: the best-scored nodes and what their scores
+    counted (load with young and expected pods, GPUs allocated, expected, reserved), to tell
+    why a pod went where it did. Decodes the reply: for debug logging only."""
+    entries = sorted(json.loads(reply.body), key=lambda e: -e["Score"])[:top]
+    parts = []
+    for e in entries:
+        state = view.book.states.get(e["Host"])
+        counted = "" if state is None else (
+            f" (load {'unknown' if state.util is None else f'{state.util:.2f}'},"
+            f" allocated {state.allocated}, expected {state.inflight},"
+            f" reserved {state.reserved})")
+        parts.append(f"{e['Host']}={e['Score']}{counted}")
+    # Parked: the watch has not shown the pod, so its placement counts only once it does.
+    then = ("now expected on" if pod.metadata.uid in view.fleet.pods
+            else "not watched yet, parked for")
+    return (f"ranked {pod.metadata.namespace}/{pod.metadata.name}: {', '.join(parts)};"
+            f" {then} {reply.best_node}")
 
 
 class _Refused(Exception):

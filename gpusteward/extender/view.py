@@ -33,7 +33,8 @@ from gpusteward.core.reclaim import reserve
 from gpusteward.core.scoring import Demand, class_rules
 from gpusteward.extender.scorebook import ScoreBook
 
-# Longer than any watch delay; a pod that never binds (deleted while pending) is forgotten.
+# Longer than any watch delay: an expectation neither a binding nor a deletion settled (the
+# scheduler bound the pod nowhere, and it stays pending) is forgotten.
 INFLIGHT_TTL = 30.0
 # Pods ranked before the watch delivered them, waiting to be confirmed (made-up ones never are).
 PARKED_MAX = 1024
@@ -149,8 +150,15 @@ class PlacementView:
         except ValueError:
             return False
 
-    def settle_parked(self) -> None:
-        """Parked pods the watch now shows count as expected; expired ones are dropped."""
+    def settle(self) -> None:
+        """Before an answer: parked pods the watch now shows count as expected, expired ones are
+        dropped; expectations of pods deleted or finished while pending end. (A pending pod's
+        deletion changes no node, so the fleet tells nobody; a bound one is settled by
+        _on_fleet_change.) Without that a deleted pod's GPUs stayed expected for INFLIGHT_TTL,
+        keeping the next pods off a node with room."""
+        gone = [uid for uid in self.inflight if self._vanished(uid)]
+        if gone:
+            self._refresh_nodes({self.inflight.pop(uid)[0] for uid in gone})
         if not self.parked:
             return
         horizon = self.clock() - INFLIGHT_TTL
@@ -165,6 +173,10 @@ class PlacementView:
         entry = self.inflight.pop(pod_uid, None)
         if entry is not None:
             self._refresh_nodes({entry[0]})
+
+    def _vanished(self, pod_uid: str) -> bool:
+        pod = self.fleet.pods.get(pod_uid)
+        return pod is None or pod.deleting
 
     def _bound(self, pod_uid: str) -> bool:
         pod = self.fleet.pods.get(pod_uid)

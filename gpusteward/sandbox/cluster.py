@@ -558,6 +558,8 @@ class Sandbox:
             sys.executable, "-m", "gpusteward", "extender", f"--policy={self.cfg.policy}",
             f"--listen=127.0.0.1:{port}", f"--kubeconfig={self.kubeconfig}",
             f"--prometheus-url={self.prometheus_url}", f"--shutdown-delay={shutdown_delay}",
+            # Each prioritize answer in the log (app.ranking): why a pod went where it did.
+            "--log-level=debug",
         ], lambda: http_ok(f"http://127.0.0.1:{port}/readyz"))
 
     def stop_component(self, name: str) -> None:

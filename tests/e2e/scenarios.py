@@ -73,7 +73,16 @@ def a_burst_does_not_all_land_on_the_node_that_looked_idlest(box: Sandbox,
         ns.create_pod(gpu_pod(f"burst-{i}", 1, cards="NVIDIA-H100*", cls="interactive"))
     placed = Counter(ns.node_of(f"burst-{i}") for i in range(4))
     assert set(placed) <= H100S
-    assert placed["h100-0"] < 4, placed
+    assert placed["h100-0"] < 4, f"{placed}; the extender ranked:\n{rankings(box, ns)}"
+
+
+def rankings(box: Sandbox, ns: Namespace) -> str:
+    """The extender's debug line for each prioritize answer about a pod of ``ns``: what each
+    node's score counted (the sandbox runs it at debug)."""
+    logs = box.dir / "logs"  # one extender, or replicas (extender/0.log, ...)
+    lines = [line for log in sorted([*logs.glob("extender*.log"), *logs.glob("extender/*.log")])
+             for line in log.read_text().splitlines() if f" ranked {ns.name}/" in line]
+    return "\n".join(lines) or "(nothing: no prioritize answer about these pods)"
 
 
 def spread_class_prefers_the_cooler_node(box: Sandbox, ns: Namespace) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import tracemalloc
 
 import msgspec
@@ -277,6 +278,34 @@ def test_the_watch_replaces_the_expectation_with_the_real_binding():
     fleet.upsert_pod(bound)  # the scheduler chose y after all
     assert view.inflight == {}
     assert scores(view, "second") == {"x": 10, "y": 3}  # y: (1.6 + 4) / 8 busy -> 0.3 cool
+
+
+@pytest.mark.parametrize("ends", ["deleted", "deleting"])
+def test_a_pod_deleted_while_pending_stops_counting_where_it_was_expected(ends):
+    # A pending pod's deletion changes no node, so the fleet notifies nobody: its expectation
+    # used to keep x looking busy for INFLIGHT_TTL (30 s).
+    view, fleet = coolness_only_view()
+    scores(view, "first")
+    if ends == "deleted":
+        fleet.delete_pod("first")
+    else:
+        fleet.upsert_pod(msgspec.structs.replace(pod("first", node=None, gpus=4), uid="first",
+                                                 deleting=True))
+    assert scores(view, "second") == {"x": 10, "y": 8}
+    assert set(view.inflight) == {"second"}
+
+
+def test_each_ranking_is_one_debug_line_saying_what_the_scores_counted(caplog):
+    view, _ = coolness_only_view()
+    scores(view, "first")
+    with caplog.at_level(logging.DEBUG, logger="gpusteward.extender.placement"):
+        scores(view, "second")
+        scores(view, "made-up")
+    first, second = (r.getMessage() for r in caplog.records)
+    assert first == (
+        "ranked ml/train: y=8 (load 0.20, allocated 0, expected 0, reserved 0), "
+        "x=5 (load 0.50, allocated 0, expected 4, reserved 0); now expected on y")
+    assert second.endswith("; not watched yet, parked for x")  # x=5, y=3 by then
 
 
 def test_made_up_pods_cannot_make_a_node_look_busy():
