@@ -110,12 +110,29 @@ class NvmlReader:
             problems.add(Problem.LIBRARY_MISMATCH)
         except NotSupported:
             pass
+        clients = self._mps_clients(index, handle, problems)
         sm = self._process_utilization(index, handle)
         return tuple(
-            ProcessUtil(pid=pid, sm_percent=sm.get(pid, 0.0 if pid in memory else None),
-                        used_memory_bytes=memory.get(pid))
-            for pid in sorted(memory.keys() | sm.keys())
+            ProcessUtil(pid=pid, sm_percent=_sm_percent(pid, sm, memory, clients),
+                        used_memory_bytes=memory.get(pid, clients.get(pid)),
+                        mps_client=pid in clients)
+            for pid in sorted(memory.keys() | sm.keys() | clients.keys())
         )
+
+    def _mps_clients(self, index: int, handle: Any,
+                     problems: set[Problem]) -> dict[int, int | None]:
+        """The GPU's MPS clients (pid -> memory), which NVML lists apart from its compute
+        processes (process mode MPSCompute)."""
+        try:
+            listed = call(pynvml.nvmlDeviceGetMPSComputeRunningProcesses, handle)
+        except NvmlLibraryMismatch as e:  # a driver older than the _v3 process queries
+            log.debug("gpu %d: MPS clients unavailable: %s", index, e)
+            problems.add(Problem.LIBRARY_MISMATCH)
+            return {}
+        except NotSupported:
+            return {}
+        return {int(p.pid): None if p.usedGpuMemory is None else int(p.usedGpuMemory)
+                for p in listed}
 
     def _process_utilization(self, index: int, handle: Any) -> dict[int, float]:
         since = self._last_seen_us.get(index, 0)
@@ -128,6 +145,19 @@ class NvmlReader:
         # Several samples per PID can come back; the latest one is the current reading.
         latest = {int(s.pid): s for s in sorted(samples, key=lambda s: int(s.timeStamp))}
         return {pid: float(s.smUtil) for pid, s in latest.items()}
+
+
+def _sm_percent(pid: int, sm: dict[int, float], memory: dict[int, int | None],
+                clients: dict[int, int | None]) -> float | None:
+    """A process's SM utilization: its sample; else 0 for a compute process NVML samples on
+    its own (none means it did not run); else unknown for an MPS client. A client's kernels run
+    in the MPS server's context, and whether NVML samples them under the client's PID is not
+    established (docs/agent.md, "MPS"): without a sample of its own it may be busy."""
+    if pid in sm:
+        return sm[pid]
+    if pid in clients:
+        return None
+    return 0.0 if pid in memory else None
 
 
 def _pci_bus_id(handle: Any) -> str:

@@ -7,7 +7,8 @@ families prints it. Rules:
   dcgm-exporter does. A GPU shared by several pods (time-slicing or MPS replicas, ``uuid::N``)
   carries none on its device series, because one label cannot name several pods; instead each
   pod gets a per-pod utilization record: the summed SM utilization of its processes on that GPU
-  (0 for a pod holding a replica with no process running). A process's pod is the one the API
+  (0 for a pod holding a replica with no process running; none, so unknown, for a pod with an
+  MPS client NVML has no sample of). A process's pod is the one the API
   server names for its UID, else the one its HOSTNAME names.
 * A GPU NVML could not read carries ``error``; a lost GPU (``gpu_is_lost``) reports XID 79, the
   XID the driver logs when a GPU falls off the bus, so the extender's health rules see it as is.
@@ -171,19 +172,27 @@ def _pod_of(owner: PidOwner, pods: list[PodRef]) -> PodRef | None:
 def pod_utils(
     sample: GpuSample, pods: list[PodRef], owners: Mapping[int, PidOwner]
 ) -> tuple[PodUtil, ...]:
-    """Per-pod utilization on a shared GPU; processes outside any pod are not attributed."""
+    """Per-pod utilization on a shared GPU; processes outside any pod are not attributed.
+
+    A pod with a process whose utilization is not known (an MPS client without a sample of its
+    own, adapters/nvml.py) gets no record at all: its load is unknown, never 0, since the rest
+    of its processes' sum would understate it."""
     by_uid: dict[str, float] = {}
     owner_of: dict[str, PidOwner] = {}
+    unread: set[str] = set()
     for process in sample.processes:
         owner = owners.get(process.pid)
         if owner is None:
             continue
-        by_uid[owner.pod_uid] = by_uid.get(owner.pod_uid, 0.0) + (process.sm_percent or 0.0)
         owner_of.setdefault(owner.pod_uid, owner)
+        if process.sm_percent is None:
+            unread.add(owner.pod_uid)
+            continue
+        by_uid[owner.pod_uid] = by_uid.get(owner.pod_uid, 0.0) + process.sm_percent
     running = [
         PodUtil(pod=_pod_of(owner_of[uid], pods), pod_uid=uid, util_percent=min(util, 100.0))
-        for uid, util in sorted(by_uid.items())
+        for uid, util in sorted(by_uid.items()) if uid not in unread
     ]
-    named = {u.pod for u in running}
+    named = {u.pod for u in running} | {_pod_of(owner_of[uid], pods) for uid in unread}
     quiet = [PodUtil(pod=pod, pod_uid="", util_percent=0.0) for pod in pods if pod not in named]
     return tuple(running + quiet)

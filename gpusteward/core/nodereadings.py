@@ -29,11 +29,13 @@ class Problem(StrEnum):
 
 @dataclass(frozen=True)
 class ProcessUtil:
-    """One process on one GPU: host PID, SM utilization in percent (None: no recent sample)."""
+    """One process on one GPU: host PID, SM utilization in percent (None: not known), and
+    whether it is an MPS client (NVML's MPSCompute process mode)."""
 
     pid: int
     sm_percent: float | None = None
     used_memory_bytes: int | None = None
+    mps_client: bool = False
 
 
 @dataclass(frozen=True)

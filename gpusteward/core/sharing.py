@@ -6,6 +6,9 @@ Read from what GPU Feature Discovery and the NVIDIA device plugin publish
 * time-slicing: `nvidia.com/gpu.replicas` = R and allocatable is GPUs x R, of `nvidia.com/gpu`
   or, with `renameByDefault`, of `nvidia.com/gpu.shared`; one unit is 1/R of a GPU. GFD writes
   replicas 0 on MIG-enabled GPUs and where sharing is off: both count as 1.
+* MPS (`sharing.mps`): the same replicas label and units, `nvidia.com/gpu.sharing-strategy: mps`
+  instead of `time-slicing` (`internal/lm/resource.go` writes both from the replicated resources
+  the two strategies share); one unit is 1/R of a GPU here too.
 * MIG mixed strategy: one resource per profile, `nvidia.com/mig-<profile>`; MIG single
   strategy: `nvidia.com/gpu` on a node whose product is `<card>-MIG-<profile>`. One unit is a
   GPU instance: its compute slices of the card's (a `1g.10gb` of an A100/H100's 7 is 1/7).

@@ -62,6 +62,7 @@ class FakeGpu:
     temperature: int = 35
     power_mw: int = 70_000
     processes: list[dict[str, int]] = field(default_factory=list)
+    mps_processes: list[dict[str, int]] = field(default_factory=list)  # MPS clients
     process_utilization: list[dict[str, int]] = field(default_factory=list)
     xid: int = 0
     xid_seq: int = 0

@@ -10,6 +10,7 @@
  *     "util_gpu": 87, "util_memory": 30, "memory_total": bytes, "memory_used": bytes,
  *     "temperature": 41, "power_mw": 250000,
  *     "processes": [{"pid": 4242, "used_memory": bytes}],
+ *     "mps_processes": [{"pid": 4250, "used_memory": bytes}],
  *     "process_utilization": [{"pid": 4242, "sm": 37, "mem": 11, "timestamp": us}],
  *     "xid": 48, "xid_seq": 3,
  *     "errors": {"nvmlDeviceGetUtilizationRates": "NOT_SUPPORTED", "*": "GPU_IS_LOST"}}]}
@@ -17,8 +18,10 @@
  * XID event with the value "xid", delivered once by nvmlEventSetWait_v2 to an event set the GPU
  * is registered with. Every entry point holds one lock, as NVML is thread-safe: the agent waits
  * for events in one thread while it reads the GPUs in another.
- * Build with -DFAKENVML_NO_PROCESSES_V3 to leave nvmlDeviceGetComputeRunningProcesses_v3 out, as
- * an older driver's library would.
+ * "mps_processes" are MPS clients, which NVML lists apart (nvmlDeviceGetMPSComputeRunningProcesses,
+ * process mode MPSCompute) from "processes" (the compute processes, where the MPS server shows).
+ * Build with -DFAKENVML_NO_PROCESSES_V3 to leave both _v3 process queries out, as an older
+ * driver's library would.
  */
 #include <ctype.h>
 #include <pthread.h>
@@ -70,8 +73,8 @@ struct gpu {
     char uuid[96], name[96], pci[32];
     unsigned util_gpu, util_mem, temp, power_mw;
     unsigned long long mem_total, mem_used, xid, xid_seq;
-    int nproc, nputil, nerr;
-    proc_t procs[MAXN]; putil_t putil[MAXN];
+    int nproc, nmps, nputil, nerr;
+    proc_t procs[MAXN], mps[MAXN]; putil_t putil[MAXN];
     char err_fn[MAXN][64]; int err_code[MAXN];
 };
 typedef struct { unsigned long long mask[MAXN]; } event_set_t; /* event types by GPU index */
@@ -170,6 +173,8 @@ static void parse_gpu(gpu_t *g) {
         else if (!strcmp(k, "xid_seq")) g->xid_seq = num();
         else if (!strcmp(k, "processes"))
             while (next_item()) { if (g->nproc < MAXN) parse_proc(&g->procs[g->nproc++]); else skip(); }
+        else if (!strcmp(k, "mps_processes"))
+            while (next_item()) { if (g->nmps < MAXN) parse_proc(&g->mps[g->nmps++]); else skip(); }
         else if (!strcmp(k, "process_utilization"))
             while (next_item()) { if (g->nputil < MAXN) parse_putil(&g->putil[g->nputil++]); else skip(); }
         else if (!strcmp(k, "errors"))
@@ -330,15 +335,24 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(gpu_t *g, nvmlProcessUtilizationSam
     return OK;
 }
 #ifndef FAKENVML_NO_PROCESSES_V3
+static nvmlReturn_t list_procs(const proc_t *procs, int n, unsigned int *count,
+                               nvmlProcessInfo_v2_t *infos) {
+    if (n == 0) { *count = 0; return OK; }
+    if (!infos || *count < (unsigned)n) { *count = n; return INSUFFICIENT; }
+    for (int i = 0; i < n; i++)
+        infos[i] = (nvmlProcessInfo_v2_t){procs[i].pid, procs[i].mem, 0xFFFFFFFF, 0xFFFFFFFF};
+    *count = n;
+    return OK;
+}
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(gpu_t *g, unsigned int *count,
                                                      nvmlProcessInfo_v2_t *infos) {
     GUARD("nvmlDeviceGetComputeRunningProcesses_v3");
-    if (g->nproc == 0) { *count = 0; return OK; }
-    if (!infos || *count < (unsigned)g->nproc) { *count = g->nproc; return INSUFFICIENT; }
-    for (int i = 0; i < g->nproc; i++)
-        infos[i] = (nvmlProcessInfo_v2_t){g->procs[i].pid, g->procs[i].mem, 0xFFFFFFFF, 0xFFFFFFFF};
-    *count = g->nproc;
-    return OK;
+    return list_procs(g->procs, g->nproc, count, infos);
+}
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(gpu_t *g, unsigned int *count,
+                                                        nvmlProcessInfo_v2_t *infos) {
+    GUARD("nvmlDeviceGetMPSComputeRunningProcesses_v3");
+    return list_procs(g->mps, g->nmps, count, infos);
 }
 #endif
 

@@ -103,6 +103,25 @@ def test_a_replica_holder_without_processes_reads_zero() -> None:
     assert [s.rsplit(" ", 1)[1] for s in series(text, "gpusteward_pod_gpu_util")] == ["0", "0"]
 
 
+def test_an_mps_client_without_a_sample_of_its_own_leaves_its_pod_unknown() -> None:
+    # Two pods on MPS replicas of one GPU: the trainer's client has no sample of its own (NVML
+    # may sample MPS work under the server), so it gets no series: unknown, not idle. The
+    # notebook, with no process at all, reads 0; the server (pid 5, in a pod that holds no
+    # replica) is named by its pod UID alone, as any such process is.
+    gpu = sample(processes=(ProcessUtil(5, 70.0), ProcessUtil(10, None, mps_client=True),
+                            ProcessUtil(11, 20.0, mps_client=True)))
+    held = [DeviceAssignment("GPU-0", TRAINER, "0"), DeviceAssignment("GPU-0", NOTEBOOK, "1")]
+    owners = {5: PidOwner("mps-daemon-uid", "nvidia-device-plugin-mps-control-daemon-x"),
+              10: PidOwner(UID_TRAINER, "train-0"), 11: PidOwner(UID_TRAINER, "train-0")}
+
+    text = render(collect(snapshot(gpu), NODE, held, owners))
+
+    named = [s for s in series(text, "gpusteward_pod_gpu_util") if 'pod="' in s]
+    assert [(s.split('pod="')[1].split('"')[0], s.rsplit(" ", 1)[1]) for s in named] == [
+        ("nb-1", "0")]
+    assert UID_TRAINER not in text
+
+
 def test_a_single_time_sliced_replica_keeps_the_pod_on_the_device_series() -> None:
     held = [DeviceAssignment("GPU-0", TRAINER, "3")]
 

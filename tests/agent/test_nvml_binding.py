@@ -103,6 +103,39 @@ async def test_a_library_mismatch_drops_the_process_list_and_names_the_problem(
     assert (snap.gpus[0].util_percent, snap.gpus[0].processes) == (5.0, ())
 
 
+async def test_mps_clients_are_read_apart_and_unknown_without_a_sample_of_their_own(
+    fake_nvml: FakeNvml,
+) -> None:
+    # Under MPS the server (pid 100, the device plugin's mps-control-daemon) is the compute
+    # process; the clients come from nvmlDeviceGetMPSComputeRunningProcesses (process mode
+    # MPSCompute in nvml.h). A client sampled under its own PID reads its sample; one without
+    # (no sample, or sampled under the server's) is unknown, not 0.
+    fake_nvml.write([FakeGpu(
+        A, processes=[{"pid": 100, "used_memory": GIB}],
+        mps_processes=[{"pid": 200, "used_memory": 2 * GIB}, {"pid": 201, "used_memory": GIB}],
+        process_utilization=[{"pid": 100, "sm": 60}, {"pid": 200, "sm": 30}],
+    )])
+
+    (gpu,) = (await read_once(NvmlReader())).gpus
+
+    assert gpu.processes == (ProcessUtil(100, 60.0, GIB),
+                             ProcessUtil(200, 30.0, 2 * GIB, mps_client=True),
+                             ProcessUtil(201, None, GIB, mps_client=True))
+
+
+async def test_a_library_without_the_mps_query_keeps_the_compute_processes(
+    fake_nvml: FakeNvml,
+) -> None:
+    fake_nvml.write([FakeGpu(A, processes=[{"pid": 1, "used_memory": GIB}],
+                             errors={"nvmlDeviceGetMPSComputeRunningProcesses_v3":
+                                     "FUNCTION_NOT_FOUND"})])
+
+    snap = await read_once(NvmlReader())
+
+    assert snap.problems == ("library_mismatch",)
+    assert snap.gpus[0].processes == (ProcessUtil(1, 0.0, GIB),)
+
+
 @pytest.mark.parametrize(
     ("init_error", "reason"),
     [
