@@ -265,7 +265,9 @@ async def catch_up(ext: Extender, pod: WirePod) -> None:
         return
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ext.watch_wait
-    while ext.view.unwatched(pod):
+    # Whether it waits is settled: now only whether the watch shows it (a re-list replaces the
+    # store's dict, so it is looked up each time).
+    while pod.metadata.uid not in ext.view.fleet.pods:
         if loop.time() >= deadline:
             ext.metrics.watch_waits.labels("timed_out").inc()
             return
