@@ -79,7 +79,8 @@ EVENT_REASON = {ActionKind.MARK: "GPUIdle", ActionKind.WARN: "GPUIdleWarning",
                 ActionKind.BLOCK: "GPUReclaimBlocked", ActionKind.FENCE: "GPUReclaimOwnerFenced",
                 ActionKind.FAULT: "GPUFaulty", ActionKind.RESERVE: "GPUReserved",
                 ActionKind.RELEASE: "GPUReservationReleased",
-                ActionKind.UNDEMOTE: "GPUWorkloadUndemoted", ActionKind.COOL: "GPUReclaimCooldown"}
+                ActionKind.UNDEMOTE: "GPUWorkloadUndemoted", ActionKind.COOL: "GPUReclaimCooldown",
+                ActionKind.UNBLOCK: "GPUQueueNoteCleared"}
 WARNINGS = frozenset({ActionKind.BLOCK, ActionKind.FAULT})
 BLOCKED_EVENT_REASON = "GPUReclaimBlocked"
 FENCED_EVENT_REASON = "GPUReclaimFenced"
@@ -157,7 +158,7 @@ class Actor:
                          ActionKind.CLEAR: self._clear, ActionKind.BLOCK: self._block,
                          ActionKind.FAULT: self._fault, ActionKind.RESERVE: self._reserve,
                          ActionKind.RELEASE: self._release, ActionKind.UNDEMOTE: self._undemote,
-                         ActionKind.COOL: self._cool}
+                         ActionKind.COOL: self._cool, ActionKind.UNBLOCK: self._unblock}
                 await stage[action.kind](action, fresh.version)
         except Stale as e:
             log.warning("pod=%s %s not carried out, the cluster changed since the decision: "
@@ -277,6 +278,10 @@ class Actor:
             await self._note(action, {QUEUE_BLOCKED: why})
             return
         await self._annotate(action, {RECLAIM_BLOCKED: why}, version)
+
+    async def _unblock(self, action: Action, version: str) -> None:
+        del version  # gpusteward's own note on a waiting pod: not fenced (see _reserve)
+        await self._note(action, {QUEUE_BLOCKED: None})
 
     async def _reclaim(self, action: Action, fresh: Fresh) -> None:
         """The reason first, on the pod as re-read; then the stop, fenced on the pod as that

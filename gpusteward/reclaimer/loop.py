@@ -54,7 +54,7 @@ log = logging.getLogger("gpusteward.reclaimer")
 
 # What each mode lets through to the API server.
 _STAGES = {ActionKind.MARK, ActionKind.WARN, ActionKind.CLEAR, ActionKind.BLOCK, ActionKind.FAULT,
-           ActionKind.RELEASE, ActionKind.UNDEMOTE, ActionKind.COOL}
+           ActionKind.RELEASE, ActionKind.UNDEMOTE, ActionKind.COOL, ActionKind.UNBLOCK}
 # Held back in a new leader's first cycle: its reclaims, and the reservations made for them.
 _AFTER_TAKEOVER = {ActionKind.RECLAIM, ActionKind.RESERVE}
 WRITES: dict[ReclaimMode, set[ActionKind]] = {

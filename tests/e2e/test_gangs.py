@@ -171,12 +171,18 @@ def l4s_held(box: Sandbox, ns: Namespace) -> list[str]:
     return held
 
 
+def set_util(ns: Namespace, pods: list[str], util: str) -> None:
+    for p in pods:
+        ns.api.merge_patch(ns.path("pods", p), {"metadata": {"annotations": {
+            UTIL_ANNOTATION: util}}})
+
+
 async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[str],
                              ranks: Callable[[], list[str]], gang: str) -> None:
     """A waiting gang of four L4 pods (``ranks()``; ``gang``: its name, as in its note), the
     L4s held as l4s_held leaves them: with three idle GPUs nothing is freed (it would help
-    none of the gang) and its first pod says so; once a fourth goes idle all four are freed,
-    the note goes, and the gang runs on them."""
+    none of the gang) and its first pod says so; with none idle the note goes (it no longer
+    holds); once four are idle all four are freed and the gang runs on them."""
     wait_for("the gang to be unschedulable", lambda: len(ranks()) == 4 and all(
         unschedulable(ns, r) for r in ranks()), timeout=60)
     rec = await reclaimer("enforce", box=box, policy=long_grace(box))
@@ -192,13 +198,18 @@ async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[
                           "GPU(s))"), why
     assert [m for r, m in kube.events(ns, noted) if r == "GPUReclaimBlocked"] == [
         f"GPUs not freed: {why}"]  # written once, though every cycle finds it short
-    ns.api.merge_patch(ns.path("pods", held[3]), {"metadata": {"annotations": {
-        UTIL_ANNOTATION: "0"}}})
+    # The three go busy: no idle GPU would help the gang now, so the note no longer holds.
+    set_util(ns, held[:3], "90")
+    await kube.cycle_until(rec, "the stale note taken off", lambda: QUEUE_BLOCKED not in
+                           kube.annotations(ns, noted), timeout=TIMEOUT)
+    assert [m for r, m in kube.events(ns, noted) if r == "GPUQueueNoteCleared"] == [
+        f"queue note no longer holds: {why}"]
+    set_util(ns, held[:4], "0")
     await kube.cycle_until(rec, "four idle pods freed for the gang", lambda: all(
         kube.gone(ns, p) for p in held[:4]), timeout=TIMEOUT)
     for r in ranks():
         ns.running(r, timeout=90)
-    assert QUEUE_BLOCKED not in kube.annotations(ns, noted)  # its reservation took it off
+    assert QUEUE_BLOCKED not in kube.annotations(ns, noted)  # and freeing wrote none back
     assert {ns.pod(r)["spec"]["nodeName"] for r in ranks()} <= set(L4)
     assert not any(kube.gone(ns, p) for p in held[4:])  # the busy ones stay
 

@@ -22,6 +22,7 @@ from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.gangs import gang_of
 from gpusteward.core.reclaim.model import IDLE_SINCE, QUEUE_BLOCKED, RECLAIM_BLOCKED, Owner
+from gpusteward.core.report.sections import decisions
 from tests.factories import H100
 from tests.unit.test_reclaim_decide import (
     POLICY,
@@ -206,6 +207,64 @@ def test_a_waiting_gangs_note_is_said_once_and_only_where_idle_gpus_could_help()
     busy = {h.key: idle(peak=90.0) for h in held}  # nothing idle: it waits like any pod
     p = plan(snapshot([*held, *gang], busy, nodes=[Node("n1", H100, 4)]), POLICY)
     assert [a for a in p.actions if a.kind == "block"] == []
+
+
+def noted_plan(gang: list, evidence: dict, policy=POLICY, held_idle: int = 3):
+    """n1 holds four low-priority pods (``held_idle`` of them idle); n2 exactly the gang's
+    bound pods."""
+    held = [gpu_pod(f"low-{i}", priority=10) for i in range(4)]
+    ev = {h.key: evidence.get(h.name, idle() if i < held_idle else idle(peak=90.0))
+          for i, h in enumerate(held)}
+    bound = sum(1 for m in gang if m.node)
+    return plan(snapshot([*held, *gang], ev, nodes=[Node("n1", H100, 4), Node("n2", H100, bound)]),
+                policy)
+
+
+def unblocked(p) -> list[str]:
+    return [a.pod.name for a in p.actions if a.kind == "unblock"]
+
+
+@pytest.mark.parametrize("case", ["idle-gpus-gone", "gang-placed", "another-pod-first",
+                                  "queue-turned-off"])
+def test_a_queue_note_that_no_longer_holds_goes(case):
+    # The note stayed where it was written: it must not tell a placed gang, or a gang no idle
+    # GPU would help any more, that GPUs are being held back for it.
+    gang = waiting_gang(4)
+    noted = msgspec.structs.replace(gang[0], annotations={QUEUE_BLOCKED: SHORT})
+    members, evidence, policy = [noted, *gang[1:]], {}, POLICY
+    if case == "idle-gpus-gone":
+        evidence = {f"low-{i}": idle(peak=90.0) for i in range(4)}
+    elif case == "gang-placed":
+        members = [msgspec.structs.replace(m, node="n2", phase="Running") for m in members]
+    elif case == "another-pod-first":  # big-0 left the queue; big-1 is first now
+        members = [msgspec.structs.replace(noted, node="n2", phase="Running"), *gang[1:]]
+    else:
+        policy = parse_policy({"queue": {"enabled": False}})
+    p = noted_plan(members, evidence, policy)
+    assert unblocked(p) == ["big-0"]
+    [a] = [a for a in p.actions if a.kind == "unblock"]
+    assert a.message == f"queue note no longer holds: {SHORT}"
+
+
+def test_the_report_shows_no_unblock_as_a_pods_decision():
+    # A placed gang's stale note goes, but the report's action column says what the reclaimer
+    # decides about the pod's GPUs, not that housekeeping.
+    placed = [msgspec.structs.replace(m, node="n2", phase="Running") for m in waiting_gang(4)]
+    placed[0] = msgspec.structs.replace(placed[0], annotations={QUEUE_BLOCKED: SHORT})
+    held = [gpu_pod(f"low-{i}", priority=10) for i in range(4)]
+    snap = snapshot([*held, *placed], {}, nodes=[Node("n1", H100, 4), Node("n2", H100, 4)])
+    assert unblocked(plan(snap, POLICY)) == ["big-0"]
+    assert decisions(snap, POLICY)["ml/big-0"].action != "unblock"
+
+
+def test_a_queue_note_that_holds_stays_and_a_reservation_takes_it_off_itself():
+    gang = waiting_gang(4)
+    noted = msgspec.structs.replace(gang[0], annotations={QUEUE_BLOCKED: SHORT})
+    assert unblocked(noted_plan([noted, *gang[1:]], {})) == []
+    # All four idle now: the gang is freed for and reserved; the RESERVE write clears the note.
+    p = noted_plan([noted, *gang[1:]], {}, held_idle=4)
+    assert "big-0" in [a.pod.name for a in p.actions if a.kind == "reserve"]
+    assert unblocked(p) == []
 
 
 @pytest.mark.parametrize(("min_count", "running", "freed"), [

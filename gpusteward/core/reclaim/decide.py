@@ -97,11 +97,12 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
             cools.append(cool)
     by_uid = {p.uid: p for p in snap.pods}
     teams = usage(snap.pods, policy, snap.namespace_labels)
-    reclaims, reserves = _queue_claims(snap, policy, by_uid, idle_now, teams)
+    reclaims, reserves, noted = _queue_claims(snap, policy, by_uid, idle_now, teams)
     claimed = {a.pod.uid for a in reclaims}
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)
                  if a.pod.uid not in claimed]
     blocks = [a for a in reclaims if a.kind == ActionKind.BLOCK]  # an Event only: no limit
+    unblocks = _stale_notes(snap, noted | {r.pod.uid for r in reserves})
     allowed, held = _limit([a for a in reclaims if a.kind == ActionKind.RECLAIM], snap, policy)
     released = list(reserve.releases(snap.pods, snap.now, float(policy.queue.reservation_ttl),
                                      lambda p: team(p, snap.namespace_labels)))
@@ -111,8 +112,8 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
     return Plan(tuple(verdicts),
                 # undemotions and cooldown notes first: the pod's marks a stage clears are
                 # what their re-check compares, and they write none
-                tuple(undemoted + cools + staged + blocks + _covered(reserves, allowed) + allowed +
-                      released),
+                tuple(undemoted + cools + staged + blocks + unblocks +
+                      _covered(reserves, allowed) + allowed + released),
                 tuple(held), snoozes=snoozed.changed, restores=back)
 
 
@@ -331,13 +332,15 @@ def _reclaiming(pod: Pod, owner: Owner, how: How, policy: Policy) -> str:
 
 
 def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
-                  idle_now: dict[str, bool],
-                  teams: Mapping[str, TeamUsage]) -> tuple[list[Action], list[Action]]:
+                  idle_now: dict[str, bool], teams: Mapping[str, TeamUsage]
+                  ) -> tuple[list[Action], list[Action], set[str]]:
     """Idle owners reclaimed for pending pods on the nodes (queue.py), then for Kueue Workloads
     waiting for their ClusterQueue's quota (kueue.py); and for each pending pod, the reservation
-    of what its claim frees (reserve.py; a Workload's quota is not a node's GPUs: none)."""
+    of what its claim frees (reserve.py; a Workload's quota is not a node's GPUs: none). And the
+    pods whose queue note holds this cycle (written now or before)."""
     if not policy.queue.enabled:
-        return [], []
+        return [], [], set()
+    noted: set[str] = set()
     candidates = []
     for uid, idle in idle_now.items():
         pod = by_uid[uid]
@@ -370,7 +373,10 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
             whole = queue.gang_claim(members[gang], snap.nodes, free, victims, teams, name,
                                      _need(snap, gang, members[gang], bound))
             if isinstance(whole, queue.GangShort):
-                actions += _short(pending, name, gang, whole)
+                short = _short(pending, name, gang, whole)
+                if short is not None:
+                    noted.add(pending.uid)
+                    actions += short
                 continue
             claims = list(whole.claims)
             free, victims = whole.free, whole.victims
@@ -388,7 +394,7 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                               lambda p: team(p, snap.namespace_labels)):
             actions += [_claimed(snap, policy, by_uid, v, k.pending,
                                  f"in ClusterQueue {k.cluster_queue} ") for v in k.victims]
-    return actions, reserves
+    return actions, reserves, noted
 
 
 def _need(snap: Snapshot, gang: str, waiting: list[Pod],
@@ -402,16 +408,27 @@ def _need(snap: Snapshot, gang: str, waiting: list[Pod],
     return max(0, min(len(waiting), least - len(bound.get(gang, ()))))
 
 
-def _short(first: Pod, name: str, gang: str, short: queue.GangShort) -> list[Action]:
+def _short(first: Pod, name: str, gang: str, short: queue.GangShort) -> list[Action] | None:
     """The note on a waiting gang's first pod, when idle GPUs could place part of it: why none
-    are freed (only then: a gang no idle GPU would help waits like any pod). Written once."""
+    are freed (only then: a gang no idle GPU would help waits like any pod). Written once: no
+    action where the pod says so already; None where no note holds."""
     if not short.gpus:
-        return []
+        return None
     why = gangs.short_of(gang, short.placeable, short.members, short.gpus)
     if first.annotations.get(QUEUE_BLOCKED) == why:
         return []
     return [Action(ActionKind.BLOCK, first, name, Reason.QUEUE, f"GPUs not freed: {why}",
                    how=How.BLOCK)]
+
+
+def _stale_notes(snap: Snapshot, holding: set[str]) -> list[Action]:
+    """A queue note that no longer holds goes: the gang was placed (its note stayed on the pod,
+    now bound), another of its pods is first now, idle GPUs no longer help it, queue
+    enforcement was turned off; not on a pod reserved for this cycle (the reservation takes
+    the note off itself)."""
+    return [Action(ActionKind.UNBLOCK, p, team(p, snap.namespace_labels), Reason.QUEUE,
+                   f"queue note no longer holds: {p.annotations[QUEUE_BLOCKED]}")
+            for p in snap.pods if QUEUE_BLOCKED in p.annotations and p.uid not in holding]
 
 
 def _claimed(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod], v: queue.Candidate,

@@ -48,6 +48,7 @@ class ActionKind(StrEnum):
     RELEASE = "release"  # that reservation is over: its annotation and nomination go
     UNDEMOTE = "undemote"  # a demoted Kueue Workload busy or admitted again: its boost goes
     COOL = "cool"  # its workload's reclaimCooldown: write (or remove) COOLDOWN_UNTIL
+    UNBLOCK = "unblock"  # a queue note (QUEUE_BLOCKED) no longer holds: it goes
 
 
 class Reason(StrEnum):

@@ -42,6 +42,8 @@ def decisions(snap: Snapshot, policy: Policy) -> dict[str, Decision]:
     for a in decided.actions:
         if a.kind == ActionKind.COOL:  # the cooldown note: read below, from the pod
             continue
+        if a.kind == ActionKind.UNBLOCK:  # a stale queue note goes: no decision about the pod
+            continue
         kind = f"reclaim/{a.how}" if a.kind == ActionKind.RECLAIM else a.kind
         out[a.pod.key] = Decision(_state(decided, a.pod.key), kind, a.message)
     for v in decided.verdicts:
