@@ -294,16 +294,27 @@ def respond(view: PlacementView, answer: Answer, args: wire.ExtenderArgs) -> Rep
             view.unexempt(reserved)
     # No uid: a probe, or a pod the scheduler never binds under that uid.
     if uid and reply.best_node is not None:
-        if placement_log.isEnabledFor(logging.DEBUG):
-            placement_log.debug("%s", ranking(view, args.Pod, reply))
+        ranked = ranking(view, args.Pod, reply) if placement_log.isEnabledFor(logging.DEBUG) else ""
         view.expect(uid, reply.best_node)
+        if ranked:
+            placement_log.debug("%s; %s %s", ranked, _counted_as(view, uid), reply.best_node)
     return reply
+
+
+def _counted_as(view: PlacementView, uid: str) -> str:
+    """What ``expect`` made of the answer, for its debug line."""
+    if uid in view.inflight:
+        return "now expected on"
+    if uid in view.parked:  # counts only once the watch shows the pod
+        return "not watched yet, parked for"
+    return "not counted (bound already, or every GPU expected) on"
 
 
 def ranking(view: PlacementView, pod: WirePod, reply: Reply, top: int = 5) -> str:
     """One prioritize answer as a debug line: the best-scored nodes and what their scores
     counted (load with young and expected pods, GPUs allocated, expected, reserved), to tell
-    why a pod went where it did. Decodes the reply: for debug logging only."""
+    why a pod went where it did. Decodes the reply: for debug logging only. Read before the
+    answer's own expectation, which ``_counted_as`` says after."""
     entries = sorted(json.loads(reply.body), key=lambda e: -e["Score"])[:top]
     parts = []
     for e in entries:
@@ -313,11 +324,7 @@ def ranking(view: PlacementView, pod: WirePod, reply: Reply, top: int = 5) -> st
             f" allocated {state.allocated}, expected {state.inflight},"
             f" reserved {state.reserved})")
         parts.append(f"{e['Host']}={e['Score']}{counted}")
-    # Parked: the watch has not shown the pod, so its placement counts only once it does.
-    then = ("now expected on" if pod.metadata.uid in view.fleet.pods
-            else "not watched yet, parked for")
-    return (f"ranked {pod.metadata.namespace}/{pod.metadata.name}: {', '.join(parts)};"
-            f" {then} {reply.best_node}")
+    return f"ranked {pod.metadata.namespace}/{pod.metadata.name}: {', '.join(parts)}"
 
 
 class _Refused(Exception):

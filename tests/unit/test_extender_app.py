@@ -296,16 +296,19 @@ def test_a_pod_deleted_while_pending_stops_counting_where_it_was_expected(ends):
 
 
 def test_each_ranking_is_one_debug_line_saying_what_the_scores_counted(caplog):
-    view, _ = coolness_only_view()
+    view, fleet = coolness_only_view()
     scores(view, "first")
+    fleet.upsert_pod(msgspec.structs.replace(pod("bound", node="y", gpus=4), uid="bound"))
     with caplog.at_level(logging.DEBUG, logger="gpusteward.extender.placement"):
         scores(view, "second")
         scores(view, "made-up")
-    first, second = (r.getMessage() for r in caplog.records)
+        scores(view, "bound")
+    first, second, third = (r.getMessage() for r in caplog.records)
     assert first == (
-        "ranked ml/train: y=8 (load 0.20, allocated 0, expected 0, reserved 0), "
+        "ranked ml/train: y=8 (load 0.20, allocated 4, expected 0, reserved 0), "
         "x=5 (load 0.50, allocated 0, expected 4, reserved 0); now expected on y")
     assert second.endswith("; not watched yet, parked for x")  # x=5, y=3 by then
+    assert third.endswith("; not counted (bound already, or every GPU expected) on x")
 
 
 def test_made_up_pods_cannot_make_a_node_look_busy():

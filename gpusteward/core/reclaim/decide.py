@@ -373,10 +373,12 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
             whole = queue.gang_claim(members[gang], snap.nodes, free, victims, teams, name,
                                      _need(snap, gang, members[gang], bound))
             if isinstance(whole, queue.GangShort):
-                short = _short(pending, name, gang, whole)
-                if short is not None:
+                why = _short_note(gang, whole)
+                if why is not None:
                     noted.add(pending.uid)
-                    actions += short
+                    if pending.annotations.get(QUEUE_BLOCKED) != why:  # written once
+                        actions.append(Action(ActionKind.BLOCK, pending, name, Reason.QUEUE,
+                                              f"GPUs not freed: {why}", how=How.BLOCK))
                 continue
             claims = list(whole.claims)
             free, victims = whole.free, whole.victims
@@ -408,17 +410,12 @@ def _need(snap: Snapshot, gang: str, waiting: list[Pod],
     return max(0, min(len(waiting), least - len(bound.get(gang, ()))))
 
 
-def _short(first: Pod, name: str, gang: str, short: queue.GangShort) -> list[Action] | None:
+def _short_note(gang: str, short: queue.GangShort) -> str | None:
     """The note on a waiting gang's first pod, when idle GPUs could place part of it: why none
-    are freed (only then: a gang no idle GPU would help waits like any pod). Written once: no
-    action where the pod says so already; None where no note holds."""
+    are freed. None where idle GPUs would help none of it: it waits like any pod, unnoted."""
     if not short.gpus:
         return None
-    why = gangs.short_of(gang, short.placeable, short.members, short.gpus)
-    if first.annotations.get(QUEUE_BLOCKED) == why:
-        return []
-    return [Action(ActionKind.BLOCK, first, name, Reason.QUEUE, f"GPUs not freed: {why}",
-                   how=How.BLOCK)]
+    return gangs.short_of(gang, short.placeable, short.members, short.gpus)
 
 
 def _stale_notes(snap: Snapshot, holding: set[str]) -> list[Action]:
