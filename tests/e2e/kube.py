@@ -241,13 +241,19 @@ async def left_running(rec: Reclaimer, stopped: Callable[[], bool],
     assert len(pods()) == want
 
 
+def set_util(ns: Namespace, pods: list[str], util: str) -> None:
+    """What the DCGM simulator reports for these pods' GPUs from its next scrape on."""
+    for p in pods:
+        ns.api.merge_patch(ns.path("pods", p), {"metadata": {"annotations": {
+            UTIL_ANNOTATION: util}}})
+
+
 async def partly_idle_only_marked(rec: Reclaimer, ns: Namespace, stopped: Callable[[], bool],
                                   pods: Callable[[], list[dict[str, Any]]]) -> None:
     """An idle owner one of whose pods turns busy: the others are warned, and well past the
     grace the owner is still not ``stopped()`` and keeps every pod."""
     busy, *idle = sorted(p["metadata"]["name"] for p in pods())
-    ns.api.merge_patch(ns.path("pods", busy), {"metadata": {"annotations": {
-        UTIL_ANNOTATION: "75"}}})
+    set_util(ns, [busy], "75")
     await cycle_until(rec, "the idle pods warned", lambda: all(
         RECLAIM_AT in annotations(ns, p) for p in idle))
     await cycle_for(rec, 8)  # well past the 4 s grace

@@ -29,7 +29,6 @@ from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox
 from gpusteward.sandbox.fleet import XID_LABEL
 from gpusteward.sandbox.kubehttp import wait_for
-from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 from tests.e2e.kube import (
     Namespace,
     annotations,
@@ -38,6 +37,7 @@ from tests.e2e.kube import (
     gone,
     gpu_pod,
     reasons,
+    set_util,
     wait_for_gpu_samples,
 )
 
@@ -174,8 +174,7 @@ def due_pod(name: str, **kw) -> dict:
 async def a_busy_pod_is_left_alone_and_its_marks_cleared(ns: Namespace, rec: Reclaimer,
                                                          node: str = "h100-0") -> None:
     ns.create_pod(due_pod("busy", node=node))
-    ns.api.merge_patch(ns.path("pods", "busy"), {"metadata": {"annotations": {
-        UTIL_ANNOTATION: "80"}}})
+    set_util(ns, ["busy"], "80")
     ns.running("busy")
     # A pod younger than minPodAge is protected, and protection clears marks too: wait it out,
     # so that what clears them here is the pod's activity.

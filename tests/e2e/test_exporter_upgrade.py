@@ -16,8 +16,8 @@ import urllib.request
 
 from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.telemetry import PrometheusSource
-from gpusteward.sandbox.simulator import GENERATION_LABEL, UTIL_ANNOTATION
-from tests.e2e.kube import cycle_until, gone, gpu_pod, promql
+from gpusteward.sandbox.simulator import GENERATION_LABEL
+from tests.e2e.kube import cycle_until, gone, gpu_pod, promql, set_util
 from tests.e2e.scenarios import due_pod
 from tests.e2e.test_faults import until
 
@@ -51,8 +51,7 @@ async def test_pods_straddling_the_exporter_upgrade_are_judged_on_both_names(
     window = f"{int(idle.window)}s"
     ns.create_pod(due_pod("idle-up", node="l4-1"))
     ns.create_pod(due_pod("busy-up", node="l4-1"))
-    ns.api.merge_patch(ns.path("pods", "busy-up"), {"metadata": {"annotations": {
-        UTIL_ANNOTATION: "85"}}})
+    set_util(ns, ["busy-up"], "85")
     # legacy nodes: l4-0 hot, l4-2 cool; the upgraded l4-1 in between (one GPU at 85 %)
     ns.create_pod(gpu_pod("hot-old", 2, node="l4-0", util="95"))
     ns.create_pod(gpu_pod("cool-old", 1, node="l4-2", util="5"))

@@ -29,7 +29,6 @@ from gpusteward.core.reclaim.model import IDLE_SINCE, RECLAIM_REASON, REPLICAS_B
 from gpusteward.reclaimer.actor import scaled_reason
 from gpusteward.reclaimer.loop import Reclaimer
 from gpusteward.sandbox.kubehttp import wait_for
-from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 from tests.e2e.kube import (
     annotations,
     cycle_for,
@@ -39,6 +38,7 @@ from tests.e2e.kube import (
     promql,
     reasons,
     restore,
+    set_util,
     stop_entries,
 )
 from tests.e2e.scenarios import due_pod
@@ -114,8 +114,7 @@ class HeldBeforeWrite:
 
 async def make_busy(ns, name: str, box) -> None:
     """The pod computes again; returns once Prometheus holds a busy sample of it."""
-    ns.api.merge_patch(ns.path("pods", name), {"metadata": {"annotations": {
-        UTIL_ANNOTATION: "90"}}})
+    set_util(ns, [name], "90")
     # The session sandbox stores the scrape as a ServiceMonitor with honorLabels false does:
     # the workload's labels are exported_*; with true they are plain. Either will do.
     query = " or ".join(f'DCGM_FI_DEV_GPU_UTIL{{{p}namespace="{ns.name}",{p}pod="{name}"}} >= 90'

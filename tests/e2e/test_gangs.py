@@ -35,7 +35,6 @@ from gpusteward.core.reclaim.model import (
 from gpusteward.core.typedconfig import Duration
 from gpusteward.sandbox.cluster import Sandbox
 from gpusteward.sandbox.kubehttp import wait_for
-from gpusteward.sandbox.simulator import UTIL_ANNOTATION
 from tests.e2e import kube
 from tests.e2e.kube import Namespace, gpu_pod
 from tests.support.sandbox import fresh_namespace, started
@@ -171,12 +170,6 @@ def l4s_held(box: Sandbox, ns: Namespace) -> list[str]:
     return held
 
 
-def set_util(ns: Namespace, pods: list[str], util: str) -> None:
-    for p in pods:
-        ns.api.merge_patch(ns.path("pods", p), {"metadata": {"annotations": {
-            UTIL_ANNOTATION: util}}})
-
-
 async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[str],
                              ranks: Callable[[], list[str]], gang: str) -> None:
     """A waiting gang of four L4 pods (``ranks()``; ``gang``: its name, as in its note), the
@@ -199,12 +192,12 @@ async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[
     assert [m for r, m in kube.events(ns, noted) if r == "GPUReclaimBlocked"] == [
         f"GPUs not freed: {why}"]  # written once, though every cycle finds it short
     # The three go busy: no idle GPU would help the gang now, so the note no longer holds.
-    set_util(ns, held[:3], "90")
+    kube.set_util(ns, held[:3], "90")
     await kube.cycle_until(rec, "the stale note taken off", lambda: QUEUE_BLOCKED not in
                            kube.annotations(ns, noted), timeout=TIMEOUT)
     assert [m for r, m in kube.events(ns, noted) if r == "GPUQueueNoteCleared"] == [
         f"queue note no longer holds: {why}"]
-    set_util(ns, held[:4], "0")
+    kube.set_util(ns, held[:4], "0")
     await kube.cycle_until(rec, "four idle pods freed for the gang", lambda: all(
         kube.gone(ns, p) for p in held[:4]), timeout=TIMEOUT)
     for r in ranks():
@@ -282,8 +275,7 @@ async def test_a_jobset_with_one_idle_rank_is_kept_a_wholly_idle_one_suspended_w
     for p in (*train(), *idle()):
         ns.running(p, timeout=90)
     stuck, *busy = train()
-    ns.api.merge_patch(ns.path("pods", stuck), {"metadata": {"annotations": {
-        UTIL_ANNOTATION: "0"}}})
+    kube.set_util(ns, [stuck], "0")
     kube.wait_for_gpu_samples(gang_box.prometheus_url, ns.name, [*train(), *idle()], settle=0)
     rec = await reclaimer("enforce", box=gang_box)
     # The idle JobSet is stopped through its switch, all of it; its controller deletes the pods.
