@@ -51,8 +51,23 @@ Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 def agent_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     # honor_labels: true, as our agent's ServiceMonitor sets it (the session sandbox scrapes the
     # simulator with dcgm-exporter's chart default, false): every scenario runs in both modes.
-    yield from started(tmp_path_factory, "agent-sandbox", fleet=WHOLE_GPU_FLEET,
-                       telemetry="agent", honor_labels=True)
+    for box in started(tmp_path_factory, "agent-sandbox", fleet=WHOLE_GPU_FLEET,
+                       telemetry="agent", honor_labels=True):
+        # Each agent starts on its own: until every node's GPUs are read, a node without
+        # samples scores neutral load, and a first placement can prefer an idle H100 to an
+        # A100 whose agent is not scraped yet (seen in CI).
+        wait_for("every node's telemetry in the extender", lambda box=box: _scored_everywhere(box),
+                 timeout=60)
+        yield box
+
+
+def _scored_everywhere(box: Sandbox) -> bool:
+    """The extender knows every node of the fleet and scores none of them neutral."""
+    gauges = {f.name: f.samples[0].value
+              for f in text_string_to_metric_families(_get(f"{box.extender_url}/metrics"))
+              if f.name in ("gpusteward_extender_nodes", "gpusteward_telemetry_stale_nodes")}
+    return gauges == {"gpusteward_extender_nodes": len(NODES),
+                      "gpusteward_telemetry_stale_nodes": 0}
 
 
 @pytest.fixture
