@@ -143,3 +143,41 @@ def fault_queries(health: Health, node_labels: Sequence[str], vocabulary: Vocabu
                          + f"({HEALTH_STATUS} >= {HEALTH_FAIL})",
         "row_remap_failed": keeping(labels) + f"({ROW_REMAP_FAILURE} > 0)",
     }
+
+
+# Series that are one pod's own use of a GPU it may share, each labelled ``vgpu`` (so per_pod
+# prefers them to the device's series, core.attribution) with the GPU's ``UUID`` (so they meet
+# the device series of the same GPU):
+# * the agent's per-pod readings of a shared GPU (docs/agent.md);
+# * HAMi's vGPU monitor, each container's SM utilization in percent of the whole GPU, summed
+#   over its processes (Project-HAMi/HAMi cmd/vGPUmonitor/metrics.go; pkg/monitor/nvidia/v1/
+#   spec.go). v2.9 names it ``hami_container_device_utilization_ratio`` with ``namespace``,
+#   ``pod``, ``device_uuid`` -- under a ServiceMonitor the target's ``namespace``/``pod`` win and
+#   the workload's become ``exported_*``, as dcgm-exporter's do; v2.8 and earlier (and v2.9+
+#   with ``--legacy-metrics``) name it ``Device_utilization_desc_of_container`` with
+#   ``podnamespace``, ``podname``, ``deviceuuid``, relabelled here to ``exported_*``. A pod's
+#   containers on one GPU are several series: the evidence keeps their max.
+AGENT_POD_UTIL = "gpusteward_pod_gpu_util"
+HAMI_CONTAINER_UTIL = "hami_container_device_utilization_ratio"
+HAMI_LEGACY_CONTAINER_UTIL = "Device_utilization_desc_of_container"
+HAMI_MARK, AGENT_MARK = "hami", "agent"
+
+
+def per_pod_util(body: Callable[[str], str]) -> str:
+    """``body`` over every per-pod utilization series (percent), marked and keyed as above."""
+    agent = _relabel(body(AGENT_POD_UTIL), (VIRTUAL_GPU_LABEL, AGENT_MARK, ""))
+    hami = _relabel(body(HAMI_CONTAINER_UTIL), (VIRTUAL_GPU_LABEL, HAMI_MARK, ""),
+                    ("UUID", "$1", "device_uuid"))
+    legacy = _relabel(body(HAMI_LEGACY_CONTAINER_UTIL), (VIRTUAL_GPU_LABEL, HAMI_MARK, ""),
+                      ("UUID", "$1", "deviceuuid"), ("exported_namespace", "$1", "podnamespace"),
+                      ("exported_pod", "$1", "podname"))
+    return f"({agent} or {hami} or {legacy})"
+
+
+def _relabel(expr: str, *moves: tuple[str, str, str]) -> str:
+    """``label_replace`` for each (label, replacement, source): the source's whole value, or a
+    constant where the source is ""."""
+    for label, replacement, source in moves:
+        expr = f'label_replace({expr}, "{label}", "{replacement}", "{source}", "(.+)")' \
+            if source else f'label_replace({expr}, "{label}", "{replacement}", "", "")'
+    return expr

@@ -27,9 +27,16 @@ from gpusteward.adapters.faults import gpu_faults
 from gpusteward.adapters.kube import list_raw
 from gpusteward.adapters.owners import Link, OwnerChains, link_of
 from gpusteward.adapters.promclient import PrometheusClient
-from gpusteward.adapters.promql import exact_range, gpu_labels, keeping, newest_sample, utilization
+from gpusteward.adapters.promql import (
+    exact_range,
+    gpu_labels,
+    keeping,
+    newest_sample,
+    per_pod_util,
+    utilization,
+)
 from gpusteward.adapters.unitaudit import UnitAudit
-from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
+from gpusteward.core.attribution import Attribution, is_per_pod
 from gpusteward.core.cards import TierTable
 from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.dra import DEFAULT_DRIVER
@@ -250,15 +257,6 @@ class SnapshotReader:
         return peaks, counts
 
 
-# The agent's per-pod readings of a shared GPU, marked like dcgm-exporter's per-pod copies.
-AGENT_POD_UTIL = "gpusteward_pod_gpu_util"
-
-
-def _agent(expr: str) -> str:
-    """The agent's per-pod series of shared GPUs, labelled ``vgpu="agent"``."""
-    return f'label_replace({expr}, "{VIRTUAL_GPU_LABEL}", "agent", "", "")'
-
-
 def _by_gpu(node_labels: Sequence[str]) -> str:
     return keeping(["UUID", *gpu_labels(node_labels)])
 
@@ -267,33 +265,33 @@ def newest_query(node_labels: Sequence[str], vocabulary: Vocabulary) -> str:
     """Each GPU's newest sample time (``timestamp`` inside the aggregation, so it is still each
     sample's time), over the same series and labels as the evidence queries. A series whose
     exporter stopped has no sample within Prometheus' lookback and is absent: no time at all."""
-    return _per_gpu(node_labels, vocabulary, _timestamp, None, f"timestamp({AGENT_POD_UTIL})")
+    return _per_gpu(node_labels, vocabulary, _timestamp, None)
 
 
 def evidence_queries(window: float, node_labels: Sequence[str], vocabulary: Vocabulary,
                      span: str | None = None) -> tuple[str, str]:
     """(peak utilization %, samples) per GPU and metric name over the window, keeping its UUID,
     node, index, pod and the name it came under: the same series in both, so per_pod can pair
-    them by their whole label set, and join a GPU's names. The agent's per-pod series of shared
-    GPUs come along, labelled ``vgpu="agent"``. ``span``: the range selector's text, where the
-    caller needs other than whole seconds (adapters.promql.exact_range)."""
+    them by their whole label set, and join a GPU's names. The per-pod series of shared GPUs
+    (the agent's, HAMi's: adapters.promql.per_pod_util) come along, labelled ``vgpu``.
+    ``span``: the range selector's text, where the caller needs other than whole seconds
+    (adapters.promql.exact_range)."""
     w = span or f"{int(window)}s"
-    return (_per_gpu(node_labels, vocabulary, lambda m: _checked_peak(m, w), Unit.PERCENT,
-                     _checked_peak(AGENT_POD_UTIL, w)),
-            _per_gpu(node_labels, vocabulary, lambda m: f"count_over_time({m}[{w}])", None,
-                     f"count_over_time({AGENT_POD_UTIL}[{w}])"))
+    return (_per_gpu(node_labels, vocabulary, lambda m: _checked_peak(m, w), Unit.PERCENT),
+            _per_gpu(node_labels, vocabulary, lambda m: f"count_over_time({m}[{w}])", None))
 
 
 def _per_gpu(node_labels: Sequence[str], vocabulary: Vocabulary, body: Callable[[str], str],
-             unit: Unit | None, agent: str) -> str:
-    """``body`` over each GPU's utilization and the agent's per-pod series, one series per GPU
+             unit: Unit | None) -> str:
+    """``body`` over each GPU's utilization and the per-pod series, one series per GPU
     and name. Marked only while a concept is read under several names (an exporter upgrade in
     the window): each name aggregated, then marked, which relabels the fewest series; with one
     name each the query is as it was before names were joined (marking cost 1.13x)."""
     by = _by_gpu(node_labels)
     if vocabulary.several(Concept.UTILIZATION, Concept.ENGINE_ACTIVITY):
-        return f"({utilization(vocabulary, unit, body, aggregate=by)} or {by}({_agent(agent)}))"
-    return by + f"({utilization(vocabulary, unit, body, mark=False)} or {_agent(agent)})"
+        per_pod = f"{by}({per_pod_util(body)})"
+        return f"({utilization(vocabulary, unit, body, aggregate=by)} or {per_pod})"
+    return by + f"({utilization(vocabulary, unit, body, mark=False)} or {per_pod_util(body)})"
 
 
 def _timestamp(selector: str) -> str:

@@ -21,9 +21,15 @@ agent's own pods hold none, and a GPU they are named on stays free. ``telemetry.
 forces a mode where auto-detection cannot decide: ``false`` never reads ``pod`` as a workload
 (every series carries the target's), ``true`` never reads ``exported_*``.
 
-Per-pod series (dcgm-exporter's ``--kubernetes-virtual-gpus`` copies, labelled ``vgpu``, and the
-agent's ``gpusteward_pod_gpu_util``) share their GPU's (node, GPU) key with the device series:
-node load is read from the device series alone, a pod's own use from its per-pod series.
+Per-pod series (dcgm-exporter's ``--kubernetes-virtual-gpus`` copies, labelled ``vgpu``, the
+agent's ``gpusteward_pod_gpu_util`` and HAMi's per-container utilization) share their GPU's
+(node, GPU) key with the device series: node load is read from the device series alone, a pod's
+own use from its per-pod series.
+
+A GPU HAMi slices (core/hami.py) is named by no exporter's pod mapping (its kubelet device ids
+are ``<UUID>-<n>``), so its device series is attributed by UUID from the pods' HAMi
+annotations -- but only to a pod alone on it: with several, the device's reading is their sum
+and none of them alone, and a pod there with no series of its own is unknown.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Literal
 
 import msgspec
 
+from gpusteward.core.hami import slices
 from gpusteward.core.model import GpuReading, Pod
 
 HonorLabels = Literal["auto", "true", "false"]
@@ -123,17 +130,20 @@ class Attribution:
     # GPU UUID -> pod key, for GPUs allocated through DRA claims (core/dra.py): an exporter
     # that does not map DRA pods labels their GPUs with no pod, but always with ``UUID``.
     by_uuid: Mapping[str, str] = field(default_factory=dict)
+    # UUIDs of GPUs several pods hold HAMi slices of: their device series are nobody's.
+    shared: Collection[str] = frozenset()
 
     @classmethod
     def of(cls, node_labels: Sequence[str], honor: bool | str, nodes: Iterable[str],
            pods: Iterable[Pod], pod_nodes: Mapping[str, str] | None = None,
            by_uuid: Mapping[str, str] | None = None) -> Attribution:
         holders: dict[str, set[str]] = {}
-        for p in pods:
-            if p.node and p.gpus > 0:
-                holders.setdefault(p.node, set()).add(p.key)
+        bound = [p for p in pods if p.node and p.gpus > 0]
+        for p in bound:
+            holders.setdefault(p.node or "", set()).add(p.key)
+        sole, shared = slice_holders(bound)
         return cls(tuple(node_labels), honor_mode(honor), frozenset(nodes), holders,
-                   dict(pod_nodes or {}), dict(by_uuid or {}))
+                   dict(pod_nodes or {}), {**sole, **(by_uuid or {})}, shared)
 
     def node(self, labels: Mapping[str, str]) -> str | None:
         return node_of(labels, self.node_labels, self.known_nodes, self.pod_nodes)
@@ -141,5 +151,17 @@ class Attribution:
     def pod(self, labels: Mapping[str, str], node: str | None = None) -> str | None:
         """The verified holder of a series' GPU, or None (a free GPU, or the exporter's pod)."""
         node = node if node is not None else self.node(labels)
+        if self.shared and not is_per_pod(labels) and labels.get("UUID") in self.shared:
+            return None
         return (holder(claimed_pod(labels, self.honor), node or "", self.holders)
                 or holder(self.by_uuid.get(labels.get("UUID", "")), node or "", self.holders))
+
+
+def slice_holders(pods: Iterable[Pod]) -> tuple[dict[str, str], frozenset[str]]:
+    """HAMi-sliced GPUs by UUID: the pod alone on each, and those several pods share."""
+    on: dict[str, set[str]] = {}
+    for p in pods:
+        for s in slices(p.annotations):
+            on.setdefault(s.uuid, set()).add(p.key)
+    return ({uuid: next(iter(keys)) for uuid, keys in on.items() if len(keys) == 1},
+            frozenset(uuid for uuid, keys in on.items() if len(keys) > 1))

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
+from gpusteward.core import hami
 from gpusteward.core.cards import PRODUCT_LABEL
 from gpusteward.core.model import Node, NodeCondition, OwnerRef, Pod, Taint, Toleration
 from gpusteward.core.times import parse_time
@@ -214,10 +215,12 @@ def _allocatable(amounts: dict[str, str | int | float] | None,
 
 def to_node(w: WireNode, names: Sequence[str]) -> Node:
     labels = w.metadata.labels or {}
+    annotations = w.metadata.annotations or {}
     resources = _allocatable(w.status.allocatable, names)
+    vgpus = hami.node_devices(annotations.get(hami.NODE_REGISTER))
     return Node(
         name=w.metadata.name,
-        product=labels.get(PRODUCT_LABEL),
+        product=labels.get(PRODUCT_LABEL) or hami.product(vgpus),
         gpus=sum(resources.values()),
         labels=labels,
         taints=tuple(w.spec.taints or ()),
@@ -226,7 +229,8 @@ def to_node(w: WireNode, names: Sequence[str]) -> Node:
         capacity=_allocatable(w.status.capacity, names),
         conditions=tuple(NodeCondition(c.type, c.status, c.reason or "", c.message or "")
                          for c in w.status.conditions or ()),
-        annotation_keys=frozenset(w.metadata.annotations or ()),
+        annotation_keys=frozenset(annotations),
+        vgpus=vgpus,
     )
 
 

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 import msgspec
 
+from gpusteward.core.hami import VgpuDevice
+
 TEAM_LABEL = "gpusteward.io/team"
 CLASS_KEY = "gpusteward.io/class"
 # On a pending pod: the GPUs a queue reclaim freed for it, as JSON (core/reclaim/reserve.py);
@@ -79,6 +81,8 @@ class Node(msgspec.Struct, frozen=True):
     annotation_keys: frozenset[str] = frozenset()
     # Its DRA devices that count in `gpus` but take no new claim (core/drafleet.py).
     withheld: tuple[WithheldDevice, ...] = ()
+    # Its GPUs as HAMi registers them, where HAMi splits them into vGPUs (core/hami.py).
+    vgpus: tuple[VgpuDevice, ...] = ()
 
 
 class OwnerRef(msgspec.Struct, frozen=True):

@@ -1,4 +1,5 @@
-"""What the GPU resources of a node or a pod stand for in physical GPUs (time-slicing, MIG).
+"""What the GPU resources of a node or a pod stand for in physical GPUs (time-slicing, MPS, MIG,
+HAMi): the one home of a pod's share, which the fleet view, quotas, the queue and the report use.
 
 Read from what GPU Feature Discovery and the NVIDIA device plugin publish
 (k8s-device-plugin `internal/lm/resource.go`, `internal/lm/mig-strategy.go`):
@@ -9,6 +10,9 @@ Read from what GPU Feature Discovery and the NVIDIA device plugin publish
 * MPS (`sharing.mps`): the same replicas label and units, `nvidia.com/gpu.sharing-strategy: mps`
   instead of `time-slicing` (`internal/lm/resource.go` writes both from the replicated resources
   the two strategies share); one unit is 1/R of a GPU here too.
+* HAMi: allocatable is GPUs x ``deviceSplitCount`` (its node annotation says per device), so a
+  unit is 1/split of a GPU for the node's count; but a HAMi pod holds the share its slice gives
+  (core/hami.py: cores, else memory, else the whole GPU), not 1/split per vGPU.
 * MIG mixed strategy: one resource per profile, `nvidia.com/mig-<profile>`; MIG single
   strategy: `nvidia.com/gpu` on a node whose product is `<card>-MIG-<profile>`. One unit is a
   GPU instance: its compute slices of the card's (a `1g.10gb` of an A100/H100's 7 is 1/7).
@@ -22,8 +26,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from gpusteward.core import hami
 from gpusteward.core.cards import mig_profile, physical_card
-from gpusteward.core.model import Node
+from gpusteward.core.model import Node, Pod
 
 REPLICAS_LABEL = "nvidia.com/gpu.replicas"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -35,8 +40,11 @@ _SLICES = re.compile(r"(?:(\d+)c\.)?(\d+)g\.")  # `1g.10gb`, `1c.2g.20gb` (a com
 
 
 def replicas(node: Node | None) -> int:
+    """Units of allocatable per physical GPU: GFD's replicas, or HAMi's split."""
     if node is None:
         return 1
+    if node.vgpus:
+        return hami.split(node.vgpus)
     try:
         return max(1, int(node.labels.get(REPLICAS_LABEL, "1")))
     except ValueError:
@@ -77,3 +85,23 @@ def physical(resources: Mapping[str, int], total: int, node: Node | None) -> flo
 
 def node_physical_gpus(node: Node) -> float:
     return physical(node.resources, node.gpus, node)
+
+
+def pod_share(pod: Pod, node: Node | None) -> float:
+    """Physical GPUs the pod holds: its HAMi slices' shares where HAMi placed it, else its
+    request in the node's units."""
+    placed = hami.slices(pod.annotations)
+    if placed:
+        devices = {d.id: d for d in node.vgpus} if node else {}
+        return sum(hami.share(s, devices.get(s.uuid)) for s in placed)
+    return physical(pod.resources, pod.gpus, node)
+
+
+def devices_held(pod: Pod, node: Node | None) -> int:
+    """How many physical GPUs the pod's request spans, i.e. how many device series it can have:
+    one per HAMi slice (each on its own GPU), one per GPU otherwise, one where the node shares
+    each GPU among replicas (they may all be on one)."""
+    placed = hami.slices(pod.annotations)
+    if placed:
+        return len({s.uuid for s in placed})
+    return pod.gpus if replicas(node) == 1 else 1

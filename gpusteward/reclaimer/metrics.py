@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gpusteward.adapters import buildinfo
 from gpusteward.core.reclaim.model import RECLAIM_AT, Plan, Snapshot, VerdictState
 from gpusteward.core.reclaim.quota import team
-from gpusteward.core.sharing import physical
+from gpusteward.core.sharing import pod_share
 
 
 class ReclaimerMetrics:
@@ -96,7 +96,7 @@ class ReclaimerMetrics:
         for v in plan.verdicts:
             pod = by_key[v.pod]
             card = cards.get(pod.node or "", "unknown")
-            held = physical(pod.resources, pod.gpus, snap.nodes.get(pod.node or ""))
+            held = pod_share(pod, snap.nodes.get(pod.node or ""))
             gpus[(v.team, card, "allocated")] = gpus.get((v.team, card, "allocated"), 0.0) + held
             if v.state in (VerdictState.IDLE, VerdictState.UNKNOWN, VerdictState.FAULTY):
                 gpus[(v.team, card, v.state)] = gpus.get((v.team, card, v.state), 0.0) + held

@@ -11,9 +11,9 @@ from typing import Any
 
 from gpusteward.adapters.errors import TelemetryUnavailable
 from gpusteward.adapters.promclient import PrometheusClient
-from gpusteward.adapters.promql import utilization
-from gpusteward.adapters.snapshot import AGENT_POD_UTIL, SnapshotReader
-from gpusteward.core.attribution import VIRTUAL_GPU_LABEL, Attribution, is_per_pod
+from gpusteward.adapters.promql import per_pod_util, utilization
+from gpusteward.adapters.snapshot import SnapshotReader
+from gpusteward.core.attribution import Attribution, is_per_pod
 from gpusteward.core.dcgm import gpu_id
 from gpusteward.core.policy import Policy
 from gpusteward.core.report.model import ReportInput, Series, Window
@@ -28,10 +28,12 @@ def utilization_query(step: float, scrape_interval: float,
     """Peak utilization % per slot, under any of its names (a GPU's names joined by
     ``series``): the lookback spans two scrapes, so no slot falls between them."""
     look = f"{int(max(step, 2 * scrape_interval))}s"
-    return (utilization(vocabulary or Vocabulary(), Unit.PERCENT,
-                        lambda m: f"max_over_time({m}[{look}])") + " or "
-            f'label_replace(max_over_time({AGENT_POD_UTIL}[{look}]), '
-            f'"{VIRTUAL_GPU_LABEL}", "agent", "", "")')
+
+    def peak(metric: str) -> str:
+        return f"max_over_time({metric}[{look}])"
+
+    return (utilization(vocabulary or Vocabulary(), Unit.PERCENT, peak) + " or "
+            + per_pod_util(peak))
 
 
 def chunks(window: Window) -> list[tuple[float, float]]:

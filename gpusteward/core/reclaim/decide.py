@@ -67,11 +67,11 @@ _HOWS = {str(h): h for h in How}  # the policy's ownerActions words
 def plan(snap: Snapshot, policy: Policy) -> Plan:
     # Restores give GPUs back within quota: telemetry has no say in them.
     back = tuple(selfservice.restores(snap.restore_asks, snap.pods, policy,
-                                      snap.namespace_labels))
+                                      snap.namespace_labels, snap.nodes))
     if not snap.telemetry_ok:
         return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}",
                     restores=back)
-    over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers)
+    over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers, snap.nodes)
     cooled = last_reclaims(snap.recent_actions)
     snoozed = _snoozes(snap, policy, cooled)
     verdicts: list[Verdict] = []
@@ -96,7 +96,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
         if cool is not None:
             cools.append(cool)
     by_uid = {p.uid: p for p in snap.pods}
-    teams = usage(snap.pods, policy, snap.namespace_labels)
+    teams = usage(snap.pods, policy, snap.namespace_labels, snap.nodes)
     reclaims, reserves, noted = _queue_claims(snap, policy, by_uid, idle_now, teams)
     claimed = {a.pod.uid for a in reclaims}
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from gpusteward.core.kubewire import Meta, PodSpec, pod_request
-from gpusteward.core.model import TEAM_LABEL, Pod
+from gpusteward.core.model import TEAM_LABEL, Node, Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, RESTORE, RestoreAsk
 from gpusteward.core.reclaim.quota import team as team_of
@@ -20,12 +20,13 @@ from gpusteward.core.reclaim.quota import usage
 
 
 def restores(asks: Iterable[RestoreAsk], pods: Iterable[Pod], policy: Policy,
-             namespace_labels: Mapping[str, Mapping[str, str]]) -> list[tuple[RestoreAsk, str]]:
+             namespace_labels: Mapping[str, Mapping[str, str]],
+             nodes: Mapping[str, Node]) -> list[tuple[RestoreAsk, str]]:
     """(request, "" or why refused), in name order. Pending pods count against the quota too
     (a workload restored last cycle may still wait for its node), and so does each restore
-    granted before the next."""
+    granted before the next. A pending pod holds no share yet: it counts its request whole."""
     pods = list(pods)
-    teams = usage(pods, policy, namespace_labels)
+    teams = usage(pods, policy, namespace_labels, nodes)
     for p in pods:
         if p.node is None and not p.deleting and team_of(p, namespace_labels) in teams:
             teams[team_of(p, namespace_labels)].used += p.gpus
@@ -34,7 +35,7 @@ def restores(asks: Iterable[RestoreAsk], pods: Iterable[Pod], policy: Policy,
         team = teams.get(ask.team)
         if team is not None and team.quota is not None and not team.under_after(ask.gpus):
             out.append((ask, (
-                f"not restored: team {ask.team} holds {team.used} of its {team.quota} GPUs and "
+                f"not restored: team {ask.team} holds {team.used:g} of its {team.quota} GPUs and "
                 f"{ask.kind} {ask.name} needs {ask.gpus} more; set {RESTORE}=true again once "
                 "the team has room")))
             continue

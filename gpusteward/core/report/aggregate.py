@@ -32,7 +32,7 @@ from gpusteward.core.report.model import (
     Window,
 )
 from gpusteward.core.report.sections import queue, queue_groups, quotas, top_idle
-from gpusteward.core.sharing import node_physical_gpus, physical
+from gpusteward.core.sharing import node_physical_gpus, physical, pod_share
 
 KEYS: Mapping[str, Callable[[PodUsage], str]] = {
     "team": lambda u: u.team,
@@ -77,7 +77,7 @@ def faulty_spare(inp: ReportInput, policy: Policy) -> dict[str, Spare]:
     held: dict[str, float] = defaultdict(float)
     for p in snap.pods:
         if p.node is not None:
-            held[p.node] += physical(p.resources, p.gpus, snap.nodes.get(p.node))
+            held[p.node] += pod_share(p, snap.nodes.get(p.node))
     out = {}
     for node in snap.nodes.values():
         faults = node_faults(node, policy.health)

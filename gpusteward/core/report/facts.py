@@ -14,7 +14,7 @@ from gpusteward.core.reclaim.quota import team
 from gpusteward.core.reclaim.rules import rule_for
 from gpusteward.core.report.model import PodUsage, ReportInput, Series
 from gpusteward.core.report.usage import PodFacts, pod_usage
-from gpusteward.core.sharing import node_physical_gpus, physical, replicas
+from gpusteward.core.sharing import devices_held, node_physical_gpus, pod_share
 
 UNKNOWN_CARD = "unknown"
 
@@ -52,15 +52,14 @@ def pod_usages(inp: ReportInput, policy: Policy) -> list[PodUsage]:
 
 def _present(pod: Pod, snap: Snapshot, policy: Policy, prices: Prices) -> PodFacts:
     node = snap.nodes.get(pod.node or "")
-    shares = replicas(node)
     rule = rule_for(pod, policy)
     owner = owner_of(pod, snap)
     return PodFacts(
         namespace=pod.namespace, name=pod.name, team=team(pod, snap.namespace_labels),
         card=(node.product if node else None) or UNKNOWN_CARD, node=pod.node or "",
         cls=class_of(pod.labels, pod.annotations, policy.default_class),
-        owner=f"{owner.kind}/{owner.name}", gpus=physical(pod.resources, pod.gpus, node),
-        expected_series=pod.gpus if shares == 1 else 1,
+        owner=f"{owner.kind}/{owner.name}", gpus=pod_share(pod, node),
+        expected_series=devices_held(pod, node),
         start=pod.bound_at or pod.created_at, threshold=rule.threshold_percent,
         min_coverage=rule.min_coverage, price=prices.of(node.product if node else None),
         fault=str(snap.faults.get(pod.key, "")))
