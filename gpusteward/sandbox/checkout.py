@@ -20,6 +20,7 @@ NEEDED = (
     "sandbox/fakenvml/fakenvml.c",
     "sandbox/policy.yaml",
     "deploy/scheduler/kube-scheduler-config.yaml",
+    "deploy/scheduler/hami-scheduler-config.yaml",
 )
 
 

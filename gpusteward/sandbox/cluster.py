@@ -37,6 +37,7 @@ from gpusteward.sandbox.controllers import STARTERS, prometheus_binaries, with_n
 from gpusteward.sandbox.fakenvml import CONFIG_ENV, build_fakenvml
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, Pool, node_objects
 from gpusteward.sandbox.gpuhosts import config_path, socket_path
+from gpusteward.sandbox.hamimon import HAMI_MONITOR
 from gpusteward.sandbox.ksm import scrape_job as ksm_scrape_job
 from gpusteward.sandbox.kubehttp import KubeHTTP, http_ok, node_ready, wait_for
 from gpusteward.sandbox.podresources import check_socket_path
@@ -50,9 +51,16 @@ from gpusteward.sandbox.realnode import (
     start_node,
     teardown,
 )
-from gpusteward.sandbox.scrape import AGENT, DCGM_EXPORTER, scrape_config, simulator_path
+from gpusteward.sandbox.scrape import (
+    AGENT,
+    DCGM_EXPORTER,
+    hami_monitor_path,
+    scrape_config,
+    simulator_path,
+)
 
 SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "kube-scheduler-config.yaml"
+HAMI_SCHEDULER_CONFIG = REPO / "deploy" / "scheduler" / "hami-scheduler-config.yaml"
 SANDBOX_POLICY = REPO / "sandbox" / "policy.yaml"
 OPEN_PATHS = "/healthz,/readyz,/livez,/metrics"  # loopback only: no auth on health and metrics
 # The Workload API's gates (SandboxConfig.workload_api): GangScheduling needs GenericWorkload.
@@ -185,6 +193,20 @@ class Sandbox:
         address = f"127.0.0.1:{self.ports['simulator']}"
         return scrape_config(DCGM_EXPORTER, {n: (address, simulator_path(n))
                                              for n in self.gpu_nodes()}, self.cfg.honor_labels)
+
+    def hami_scrape(self) -> list[dict[str, Any]]:
+        """HAMi's vGPU monitors on the HAMi nodes, if any, with the ``node`` target label a
+        ServiceMonitor relabeling of ``__meta_kubernetes_pod_node_name`` adds (docs/install.md,
+        "HAMi"): no monitor pod runs here for its name to say where it is."""
+        nodes = [n for pool in self.cfg.fleet.pools if pool.hami for n in pool.node_names()]
+        if not nodes:
+            return []
+        address = f"127.0.0.1:{self.ports['simulator']}"
+        job = scrape_config(HAMI_MONITOR, {n: (address, hami_monitor_path(n)) for n in nodes},
+                            self.cfg.honor_labels)
+        for target, node in zip(job["static_configs"], sorted(nodes), strict=True):
+            target["labels"]["node"] = node
+        return [job]
 
     def api(self) -> KubeHTTP:
         return KubeHTTP(self.api_url, self.token)
@@ -488,7 +510,7 @@ class Sandbox:
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": self.cfg.scrape_interval,
                        "evaluation_interval": self.cfg.scrape_interval},
-            "scrape_configs": [self.telemetry_scrape(),
+            "scrape_configs": [self.telemetry_scrape(), *self.hami_scrape(),
                                ksm_scrape_job(f"127.0.0.1:{self.ports['ksm']}"),
                                *self.scrapes],
         }))
@@ -600,6 +622,39 @@ class Sandbox:
             f"--secure-port={port}", f"--authorization-always-allow-paths={OPEN_PATHS}", "-v=1",
             *([f"--feature-gates={gates}"] if gates else [])),
             lambda: http_ok(f"https://127.0.0.1:{port}/readyz"))
+
+    def hami_scheduler_config(self, hami_url: str) -> dict[str, Any]:
+        """deploy/scheduler/hami-scheduler-config.yaml, pointed at this sandbox."""
+        config = yaml.safe_load(HAMI_SCHEDULER_CONFIG.read_text())
+        config["clientConnection"] = {"kubeconfig": str(self.kubeconfig)}
+        config["leaderElection"] = {"leaderElect": False}
+        ours, theirs = config["extenders"]
+        ours["urlPrefix"] = self.extender_url
+        theirs.update(urlPrefix=hami_url, enableHTTPS=False)
+        theirs.pop("tlsConfig")
+        return config
+
+    def start_hami_scheduler(self) -> None:
+        """HAMi's scheduler as its chart runs it: a kube-scheduler of its own (profile
+        ``hami-scheduler``) calling gpusteward's extender, then HAMi's (here the stand-in,
+        gpusteward.sandbox.hamisched)."""
+        for name in ("hami-extender", "hami-scheduler"):
+            self.ports.setdefault(name, free_port())
+        url = f"http://127.0.0.1:{self.ports['hami-extender']}"
+        self._run("hami-extender", [sys.executable, "-m", "gpusteward.sandbox.hamisched",
+                                    f"--server={self.api_url}", f"--listen={url[7:]}"],
+                  lambda: http_ok(f"{url}/healthz"), env={"TOKEN": self.token})
+        path = self.dir / "hami-scheduler.yaml"
+        path.write_text(yaml.safe_dump(self.hami_scheduler_config(url)))
+        port = self.ports["hami-scheduler"]
+        self._run("hami-scheduler", self._k8s(
+            "scheduler", f"--config={path}", "--bind-address=127.0.0.1",
+            f"--secure-port={port}", f"--authorization-always-allow-paths={OPEN_PATHS}", "-v=1"),
+            lambda: http_ok(f"https://127.0.0.1:{port}/readyz"))
+
+    def stop_hami_scheduler(self) -> None:
+        for name in ("hami-scheduler", "hami-extender"):
+            self.stop_component(name)
 
     def start_protocol_floor(self) -> str:
         """Start the no-op Go extender (sandbox/go/cmd/noopextender); return its URL."""

@@ -19,23 +19,34 @@
       - name: h100-dra                 # Dynamic Resource Allocation: no GPU allocatable and no
         product: NVIDIA-H100-80GB-HBM3 # GFD labels; the GPUs are published as a ResourceSlice
         dra: true                      # of NVIDIA's DRA driver (gpusteward.sandbox.dra)
+      - name: l4-mps                   # the device plugin's sharing.mps: time-slicing's labels
+        product: NVIDIA-L4             # and units, sharing-strategy mps
+        replicas: 4
+        sharing: mps
+      - name: h100-hami                # HAMi: no GFD labels, allocatable nvidia.com/gpu = 2 x 4,
+        product: NVIDIA-H100-80GB-HBM3 # the GPUs in the hami.io/node-nvidia-register annotation
+        gpus: 2                        # (gpusteward.sandbox.hami)
+        hami: {split: 4}
 
 Labels are GFD's (k8s-device-plugin `internal/lm/resource.go`, `mig-strategy.go`): the shared
 pool's product gets `-SHARED` and its replicas label; the MIG pool keeps the parent card's
 product, `nvidia.com/gpu.replicas: 0` (GFD labels MIG-enabled GPUs without sharing),
 `nvidia.com/mig.strategy: mixed` and per profile `nvidia.com/mig-<profile>.{count,product,
-memory,replicas,slices.gi,slices.ci}`.
+memory,replicas,slices.gi,slices.ci}`. An MPS pool's labels are the time-sliced pool's with
+`nvidia.com/gpu.sharing-strategy: mps` (`internal/lm/resource.go`; its test fixture
+`{gpu.replicas: "2", gpu.sharing-strategy: mps, gpu.product: MOCKMODEL-SHARED}`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
 
 from gpusteward.core.typedconfig import decode
+from gpusteward.sandbox.hami import register_annotation
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 # Sandbox knobs on Nodes: every GPU of the node reports this XID / temperature.
@@ -67,6 +78,10 @@ class MigSpec(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen
     per_gpu: Annotated[int, msgspec.Meta(ge=1, le=7)] = 7
 
 
+class HamiSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    split: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10  # HAMi's deviceSplitCount
+
+
 class Pool(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True):
     name: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
     product: str
@@ -75,9 +90,11 @@ class Pool(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=Tr
     memory_mi_b: Annotated[int, msgspec.Meta(ge=0)] = 81559
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     taints: list[TaintSpec] = msgspec.field(default_factory=list)
-    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1  # time-slicing replicas per GPU
+    replicas: Annotated[int, msgspec.Meta(ge=1)] = 1  # time-slicing (or MPS) replicas per GPU
+    sharing: Literal["time-slicing", "mps"] = "time-slicing"  # the device plugin's strategy
     mig: MigSpec | None = None  # every GPU partitioned alike (mixed strategy)
     dra: bool = False  # GPUs served by NVIDIA's DRA driver instead of the device plugin
+    hami: HamiSpec | None = None  # GPUs split by HAMi's device plugin (sandbox/hami.py)
 
     def node_names(self) -> list[str]:
         return [f"{self.name}-{i}" for i in range(self.count)]
@@ -132,7 +149,7 @@ def _sharing(pool: Pool) -> tuple[dict[str, str], dict[str, str]]:
     if pool.replicas > 1:
         labels = {"nvidia.com/gpu.product": f"{pool.product}-SHARED",
                   "nvidia.com/gpu.replicas": str(pool.replicas),
-                  "nvidia.com/gpu.sharing-strategy": "time-slicing"}
+                  "nvidia.com/gpu.sharing-strategy": pool.sharing}
         return labels, {"nvidia.com/gpu": str(pool.gpus * pool.replicas)}
     return {"nvidia.com/gpu.replicas": "1"}, {"nvidia.com/gpu": str(pool.gpus)}
 
@@ -145,12 +162,15 @@ def node_object(pool: Pool, name: str) -> dict[str, Any]:
         "type": "kwok", "gpusteward.io/pool": pool.name,
     }
     resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    if not pool.dra:
+    annotations = {KWOK_ANNOTATION: "fake"}
+    if pool.hami is not None:
+        labels, resources, annotations = _hami(pool, name, labels, resources, annotations)
+    elif not pool.dra:
         labels, resources = _device_plugin(pool, labels, resources)
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": labels | pool.labels,
-                     "annotations": {KWOK_ANNOTATION: "fake"}},
+                     "annotations": annotations},
         "spec": {"taints": [msgspec.to_builtins(t) for t in pool.taints]},
         "status": {"capacity": resources, "allocatable": resources, "phase": "Running"},
     }
@@ -169,6 +189,18 @@ def _device_plugin(pool: Pool, labels: dict[str, str],
     }
     sharing, gpus = _sharing(pool)
     return labels | sharing, resources | gpus
+
+
+def _hami(pool: Pool, name: str, labels: dict[str, str], resources: dict[str, str],
+          annotations: dict[str, str]
+          ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """HAMi's device plugin without GPU Operator: its node selector label ``gpu: on``, its
+    register annotation, allocatable GPUs x split; no GFD labels."""
+    assert pool.hami is not None
+    split = pool.hami.split
+    return (labels | {"gpu": "on"}, resources | {"nvidia.com/gpu": str(pool.gpus * split)},
+            annotations | register_annotation(name, pool.gpus, split, pool.product,
+                                              pool.memory_mi_b))
 
 
 def node_objects(fleet: Fleet) -> list[dict[str, Any]]:

@@ -74,3 +74,11 @@ def render_history(frames: Iterable[tuple[float, Iterable[ContainerSlice]]], *,
     for text, samples in by_series.items():
         lines += [f"{name}{{{text}}} {sample}" for sample in samples]
     return "\n".join(lines) + "\n# EOF\n"
+
+
+def render_exposition(slices: Iterable[ContainerSlice], legacy: bool = False) -> str:
+    """The monitor's ``/metrics`` (Prometheus text format) for these containers' slices."""
+    name, help_text = family(legacy)
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    lines += [f"{name}{{{_text(s.labels(legacy))}}} {s.util_percent:g}" for s in slices]
+    return "\n".join(lines) + "\n"

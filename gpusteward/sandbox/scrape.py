@@ -48,6 +48,11 @@ def simulator_path(node: str) -> str:
     return f"/nodes/{node}/metrics"
 
 
+def hami_monitor_path(node: str) -> str:
+    """The simulator's endpoint for one HAMi node's vGPU monitor."""
+    return f"/nodes/{node}/hami/metrics"
+
+
 def scrape_config(exporter: Exporter, targets: dict[str, tuple[str, str]],
                   honor_labels: bool) -> dict[str, Any]:
     """One job over ``targets`` (node -> (host:port, metrics path))."""

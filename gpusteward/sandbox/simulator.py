@@ -35,6 +35,14 @@ A node labelled ``sandbox.gpusteward.io/exporter: down`` has an exporter that an
 ``/nodes/<node>/metrics`` (a crashed or hung dcgm-exporter pod): its scrape fails and Prometheus
 marks its series stale, while every other node keeps answering.
 
+A HAMi node (its ``hami.io/node-nvidia-register`` annotation, gpusteward.sandbox.hami) reports
+each registered GPU with the sum of the pods HAMi placed on it (its pods' ``hami.io/vgpu-
+devices-allocated``) and no pod labels: dcgm-exporter cannot map HAMi's ``<UUID>-<n>`` device
+ids. Its vGPU monitor is ``/nodes/<node>/hami/metrics``: each pod's slice with the pod's use
+(gpusteward.sandbox.hamimon), HAMi 2.9's names, or the legacy ones where the node is labelled
+``sandbox.gpusteward.io/hami-metrics: legacy``; a pod annotated
+``sandbox.gpusteward.io/hami-monitor: "off"`` has no series (no CUDA context yet).
+
 A DRA pod's GPUs are the devices its claims were allocated, and carry its pod labels as
 dcgm-exporter's DRA mapping adds them; on a node labelled
 ``sandbox.gpusteward.io/exporter-dra-mapping: "off"`` they carry only their UUID.
@@ -60,12 +68,14 @@ from aiohttp import web
 from gpusteward.adapters.addresses import parse_hostport
 from gpusteward.adapters.dra import start as start_dra_watches
 from gpusteward.adapters.kube import Watcher, connect
+from gpusteward.core import hami
 from gpusteward.core.dcgm import GENERATIONS, MigInstance, PodRef
 from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
 from gpusteward.core.model import Node, Pod
 from gpusteward.core.sharing import MIG_RESOURCE_PREFIX, replicas
 from gpusteward.core.typedconfig import Duration
+from gpusteward.sandbox import hamimon
 from gpusteward.sandbox.fleet import (
     GPU_RESOURCES,
     MIG_GPU_UTIL_LABEL,
@@ -74,7 +84,8 @@ from gpusteward.sandbox.fleet import (
     XID_LABEL,
 )
 from gpusteward.sandbox.gpuhosts import GpuHosts
-from gpusteward.sandbox.scrape import simulator_path
+from gpusteward.sandbox.hamimon import ContainerSlice
+from gpusteward.sandbox.scrape import hami_monitor_path, simulator_path
 from gpusteward.sandbox.simgpu import Share, SimGpu, model_name_for_product, render_exposition
 
 UTIL_ANNOTATION = "sandbox.gpusteward.io/gpu-util"
@@ -84,6 +95,8 @@ GENERATION_LABEL = "sandbox.gpusteward.io/dcgm-exporter"  # "4.9": DCGM 4.7 name
 # no pod labels (only their UUID); on, they carry the pod's, as dcgm-exporter's DRA mapping does.
 EXPORTER_DRA_LABEL = "sandbox.gpusteward.io/exporter-dra-mapping"
 VIRTUAL_GPUS_LABEL = "sandbox.gpusteward.io/virtual-gpus"
+HAMI_METRICS_LABEL = "sandbox.gpusteward.io/hami-metrics"  # "legacy": HAMi <= 2.8's names
+HAMI_MONITOR_ANNOTATION = "sandbox.gpusteward.io/hami-monitor"  # "off": no series of the pod
 IDLE_TEMP_C, BUSY_TEMP_C = 34, 71
 
 
@@ -154,6 +167,9 @@ def simulate(fleet: FleetStore, assigner: GpuAssigner, now: float,
         if not node.product or node.gpus <= 0:
             continue
         pods = {p.uid: p for p in fleet.pods_on(node.name) if not p.deleting}
+        if node.vgpus:
+            gpus += _hami_gpus(node, pods.values(), now)
+            continue
         pinned = {uid: [int(d.name.removeprefix("gpu-")) for d in devices]
                   for uid in pods if dra and (devices := dra.devices_of(uid))}
         owner = {i: pods[uid] for uid, idx in assigner.assign(node, pods.values(), pinned).items()
@@ -192,6 +208,31 @@ def _node_gpus(node: Node, owner: dict[int, Pod], now: float) -> list[SimGpu]:
                 Share(PodRef(p.namespace, p.name, "main"), n, _pod_util(p, now))
                 for n, p in held))
         out.append(gpu)
+    return out
+
+
+def _hami_gpus(node: Node, pods: Iterable[Pod], now: float) -> list[SimGpu]:
+    """Each registered GPU with the summed use of the pods HAMi placed on it, no pod named."""
+    on: dict[str, list[Pod]] = {}
+    for p in pods:
+        for s in hami.slices(p.annotations):
+            on.setdefault(s.uuid, []).append(p)
+    out = []
+    for i, device in enumerate(node.vgpus):
+        gpu = _gpu(node, i, on.get(device.id, []), now, device.devmem)
+        out.append(dataclasses.replace(gpu, pod=None))
+    return out
+
+
+def hami_slices(fleet: FleetStore, node: Node, now: float) -> list[ContainerSlice]:
+    """What HAMi's vGPU monitor on ``node`` reports: each placed pod's slices, with its use."""
+    out = []
+    for p in fleet.pods_on(node.name):
+        if p.deleting or p.annotations.get(HAMI_MONITOR_ANNOTATION) == "off":
+            continue
+        for i, s in enumerate(hami.slices(p.annotations)):
+            out.append(ContainerSlice(node.name, p.namespace, p.name, "main", s.uuid,
+                                      _pod_util(p, now), vdevice=i))
     return out
 
 
@@ -285,11 +326,21 @@ def create_app(fleet: FleetStore, clock: Callable[[], float] = time.time,
                        for v, group in sorted(by_generation.items()) if group or v == "4.8")
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
+    async def hami_monitor(request: web.Request) -> web.Response:
+        """One HAMi node's vGPU monitor."""
+        node = fleet.nodes.get(request.match_info["node"])
+        if node is None or not node.vgpus:
+            raise web.HTTPNotFound(text="no HAMi node of that name")
+        text = hamimon.render_exposition(hami_slices(fleet, node, clock()),
+                                         legacy=node.labels.get(HAMI_METRICS_LABEL) == "legacy")
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     app = web.Application()
     app.add_routes([web.get("/metrics", metrics), web.get(simulator_path("{node}"), metrics),
+                    web.get(hami_monitor_path("{node}"), hami_monitor),
                     web.get("/health", health)])
     return app
 

@@ -147,6 +147,27 @@ def test_every_scheduler_setup_registers_the_extender_as_the_tested_config_does(
     assert _without_url(default) == _without_url(tested)
 
 
+def test_beside_hami_gpustewards_extender_comes_first_as_tested_and_hami_binds() -> None:
+    """deploy/scheduler/hami-scheduler-config.yaml: HAMi's own kube-scheduler config (its chart's
+    templates/scheduler/configmap.yaml, v2.10.0) with gpusteward's extender first, so HAMi only
+    ever picks among the nodes gpusteward kept (tests/e2e/test_hami_mps.py runs it)."""
+    config = yaml.safe_load((REPO / "deploy/scheduler/hami-scheduler-config.yaml").read_text())
+    tested = _extenders((REPO / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
+    ours, theirs = config["extenders"]
+    assert config["profiles"] == [{"schedulerName": "hami-scheduler"}]
+    # no managedResources of its own: kube-scheduler refuses a name two extenders manage; not
+    # ignorable: kube-scheduler would move it behind HAMi's
+    assert ours.pop("ignorable") is False
+    assert _without_url([ours]) == [{k: v for k, v in tested[0].items()
+                                     if k not in ("urlPrefix", "managedResources", "ignorable")}]
+    assert (theirs["filterVerb"], theirs["bindVerb"], theirs["nodeCacheCapable"]) == (
+        "filter", "bind", True)
+    assert "prioritizeVerb" not in theirs and "ignorable" not in theirs
+    ignored = {r["name"]: r["ignoredByScheduler"] for r in theirs["managedResources"]}
+    assert ignored == dict.fromkeys(["nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores",
+                                     "nvidia.com/gpumem-percentage", "nvidia.com/priority"], True)
+
+
 def test_helm_renders_the_same_scheduler_config_as_the_overlay(
         rendered: dict[str, list[dict[str, Any]]]) -> None:
     [config_map] = [o for o in rendered["helm-defaults"]
