@@ -23,12 +23,20 @@ webhook's ``defaultExclusiveCoreIfNeeded``): the whole device either way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 import msgspec
 
 ALLOCATED = "hami.io/vgpu-devices-allocated"
+# What a container asks HAMi for (pkg/device/nvidia/device.go GenerateResourceRequests).
+GPU, MEM, MEM_PERCENT, CORES = ("nvidia.com/gpu", "nvidia.com/gpumem",
+                                "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
+SLICE_RESOURCES = frozenset({MEM, MEM_PERCENT, CORES})
+# HAMi's scheduler profile (its chart's schedulerName), which its webhook gives every pod that
+# asks nvidia.com/gpu or a slice of one (pkg/scheduler/webhook.go).
+SCHEDULER = "hami-scheduler"
 NODE_REGISTER = "hami.io/node-nvidia-register"
 _CONTAINERS, _DEVICES, _FIELDS = ";", ":", ","
 T = TypeVar("T")
@@ -124,3 +132,85 @@ def split(devices: tuple[VgpuDevice, ...]) -> int:
     if not devices:
         return 1
     return max(1, round(sum(d.count for d in devices) / len(devices)))
+
+
+class Ask(NamedTuple):
+    """One container's request as HAMi reads it: ``vgpus``, each on its own device, of
+    ``mem_mib`` MiB, or else ``percent`` of the device's memory (101: none asked), and
+    ``cores`` percent of its SMs."""
+
+    vgpus: int
+    mem_mib: int = 0
+    percent: int = 101
+    cores: int = 0
+
+    @classmethod
+    def of(cls, vgpus: int, mem_mib: int, percent: int | None, cores: int) -> Ask:
+        """GenerateResourceRequests: a percentage above 100 is 100, one of 0 or less none;
+        neither memory nor percentage (and no defaultMemory, the chart's 0) is 100 %."""
+        pct = 101 if percent is None or percent <= 0 else min(percent, 100)
+        if pct == 101 and mem_mib == 0:
+            pct = 100
+        return cls(vgpus, mem_mib, pct, cores)
+
+    def mem_on(self, device: VgpuDevice) -> int:
+        return self.mem_mib or device.devmem * self.percent // 100
+
+
+@dataclass
+class DeviceLoad:
+    """One registered GPU and the slices placed on it."""
+
+    device: VgpuDevice
+    slots: int = 0
+    mem: int = 0
+    cores: int = 0
+
+    def fits(self, ask: Ask) -> bool:
+        """HAMi's Fit (device.go): a free vGPU slot, the memory and cores left, a 100-core ask
+        only on an unused GPU, a 0-core ask not on a GPU whose cores are all taken."""
+        d = self.device
+        return not (self.slots >= d.count or d.devmem - self.mem < ask.mem_on(d)
+                    or d.devcore - self.cores < ask.cores
+                    or (ask.cores == 100 and self.slots > 0)
+                    or (ask.cores == 0 and self.cores >= d.devcore))
+
+    def add(self, piece: Slice, sign: int = 1) -> None:
+        self.slots += sign
+        self.mem += sign * piece.mem_mib
+        self.cores += sign * piece.cores
+
+    def take(self, ask: Ask) -> Slice:
+        piece = Slice(self.device.id, "NVIDIA", ask.mem_on(self.device), ask.cores)
+        self.add(piece)
+        return piece
+
+    @property
+    def load(self) -> float:
+        d = self.device
+        return self.cores / max(d.devcore, 1) + self.mem / max(d.devmem, 1)
+
+
+def loads(devices: Iterable[VgpuDevice], placed: Iterable[Slice]) -> dict[str, DeviceLoad]:
+    """A node's devices with these slices on them (slices of other GPUs ignored)."""
+    out = {d.id: DeviceLoad(d) for d in devices}
+    for piece in placed:
+        if piece.uuid in out:
+            out[piece.uuid].add(piece)
+    return out
+
+
+def place(devices: Iterable[DeviceLoad], asks: Iterable[Ask],
+          binpack: bool = False) -> list[list[Slice]] | None:
+    """Each ask's slices, every vGPU of it on its own device, taken from ``devices`` (their
+    loads change); None where one does not fit. Devices by load: least first (HAMi's default
+    ``spread``), most first with ``binpack``."""
+    pool = list(devices)
+    out = []
+    for ask in asks:
+        order = sorted(pool, key=lambda d: -d.load if binpack else d.load)
+        chosen = [d for d in order if d.fits(ask)][: ask.vgpus]
+        if len(chosen) < ask.vgpus:
+            return None
+        out.append([d.take(ask) for d in chosen])
+    return out

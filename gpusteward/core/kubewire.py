@@ -101,6 +101,7 @@ class PodSpec(msgspec.Struct, rename="camel"):
     resource_claims: list[PodClaim] | None = None
     scheduling_group: SchedulingGroup | None = None
     workload_ref: WorkloadRef | None = None
+    scheduler_name: str | None = None
 
 
 class Condition(msgspec.Struct, rename="camel"):
@@ -192,6 +193,32 @@ def _container_request(c: Container, names: Sequence[str]) -> dict[str, int]:
             out[n] = max(parse_count(requests[n]) if n in requests else 0,
                          parse_count(limits[n]) if n in limits else 0)
     return out
+
+
+def vgpu_asks(spec: PodSpec) -> tuple[hami.Ask, ...]:
+    """Each container's nvidia.com/gpu ask with HAMi's cores and memory (core/hami.Ask), for a
+    pod HAMi places (hami.wants); none where a quantity does not parse (the pod then needs
+    whole GPUs, core/reclaim/room.py)."""
+    if spec.scheduler_name != hami.SCHEDULER and not any(
+            c.resources and hami.SLICE_RESOURCES & {*(c.resources.requests or ()),
+                                                     *(c.resources.limits or ())}
+            for c in spec.containers):
+        return ()
+    out = []
+    for c in spec.containers:
+        if c.resources is None:
+            continue
+        asked = {**(c.resources.requests or {}), **(c.resources.limits or {})}
+        if hami.GPU not in asked:
+            continue
+        try:
+            count = parse_count(asked[hami.GPU])
+            percent = parse_count(asked[hami.MEM_PERCENT]) if hami.MEM_PERCENT in asked else None
+            out.append(hami.Ask.of(count, parse_count(asked.get(hami.MEM, 0)), percent,
+                                   parse_count(asked.get(hami.CORES, 0))))
+        except QuantityError:
+            return ()
+    return tuple(a for a in out if a.vgpus)
 
 
 def pod_request(spec: PodSpec, names: Sequence[str]) -> dict[str, int]:
@@ -290,4 +317,5 @@ def to_pod(w: WirePod, names: Sequence[str], bound_at: float | None = None) -> P
         claims=tuple(c.name for c in s.resource_claims or ()),
         pod_group=(s.scheduling_group.pod_group_name if s.scheduling_group else None) or None,
         workload_group=s.workload_ref.group() if s.workload_ref else None,
+        vgpu_asks=vgpu_asks(s) if s.node_name is None else (),
     )

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from gpusteward.core import hami
 from gpusteward.core.hami import VgpuDevice
 
 TEAM_LABEL = "gpusteward.io/team"
@@ -128,6 +129,10 @@ class Pod(msgspec.Struct, frozen=True):
     pod_group: str | None = None
     # 1.35's spec.workloadRef instead: ``workload/group[/replica]`` (gangs.py).
     workload_group: str | None = None
+    # A waiting pod HAMi places (its scheduler named, or a slice asked): each container's
+    # nvidia.com/gpu ask with its cores and memory, what it needs of a HAMi node's GPUs
+    # (core/reclaim/room.py); it fits no other node.
+    vgpu_asks: tuple[hami.Ask, ...] = ()
 
     @property
     def key(self) -> str:

@@ -10,10 +10,10 @@ write and answer, from github:Project-HAMi/HAMi v2.10.0 (4707fb0):
 * a container's request (``pkg/device/nvidia/device.go`` ``GenerateResourceRequests``): its
   ``nvidia.com/gpu`` vGPUs, each with ``nvidia.com/gpumem`` MiB or ``nvidia.com/gpumem-
   percentage`` (neither: 100 %) and ``nvidia.com/gpucores`` (default 0);
-* which device takes it (``Fit``, device.go): a free vGPU slot, the memory and cores left, a
-  100-core request only on an unused device, a 0-core request not on a device whose cores are
-  all taken; devices by the pod's ``hami.io/gpu-scheduler-policy`` (``spread``, HAMi's
-  default, or ``binpack``), nodes binpacked (HAMi's default node policy);
+* which device takes it (``Fit``, device.go; core/hami.py ``DeviceLoad.fits``, which
+  gpusteward's queue enforcement uses too); devices by the pod's
+  ``hami.io/gpu-scheduler-policy`` (``spread``, HAMi's default, or ``binpack``), nodes
+  binpacked (HAMi's default node policy);
 * the pod annotations its Filter writes (``hami.io/vgpu-node``, ``hami.io/vgpu-time``,
   ``hami.io/vgpu-devices-to-allocate`` and ``-allocated``, core/hami.py's encoding).
 
@@ -26,21 +26,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpusteward.core import hami
+from gpusteward.core.hami import CORES, GPU, MEM, MEM_PERCENT
 from gpusteward.sandbox.simgpu import SimGpu, model_name_for_product
 
-GPU, MEM, MEM_PERCENT, CORES = ("nvidia.com/gpu", "nvidia.com/gpumem",
-                                "nvidia.com/gpumem-percentage", "nvidia.com/gpucores")
 NODE = "hami.io/vgpu-node"
 TIME = "hami.io/vgpu-time"
 TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 BIND_PHASE = "hami.io/bind-phase"
 BIND_TIME = "hami.io/bind-time"
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
-SCHEDULER_NAME = "hami-scheduler"
+SCHEDULER_NAME = hami.SCHEDULER
 # Every resource HAMi's extender manages, all ignored by kube-scheduler's own fit (the chart's
 # templates/scheduler/configmap.yaml).
 MANAGED = (GPU, MEM, CORES, MEM_PERCENT, "nvidia.com/priority")
@@ -66,90 +65,37 @@ def register_annotation(node: str, gpus: int, split: int, product: str,
     return {hami.NODE_REGISTER: json.dumps(devices, separators=(",", ":"))}
 
 
-@dataclass(frozen=True)
-class Request:
-    """One container's ask: ``count`` vGPUs, each of ``mem`` MiB (or ``percent`` of a device's
-    memory) and ``cores`` percent."""
-
-    count: int
-    mem: int
-    percent: int
-    cores: int
-
-
-def requests(pod: Mapping[str, Any]) -> list[Request]:
-    """Each regular container's request, in order (one with no GPU: count 0)."""
+def requests(pod: Mapping[str, Any]) -> list[hami.Ask]:
+    """Each regular container's ask, in order (one with no GPU: 0 vGPUs)."""
     out = []
     for c in pod["spec"].get("containers", ()):
         res = c.get("resources") or {}
         asked = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-        mem, percent = int(asked.get(MEM, 0)), 101  # 101: no percentage asked
-        if MEM_PERCENT in asked and int(asked[MEM_PERCENT]) > 0:
-            percent = min(int(asked[MEM_PERCENT]), 100)
-        if percent == 101 and mem == 0:
-            percent = 100
-        out.append(Request(int(asked.get(GPU, 0)), mem, percent, int(asked.get(CORES, 0))))
+        percent = int(asked[MEM_PERCENT]) if MEM_PERCENT in asked else None
+        out.append(hami.Ask.of(int(asked.get(GPU, 0)), int(asked.get(MEM, 0)), percent,
+                               int(asked.get(CORES, 0))))
     return out
-
-
-@dataclass
-class Device:
-    """One registered GPU and what HAMi has placed on it."""
-
-    info: hami.VgpuDevice
-    used: int = 0
-    mem: int = 0
-    cores: int = 0
-
-    def fits(self, r: Request) -> bool:
-        want = r.mem or self.info.devmem * r.percent // 100
-        return not (self.used >= self.info.count or self.info.devmem - self.mem < want
-                    or self.info.devcore - self.cores < r.cores
-                    or (r.cores == 100 and self.used > 0)
-                    or (r.cores == 0 and self.cores >= self.info.devcore))
-
-    def take(self, r: Request) -> hami.Slice:
-        want = r.mem or self.info.devmem * r.percent // 100
-        self.used, self.mem, self.cores = self.used + 1, self.mem + want, self.cores + r.cores
-        return hami.Slice(self.info.id, "NVIDIA", want, r.cores)
-
-    @property
-    def load(self) -> float:
-        return self.cores / max(self.info.devcore, 1) + self.mem / max(self.info.devmem, 1)
 
 
 @dataclass
 class NodeDevices:
     name: str
-    devices: list[Device] = field(default_factory=list)
+    devices: list[hami.DeviceLoad]
 
     @classmethod
     def of(cls, node: Mapping[str, Any], placed: Iterable[Mapping[str, Any]]) -> NodeDevices:
         register = (node["metadata"].get("annotations") or {}).get(hami.NODE_REGISTER)
-        devices = {d.id: Device(d) for d in hami.node_devices(register)}
-        for pod in placed:
-            for s in hami.slices(pod["metadata"].get("annotations") or {}):
-                if s.uuid in devices:
-                    d = devices[s.uuid]
-                    d.used, d.mem, d.cores = d.used + 1, d.mem + s.mem_mib, d.cores + s.cores
-        return cls(node["metadata"]["name"], list(devices.values()))
+        slices = [s for pod in placed for s in hami.slices(pod["metadata"].get("annotations")
+                                                             or {})]
+        return cls(node["metadata"]["name"],
+                   list(hami.loads(hami.node_devices(register), slices).values()))
 
     @property
     def load(self) -> float:
         return sum(d.load for d in self.devices)
 
-    def place(self, asks: list[Request], policy: str) -> list[list[hami.Slice]] | None:
-        """Each container's slices, every vGPU on its own device; None where one does not fit.
-        Devices are taken most loaded first under ``binpack``, least under ``spread``."""
-        out = []
-        for r in asks:
-            order = sorted(self.devices, key=lambda d: (-d.load if policy == "binpack"
-                                                        else d.load))
-            chosen = [d for d in order if d.fits(r)][: r.count]
-            if len(chosen) < r.count:
-                return None
-            out.append([d.take(r) for d in chosen])
-        return out
+    def place(self, asks: list[hami.Ask], policy: str) -> list[list[hami.Slice]] | None:
+        return hami.place(self.devices, asks, binpack=policy == "binpack")
 
 
 def encode(containers: list[list[hami.Slice]]) -> str:

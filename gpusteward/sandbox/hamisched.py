@@ -73,28 +73,38 @@ def choose(pod: dict[str, Any], names: list[str], nodes: dict[str, dict[str, Any
     return failed if best is None else (best[1], best[2])
 
 
-def _reason(devices: NodeDevices, asks: list[Any]) -> str:
+def _reason(devices: NodeDevices, asks: list[records.Ask]) -> str:
     """GenReason's shape: ``<count>/<cards> <Reason>`` per reason, sorted, joined by ", "."""
     why: Counter[str] = Counter()
     for d in devices.devices:
         for r in asks:
-            if r.count and not d.fits(r):
-                why["CardTimeSlicingExhausted" if d.used >= d.info.count else
-                    "CardInsufficientCore" if d.info.devcore - d.cores < r.cores else
-                    "ExclusiveDeviceAllocateConflict" if r.cores == 100 and d.used else
-                    "CardComputeUnitsExhausted" if r.cores == 0 else
-                    "CardInsufficientMemory"] += 1
+            if r.vgpus and not d.fits(r):
+                why[_why(d, r)] += 1
                 break
     if not why:
         return "NodeInsufficientDevice"
     return ", ".join(f"{n}/{len(devices.devices)} {k}" for k, n in sorted(why.items()))
 
 
+def _why(d: records.DeviceLoad, r: records.Ask) -> str:
+    """The first of Fit's reasons that holds, in Fit's order."""
+    total = d.device
+    if d.slots >= total.count:
+        return "CardTimeSlicingExhausted"
+    if total.devmem - d.mem < r.mem_on(total):
+        return "CardInsufficientMemory"
+    if total.devcore - d.cores < r.cores:
+        return "CardInsufficientCore"
+    if r.cores == 100 and d.slots:
+        return "ExclusiveDeviceAllocateConflict"
+    return "CardComputeUnitsExhausted"
+
+
 def create_app(api: KubeHTTP) -> web.Application:
     async def filter_(request: web.Request) -> web.Response:
         args = await request.json()
         pod, names = args["Pod"], list(args.get("NodeNames") or [])
-        if not any(r.count for r in requests(pod)):
+        if not any(r.vgpus for r in requests(pod)):
             return _reply(names)
         async with _LOCK:
             nodes = {n["metadata"]["name"]: n

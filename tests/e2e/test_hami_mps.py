@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpusteward.core import hami
+from gpusteward.core.model import TEAM_LABEL
 from gpusteward.core.reclaim.model import IDLE_SINCE
 from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox
 from gpusteward.sandbox.fleet import HamiSpec, Pool, TaintSpec
@@ -31,6 +32,7 @@ from gpusteward.sandbox.simulator import HAMI_MONITOR_ANNOTATION
 from tests.e2e.kube import (
     Namespace,
     annotations,
+    apply_priority_classes,
     cycle_until,
     events,
     gone,
@@ -149,3 +151,41 @@ async def test_an_mps_replica_is_placed_judged_reclaimed_and_billed_as_a_quarter
     rec = await reclaimer("enforce")
     await cycle_until(rec, "the idle replica reclaimed", lambda: gone(ns, "replica"), 90)
 
+
+
+async def test_an_idle_slice_is_freed_for_a_waiting_pod_no_gpu_has_cores_for(
+        shared_pools, ns, reclaimer):
+    """vGPU slots are left on both GPUs, but no GPU has the 50 % of its cores the waiting pod
+    asks; reclaiming the idle 60 % slice gives it one. Same priority as the slice (the
+    scheduler's own preemption takes only lower ones): the queue claims it because its team
+    (vision, quota 2 GPUs in sandbox/policy.yaml) borrows beyond its quota, counted in shares,
+    and the waiting pod's (nlp) is within its own (docs/policy.md, "queue")."""
+    apply_priority_classes(ns.api, {"gpu-mid": 5000})
+    vision, nlp = {TEAM_LABEL: "vision"}, {TEAM_LABEL: "nlp"}
+    ns.create_pod(gpu_pod("vision-base", 2, node="h100-0", util="90", labels=vision,
+                          priority_class="gpu-mid"))  # vision's quota, filled first
+    ns.running("vision-base")
+    for name, cores, util, team in (("idle-60", 60, "0", vision), ("busy-40", 40, "80", nlp),
+                                    ("busy-whole", 100, "80", nlp)):
+        pod = hami_pod(name, cores=cores, util=util, mem=8192 if cores < 100 else None)
+        pod["metadata"]["labels"] |= team
+        pod["spec"]["priorityClassName"] = "gpu-mid"
+        ns.create_pod(pod)
+        ns.running(name)
+    wait_for_gpu_samples(shared_pools.prometheus_url, ns.name, ["idle-60", "busy-40"],
+                         metric="hami_container_device_utilization_ratio")
+    urgent = hami_pod("urgent", cores=50, util="80")
+    urgent["metadata"]["labels"] |= nlp
+    urgent["spec"]["priorityClassName"] = "gpu-mid"
+    ns.create_pod(urgent)
+    wait_for("urgent to be unschedulable", lambda: any(
+        c.get("reason") == "Unschedulable" for c in ns.pod("urgent")["status"].get(
+            "conditions") or []), timeout=60)
+    rec = await reclaimer("enforce")
+    await cycle_until(rec, "idle-60 reclaimed for urgent", lambda: gone(ns, "idle-60"), 90)
+    seen = events(ns, "idle-60")
+    assert any("for pending" in message and "urgent" in message
+               for reason, message in seen if reason == "GPUReclaimed"), "\n".join(
+        map(str, seen + events(ns, "urgent")))
+    assert ns.running("urgent", timeout=90)["spec"]["nodeName"] == HAMI_NODE
+    assert not gone(ns, "busy-40") and not gone(ns, "busy-whole")

@@ -21,6 +21,7 @@ import pytest
 from gpusteward.core import hami
 from gpusteward.core.attribution import Attribution
 from gpusteward.core.kubewire import WireNode, to_node
+from gpusteward.core.model import Node
 from gpusteward.core.policy import parse_policy
 from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.quota import borrowed, usage
@@ -28,8 +29,8 @@ from gpusteward.core.report.facts import pod_usages
 from gpusteward.core.report.model import ReportInput, Window
 from gpusteward.core.sharing import devices_held, node_physical_gpus, pod_share, replicas
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
-from tests.factories import NOW
-from tests.unit.test_reclaim_decide import POLICY, gpu_pod, snapshot
+from tests.factories import H100, NOW
+from tests.unit.test_reclaim_decide import POLICY, gpu_pod, idle, pending, snapshot
 
 UUID_A = "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76"
 UUID_B = "GPU-0fc3c4b8-2a1e-47a5-9d5b-3b3c0b9e2f11"
@@ -190,3 +191,67 @@ def test_the_report_and_the_reclaimers_gauge_bill_the_share():
             for s in family.samples if s.labels["state"] == "allocated"]
     assert held == pytest.approx([0.5])
 
+
+
+# --- queue enforcement frees a share: a waiting pod needs cores and memory on one device -------
+
+def waiting_for(cores: int, mem: int = 8192, vgpus: int = 1):
+    return pending("want", vgpus, 1000, vgpu_asks=(hami.Ask.of(vgpus, mem, None, cores),))
+
+
+def hami_queue(waiting, *victims):
+    """GPU A: an idle low-priority 50 % slice and a busy 40 % one; GPU B: a busy whole card. Slots
+    are plenty (10 - 2 and 10 - 1): counted in vGPU slots the waiting pod fits already. Beside
+    it a free H100 HAMi does not manage, where HAMi never places the pod."""
+    n = hami_node()
+    pods = [sliced("idle-50", f"{UUID_A},NVIDIA,8192,50:;", priority=10),
+            sliced("busy-40", f"{UUID_A},NVIDIA,8192,40:;", priority=10),
+            sliced("busy-whole", f"{UUID_B},NVIDIA,81559,100:;", priority=10), *victims, waiting]
+    ev = {p.key: idle() for p in pods}
+    ev["ml/busy-40"] = ev["ml/busy-whole"] = idle(peak=90)
+    return plan(snapshot(pods, ev, nodes=[n, Node("plain", H100, 8)]), POLICY)
+
+
+def reclaimed_for_queue(p) -> list[str]:
+    return [a.pod.name for a in p.actions if a.kind == "reclaim" and a.reason == "queue"]
+
+
+def test_a_waiting_pod_gets_the_idle_slice_whose_cores_it_needs():
+    # 30 % asked, 10 % free on A, none on B: only reclaiming idle-50 makes room
+    assert reclaimed_for_queue(hami_queue(waiting_for(30))) == ["idle-50"]
+
+
+def test_no_slice_is_reclaimed_where_freeing_it_would_not_make_room():
+    # 70 % asked: A would have 60 % free without idle-50, B none; reclaiming helps no one
+    assert reclaimed_for_queue(hami_queue(waiting_for(70))) == []
+
+
+def test_a_waiting_pod_that_fits_in_the_cores_left_needs_no_reclaim():
+    assert reclaimed_for_queue(hami_queue(waiting_for(10))) == []
+
+
+def test_memory_counts_as_cores_do():
+    # 5 % of the cores fit on A, 70,000 MiB do not (16,384 used of 81,559); without idle-50 they do
+    assert reclaimed_for_queue(hami_queue(waiting_for(5, mem=70000))) == ["idle-50"]
+
+
+def test_a_waiting_pods_asks_are_read_from_its_containers():
+    from gpusteward.core.kubewire import WirePod, to_pod
+
+    def container(**limits: str) -> dict:
+        return {"name": "c", "resources": {"limits": limits}}
+
+    wire = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}, "spec": {"containers": [
+        container(**{"nvidia.com/gpu": "2", "nvidia.com/gpucores": "30",
+                     "nvidia.com/gpumem": "4096"}),
+        container(**{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25"}),
+        container(cpu="1")]}}
+    p = to_pod(msgspec.convert(wire, WirePod), ["nvidia.com/gpu"])
+    assert p.vgpu_asks == (hami.Ask(2, 4096, 101, 30), hami.Ask(1, 0, 25, 0))
+    assert p.gpus == 3
+    # a plain GPU pod is HAMi's only where it names HAMi's scheduler (its webhook sets it)
+    plain = {**wire, "spec": {"containers": [container(**{"nvidia.com/gpu": "1"})]}}
+    assert to_pod(msgspec.convert(plain, WirePod), ["nvidia.com/gpu"]).vgpu_asks == ()
+    plain["spec"]["schedulerName"] = "hami-scheduler"
+    assert to_pod(msgspec.convert(plain, WirePod), ["nvidia.com/gpu"]).vgpu_asks == (
+        hami.Ask(1, 0, 100, 0),)

@@ -10,8 +10,9 @@ import json
 import pytest
 
 from gpusteward.core import hami
+from gpusteward.core.hami import Ask as Request
 from gpusteward.sandbox.fleet import HamiSpec, Pool, node_object
-from gpusteward.sandbox.hami import NODE, NodeDevices, Request, encode, requests, uuid
+from gpusteward.sandbox.hami import NODE, NodeDevices, encode, requests, uuid
 from gpusteward.sandbox.hamisched import choose
 
 POOL = Pool(name="h100-hami", product="NVIDIA-H100-80GB-HBM3", gpus=2, memory_mi_b=81559,
@@ -81,7 +82,8 @@ def test_full_cores_exclusivity_and_slots_are_honoured():
     assert NodeDevices.of(NODE_OBJ, busy).place([Request(1, 1024, 101, 100)], "spread") is None
     reasons = choose(pod(**{"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}),
                      ["h100-hami-0"], {"h100-hami-0": NODE_OBJ}, busy)
-    assert reasons == {"h100-hami-0": "2/2 CardInsufficientCore"}
+    # Fit checks memory before cores: a whole-card ask (no gpumem) fails on memory first
+    assert reasons == {"h100-hami-0": "2/2 CardInsufficientMemory"}
     full = [placed(f"s{i}", f"{gpu0},NVIDIA,1024,1:;") for i in range(4)]
     assert NodeDevices.of(NODE_OBJ, full).place([Request(2, 1024, 101, 1)], "spread") is None
 

@@ -48,6 +48,7 @@ from gpusteward.core.reclaim.model import (
     VerdictState,
 )
 from gpusteward.core.reclaim.quota import TeamUsage, borrowed, team, usage
+from gpusteward.core.reclaim.room import Room
 from gpusteward.core.reclaim.rules import (
     cooldown_end,
     judge,
@@ -350,7 +351,8 @@ def _queue_claims(snap: Snapshot, policy: Policy, by_uid: dict[str, Pod],
                 how not in GROUP_ACTIONS or _whole_owner(owner, uid, idle_now)) and not (
                 how == How.EVICT and gangs.gang_of(pod)):  # never one pod of a gang
             candidates.append(queue.Candidate(pod, team(pod, snap.namespace_labels)))
-    free = _free_gpus(snap)
+    free = Room.of(_free_gpus(snap), snap.nodes,
+                   (p for p in snap.pods if p.node and not p.deleting))
     victims = queue.VictimPool(candidates)
     actions: list[Action] = []
     reserves: list[Action] = []

@@ -9,6 +9,8 @@ holds what gpusteward freed: reserve.py) gets nothing more: one path per pod.
 
 The waiting pods of one gang (gangs.py) are claimed for together, all it needs or none
 (gang_claim): the scheduler places a gang whole (a PodGroup: its minCount) or not at all.
+
+Capacity is room.Room: units of allocatable, and on a HAMi node each device's cores and memory.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import msgspec
 from gpusteward.core.cards import CARD_TYPES_ANNOTATION, parse_card_types, preference_rank
 from gpusteward.core.model import RESERVED, Node, Pod
 from gpusteward.core.reclaim.quota import TeamUsage
+from gpusteward.core.reclaim.room import Room
 
 
 class Candidate(msgspec.Struct, frozen=True):
@@ -77,6 +80,8 @@ def fits(pending: Pod, node: Node, patterns: Sequence[str] = ()) -> bool:
         return False
     if node.unschedulable or node.gpus < pending.gpus:
         return False
+    if pending.vgpu_asks and not node.vgpus:  # HAMi places it on a node HAMi registered only
+        return False
     if node.resources and any(node.resources.get(r, 0) < n for r, n in pending.resources.items()):
         return False
     if any(node.labels.get(k) != v for k, v in pending.node_selector.items()):
@@ -93,11 +98,11 @@ def may_displace(pending: Pod, pending_team: TeamUsage, victim: Candidate,
             and pending_team.under_after(pending.gpus))
 
 
-def claim(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int], victims: VictimPool,
+def claim(pending: Pod, nodes: Mapping[str, Node], free: Room, victims: VictimPool,
           teams: Mapping[str, TeamUsage], pending_team: str) -> Claim | None:
     """The smallest set of victims on one node that lets `pending` fit there, if any.
 
-    free: GPUs free on each node, counting GPUs of terminating pods as already free.
+    free: what is free on each node, counting terminating pods' GPUs as already free.
     Fewest victims wins, then fewest GPUs freed, then the lowest-priority victims.
     """
     try:
@@ -116,7 +121,7 @@ def claim(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int], vict
         ordered = victims.on(name)
         if not ordered or not fits(pending, node, patterns):
             continue
-        chosen = _fewest(ordered, pending.gpus - free.get(name, 0), allowed)
+        chosen = _fewest(ordered, _enough(free, pending, name), allowed)
         if chosen is None:
             continue
         rank = (len(chosen), sum(c.pod.gpus for c in chosen),
@@ -131,7 +136,7 @@ class GangClaim(NamedTuple):
     left once they are made (the gang's pods that fit in free GPUs take those)."""
 
     claims: tuple[Claim, ...]
-    free: dict[str, int]
+    free: Room
     victims: VictimPool
 
 
@@ -144,7 +149,7 @@ class GangShort(NamedTuple):
     gpus: int
 
 
-def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[str, int],
+def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Room,
                victims: VictimPool, teams: Mapping[str, TeamUsage],
                pending_team: str, need: int | None = None) -> GangClaim | GangShort:
     """``need`` (default: all) of a waiting gang's pods placed, by free GPUs or by victims, or
@@ -152,7 +157,7 @@ def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[
     waits for minCount pods to fit at once), so freeing GPUs for fewer helps none of them and
     costs the victims their work."""
     need = len(members) if need is None else need
-    left, pool, claims, placeable = dict(free), victims.copy(), [], 0
+    left, pool, claims, placeable = free.copy(), victims.copy(), [], 0
     for pod in members:
         if placeable >= need:
             break
@@ -162,7 +167,7 @@ def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[
         except ValueError:
             continue  # a pod the scheduler cannot place either
         if room is not None:
-            left[room] -= pod.gpus
+            left.take(pod, room, ())
             placeable += 1
             continue
         c = claim(pod, nodes, left, pool, teams, pending_team)
@@ -175,29 +180,34 @@ def gang_claim(members: Sequence[Pod], nodes: Mapping[str, Node], free: Mapping[
     return GangClaim(tuple(claims), left, pool)
 
 
-def take(c: Claim, free: dict[str, int], victims: VictimPool) -> None:
-    """Make the claim on the cycle's state: its victims taken, its node's free GPUs counted
-    with theirs and without the pending pod's."""
+def take(c: Claim, free: Room, victims: VictimPool) -> None:
+    """Make the claim on the cycle's state: its victims taken, its node's room counted with
+    what they free and without what the pending pod takes."""
     victims.take(c)
-    free[c.node] = free.get(c.node, 0) + sum(v.pod.gpus for v in c.victims) - c.pending.gpus
+    free.take(c.pending, c.node, [v.pod for v in c.victims])
 
 
-def _room(pending: Pod, nodes: Mapping[str, Node], free: Mapping[str, int],
+def _room(pending: Pod, nodes: Mapping[str, Node], free: Room,
           patterns: Sequence[str]) -> str | None:
-    """A node where ``pending`` fits in free GPUs, if any. The cheap test first: fits() is the
-    cost when thousands of nodes meet hundreds of pods."""
+    """A node where ``pending`` fits in what is free, if any. The cheap test first: fits() is
+    the cost when thousands of nodes meet hundreds of pods."""
     return next((name for name, node in nodes.items()
-                 if free.get(name, 0) >= pending.gpus and fits(pending, node, patterns)), None)
+                 if free.free(name) >= pending.gpus and fits(pending, node, patterns)
+                 and free.fits(pending, name)), None)
 
 
-def _fewest(ordered: list[Candidate], need: int,
+def _enough(free: Room, pending: Pod, node: str) -> Callable[[list[Candidate]], bool]:
+    return lambda chosen: free.fits(pending, node, [c.pod for c in chosen])
+
+
+def _fewest(ordered: list[Candidate], enough: Callable[[list[Candidate]], bool],
             allowed: Callable[[Candidate], bool]) -> list[Candidate] | None:
-    """Greedy over a node's victims in VictimPool order, skipping those `pending` may not take."""
-    chosen, freed = [], 0
+    """Greedy over a node's victims in VictimPool order, skipping those `pending` may not take,
+    until ``enough`` of them are chosen."""
+    chosen: list[Candidate] = []
     for c in ordered:
-        if freed >= need:
-            break
+        if enough(chosen):
+            return chosen
         if allowed(c):
             chosen.append(c)
-            freed += c.pod.gpus
-    return chosen if freed >= need else None
+    return chosen if enough(chosen) else None
