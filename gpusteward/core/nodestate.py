@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from gpusteward.core import hami
 from gpusteward.core.attribution import held_only
 from gpusteward.core.health import Source, node_faults
 from gpusteward.core.model import GpuReading, Node, Pod
@@ -32,6 +33,8 @@ class NodeState(msgspec.Struct, frozen=True):
     inflight: int = 0
     # GPUs reserved here for a waiting pod (core/reclaim/reserve.py): not free for another.
     reserved: int = 0
+    # On a HAMi node, each registered GPU's (slots, MiB, cores) taken by the bound pods.
+    vgpu_used: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def name(self) -> str:
@@ -49,6 +52,11 @@ class NodeState(msgspec.Struct, frozen=True):
     @property
     def telemetry_known(self) -> bool:
         return self.util is not None
+
+    def device_loads(self) -> list[hami.DeviceLoad]:
+        """The HAMi node's GPUs as they stand, fresh objects a fit may change."""
+        return [hami.DeviceLoad(d, *used) for d, used in zip(self.node.vgpus, self.vgpu_used,
+                                                             strict=True)]
 
 
 def build_node_state(
@@ -71,22 +79,31 @@ def build_node_state(
     """
     bound = [p for p in pods if not p.deleting and p.phase not in ("Succeeded", "Failed")]
     allocated = sum(p.gpus for p in bound)
+    used = _vgpu_used(node, bound)
     fresh = held_only((r for r in readings if now - r.sampled_at <= stale_after),
                       {p.key for p in bound if p.gpus > 0})
     quarantined = [f for f in node_faults(node, health) if f.source != Source.DEVICE_PLUGIN]
     if quarantined:  # the node's own object says its GPUs failed: none takes new work
         reason = "; ".join(str(f) for f in quarantined)
         return NodeState(node, tier, allocated, None, max(0, node.gpus - allocated),
-                         node.gpus // replicas(node), reason, inflight, reserved)
+                         node.gpus // replicas(node), reason, inflight, reserved, used)
     if not fresh:
-        return NodeState(node, tier, allocated, None, None, inflight=inflight, reserved=reserved)
+        return NodeState(node, tier, allocated, None, None, inflight=inflight, reserved=reserved,
+                         vgpu_used=used)
     young_after = min(min(r.sampled_at for r in fresh), now - warmup)
     young = [p for p in bound if p.bound_at is not None and p.bound_at > young_after]
     shares = replicas(node)
     faulty, unhealthy_free, reason = _faults(fresh, health, shares)
     util = _burst_util(fresh, node.gpus / shares, young, (inflight + reserved) / shares, shares)
     return NodeState(node, tier, allocated, util, unhealthy_free, faulty, reason, inflight,
-                     reserved)
+                     reserved, used)
+
+
+def _vgpu_used(node: Node, bound: list[Pod]) -> tuple[tuple[int, int, int], ...]:
+    if not node.vgpus:
+        return ()
+    loads = hami.loads(node.vgpus, (s for p in bound for s in hami.slices(p.annotations)))
+    return tuple((loads[d.id].slots, loads[d.id].mem, loads[d.id].cores) for d in node.vgpus)
 
 
 def _burst_util(readings: tuple[GpuReading, ...], gpus: float, young: list[Pod],

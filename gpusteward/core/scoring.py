@@ -35,6 +35,7 @@ from typing import assert_never
 
 import msgspec
 
+from gpusteward.core import hami
 from gpusteward.core.cards import preference_rank
 from gpusteward.core.nodestate import NodeState
 from gpusteward.core.policy import Placement, Weights, WorkloadClass
@@ -54,6 +55,8 @@ class Demand(msgspec.Struct, frozen=True):
     resources: tuple[tuple[str, int], ...] = ()
     # DRA: claims made from the pod's templates that the watch has not shown yet (core/dra.py).
     claims_unseen: bool = False
+    # A pod HAMi places: each container's cores and memory per vGPU (core/hami.Ask).
+    vgpu_asks: tuple[hami.Ask, ...] = ()
 
 
 class ClassRule(msgspec.Struct, frozen=True):
@@ -106,6 +109,20 @@ def filter_node(state: NodeState, demand: Demand) -> NodeFit:
                                             f"{node.resources.get(name, 0)}")
     if state.healthy_free < demand.gpus:
         return NodeFit.failed(_capacity_reason(state, demand))
+    if demand.vgpu_asks:
+        return _slice_fit(state, demand.vgpu_asks)
+    return FITS
+
+
+def _slice_fit(state: NodeState, asks: tuple[hami.Ask, ...]) -> NodeFit:
+    """A pod HAMi places: only on a node HAMi registered, where each vGPU it asks finds a GPU
+    with the slot, cores and memory (HAMi's own Fit, core/hami.py), so that gpusteward's filter
+    never keeps a node HAMi's must refuse (docs/install.md, "HAMi")."""
+    if not state.node.vgpus:
+        return NodeFit.unresolvable("HAMi has not registered this node's GPUs")
+    if hami.place(state.device_loads(), asks) is None:
+        wanted = ", ".join(f"{a.vgpus} x {a.cores}% cores" for a in asks)
+        return NodeFit.failed(f"no GPU has the cores and memory the pod asks ({wanted})")
     return FITS
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from gpusteward.core.cards import CARD_TYPES_ANNOTATION, TierTable, parse_card_types
 from gpusteward.core.drafleet import DraFleet
 from gpusteward.core.fleet import FleetStore
-from gpusteward.core.kubewire import WireNode, WirePod, pod_request, to_node
+from gpusteward.core.kubewire import WireNode, WirePod, pod_request, to_node, vgpu_asks
 from gpusteward.core.model import Node, Telemetry, class_of
 from gpusteward.core.nodestate import NodeState, build_node_state
 from gpusteward.core.policy import Policy
@@ -209,6 +209,7 @@ class PlacementView:
             card_patterns=parse_card_types(annotations.get(CARD_TYPES_ANNOTATION)),
             class_name=class_of(labels, annotations, self.policy.default_class),
             resources=tuple(sorted(resources.items())),
+            vgpu_asks=vgpu_asks(pod.spec),
         )
 
     def state_from_request(self, wire: WireNode) -> NodeState:

@@ -138,8 +138,9 @@ async def test_hami_pods_are_judged_by_their_own_use_reclaimed_and_billed_by_sha
 async def test_an_mps_replica_is_placed_judged_reclaimed_and_billed_as_a_quarter(
         shared_pools, team_ns, reclaimer):
     ns = team_ns
-    ns.create_pod(gpu_pod("replica", 1, util="0", cards="NVIDIA-L4", tolerate=MPS_TAINT))
-    assert ns.node_of("replica") == MPS_NODE  # the only L4 node it tolerates
+    # the -SHARED product names the MPS node alone (the plain L4 nodes match NVIDIA-L4)
+    ns.create_pod(gpu_pod("replica", 1, util="0", cards="NVIDIA-L4-SHARED", tolerate=MPS_TAINT))
+    assert ns.node_of("replica") == MPS_NODE
     node = shared_pools.api().get(f"/api/v1/nodes/{MPS_NODE}")["metadata"]["labels"]
     assert (node["nvidia.com/gpu.sharing-strategy"], node["nvidia.com/gpu.product"]) == (
         "mps", "NVIDIA-L4-SHARED")

@@ -27,9 +27,10 @@ from gpusteward.core.reclaim.decide import plan
 from gpusteward.core.reclaim.quota import borrowed, usage
 from gpusteward.core.report.facts import pod_usages
 from gpusteward.core.report.model import ReportInput, Window
+from gpusteward.core.scoring import Demand, filter_node
 from gpusteward.core.sharing import devices_held, node_physical_gpus, pod_share, replicas
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
-from tests.factories import H100, NOW
+from tests.factories import H100, NOW, readings, state
 from tests.unit.test_reclaim_decide import POLICY, gpu_pod, idle, pending, snapshot
 
 UUID_A = "GPU-8dcd427f-483b-b48f-d7e5-75fb19a52b76"
@@ -255,3 +256,22 @@ def test_a_waiting_pods_asks_are_read_from_its_containers():
     plain["spec"]["schedulerName"] = "hami-scheduler"
     assert to_pod(msgspec.convert(plain, WirePod), ["nvidia.com/gpu"]).vgpu_asks == (
         hami.Ask(1, 0, 100, 0),)
+
+
+# --- the extender's filter keeps only nodes HAMi's own filter could take -----------------------
+
+def slice_demand(cores: int, mem: int = 8192) -> Demand:
+    return Demand(gpus=1, card_patterns=(), class_name="batch",
+                  vgpu_asks=(hami.Ask.of(1, mem, None, cores),))
+
+
+def test_the_filter_keeps_a_hami_node_only_where_a_gpu_has_the_cores_and_memory():
+    n = hami_node()
+    on = [sliced("a", f"{UUID_A},NVIDIA,8192,70:;"), sliced("b", f"{UUID_B},NVIDIA,8192,90:;")]
+    s = state(n, pods=on, gpu_readings=readings("n1", [0.5, 0.5]))
+    assert filter_node(s, slice_demand(30)).ok  # GPU A has 30 % left
+    fit = filter_node(s, slice_demand(31))
+    assert not fit.ok and fit.resolvable and "cores and memory" in fit.reason
+    assert not filter_node(s, slice_demand(10, mem=80000)).ok  # memory, on either GPU
+    plain = filter_node(state(Node("n1", H100, 8)), slice_demand(10))
+    assert not plain.ok and not plain.resolvable  # HAMi places it on its own nodes only
