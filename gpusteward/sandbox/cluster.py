@@ -531,6 +531,12 @@ class Sandbox:
             api.delete(f"/api/v1/nodes/{node}")
         for name in dra.pool_slice_names(pool):
             api.delete(f"{dra.RESOURCE_API}/resourceslices/{name}")
+        if pool.dra and not any(p.dra for p in self.cfg.fleet.pools):
+            # The last DRA pool gone, its DeviceClasses go too: the GPU class's
+            # extendedResourceName would go on steering nvidia.com/gpu pods through DRA's
+            # extended-resource path, where a HAMi pod's gpucores fit no node (install.md, HAMi).
+            for obj in dra.device_classes():
+                api.delete(f"{dra.RESOURCE_API}/deviceclasses/{obj['metadata']['name']}")
         self._reload_prometheus()
 
     def add_scrapes(self, jobs: list[dict[str, Any]]) -> None:

@@ -24,6 +24,7 @@ import pytest
 from gpusteward.core import hami
 from gpusteward.core.model import TEAM_LABEL
 from gpusteward.core.reclaim.model import IDLE_SINCE
+from gpusteward.sandbox import dra
 from gpusteward.sandbox.cluster import SANDBOX_POLICY, Sandbox
 from gpusteward.sandbox.fleet import HamiSpec, Pool, TaintSpec
 from gpusteward.sandbox.hami import BIND_PHASE, GPU_POLICY, NODE, SCHEDULER_NAME, uuid
@@ -190,3 +191,23 @@ async def test_an_idle_slice_is_freed_for_a_waiting_pod_no_gpu_has_cores_for(
         map(str, seen + events(ns, "urgent")))
     assert ns.running("urgent", timeout=90)["spec"]["nodeName"] == HAMI_NODE
     assert not gone(ns, "busy-40") and not gone(ns, "busy-whole")
+
+
+def test_a_device_class_serving_nvidia_gpu_leaves_hami_pods_unplaceable(shared_pools, ns):
+    """The pitfall docs/install.md ("HAMi") warns of, on the real kube-scheduler v1.36.3: with a
+    DeviceClass whose extendedResourceName is nvidia.com/gpu, the DynamicResources plugin finds
+    that no node offers nvidia.com/gpucores ("cannot fit resource"); without it the pod places."""
+    api = shared_pools.api()
+    [gpu_class] = [c for c in dra.device_classes() if c["spec"].get("extendedResourceName")]
+    path = f"{dra.RESOURCE_API}/deviceclasses/{gpu_class['metadata']['name']}"
+    api.apply(path, gpu_class)
+    try:
+        ns.create_pod(hami_pod("stuck", cores=10, util="0"))
+        wait_for("stuck to be found unschedulable", lambda: any(
+            "cannot fit resource" in message for reason, message in events(ns, "stuck")
+            if reason == "FailedScheduling"), timeout=60)
+        assert ns.pod("stuck")["spec"].get("nodeName") is None
+    finally:
+        api.delete(path)
+    ns.create_pod(hami_pod("placed", cores=10, util="0"))
+    assert ns.node_of("placed") == HAMI_NODE

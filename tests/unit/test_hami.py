@@ -28,7 +28,13 @@ from gpusteward.core.reclaim.quota import borrowed, usage
 from gpusteward.core.report.facts import pod_usages
 from gpusteward.core.report.model import ReportInput, Window
 from gpusteward.core.scoring import Demand, filter_node
-from gpusteward.core.sharing import devices_held, node_physical_gpus, pod_share, replicas
+from gpusteward.core.sharing import (
+    devices_held,
+    node_physical_gpus,
+    pod_share,
+    pod_shares,
+    replicas,
+)
 from gpusteward.reclaimer.metrics import ReclaimerMetrics
 from tests.factories import H100, NOW, readings, state
 from tests.unit.test_reclaim_decide import POLICY, gpu_pod, idle, pending, snapshot
@@ -164,11 +170,12 @@ def test_quotas_count_the_share_a_hami_pod_holds():
     pods = [sliced(f"v{i}", f"{UUID_A},NVIDIA,1024,30:;", labels={"gpusteward.io/team": "vision"},
                    age=1000 - i) for i in range(3)]
     nodes = {"n1": n}
-    assert usage(pods, TEAMS, {}, nodes)["vision"].used == pytest.approx(0.9)
-    assert borrowed(pods, TEAMS, {}, {}, nodes) == set()
+    assert usage(pods, TEAMS, {}, pod_shares(pods, nodes))["vision"].used == pytest.approx(0.9)
+    assert borrowed(pods, TEAMS, {}, {}, pod_shares(pods, nodes)) == set()
     fourth = sliced("v3", f"{UUID_B},NVIDIA,1024,30:;", labels={"gpusteward.io/team": "vision"},
                     age=10)
-    assert borrowed([*pods, fourth], TEAMS, {}, {}, nodes) == {fourth.uid}
+    assert borrowed([*pods, fourth], TEAMS, {}, {}, pod_shares([*pods, fourth], nodes)) == {
+        fourth.uid}
 
 
 def test_three_thirds_of_a_gpu_fill_a_quota_of_one_exactly():
@@ -177,7 +184,7 @@ def test_three_thirds_of_a_gpu_fill_a_quota_of_one_exactly():
             for i in range(3)]
     third = msgspec.structs.replace(n, vgpus=tuple(msgspec.structs.replace(d, devmem=3072)
                                                    for d in n.vgpus))
-    assert not usage(pods, TEAMS, {}, {"n1": third})["vision"].over
+    assert not usage(pods, TEAMS, {}, pod_shares(pods, {"n1": third}))["vision"].over
 
 
 def test_the_report_and_the_reclaimers_gauge_bill_the_share():

@@ -56,6 +56,7 @@ from gpusteward.core.reclaim.rules import (
     protections,
     rule_for,
 )
+from gpusteward.core.sharing import pod_shares
 from gpusteward.core.times import HOUR, parse_time, stamp
 
 GROUP_ACTIONS = WHOLE_OWNER  # act on a whole workload: only when all its pods are idle
@@ -67,12 +68,13 @@ _HOWS = {str(h): h for h in How}  # the policy's ownerActions words
 
 def plan(snap: Snapshot, policy: Policy) -> Plan:
     # Restores give GPUs back within quota: telemetry has no say in them.
+    shares = pod_shares(snap.pods, snap.nodes)  # what each running pod holds, for quotas
     back = tuple(selfservice.restores(snap.restore_asks, snap.pods, policy,
-                                      snap.namespace_labels, snap.nodes))
+                                      snap.namespace_labels, shares))
     if not snap.telemetry_ok:
         return Plan((), (), halted=f"telemetry unavailable: {snap.telemetry_problem}",
                     restores=back)
-    over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers, snap.nodes)
+    over = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers, shares)
     cooled = last_reclaims(snap.recent_actions)
     snoozed = _snoozes(snap, policy, cooled)
     verdicts: list[Verdict] = []
@@ -97,7 +99,7 @@ def plan(snap: Snapshot, policy: Policy) -> Plan:
         if cool is not None:
             cools.append(cool)
     by_uid = {p.uid: p for p in snap.pods}
-    teams = usage(snap.pods, policy, snap.namespace_labels, snap.nodes)
+    teams = usage(snap.pods, policy, snap.namespace_labels, shares)
     reclaims, reserves, noted = _queue_claims(snap, policy, by_uid, idle_now, teams)
     claimed = {a.pod.uid for a in reclaims}
     reclaims += [a for a in _due_reclaims(snap, policy, by_uid, due, over)

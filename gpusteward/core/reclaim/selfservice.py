@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from gpusteward.core.kubewire import Meta, PodSpec, pod_request
-from gpusteward.core.model import TEAM_LABEL, Node, Pod
+from gpusteward.core.model import TEAM_LABEL, Pod
 from gpusteward.core.policy import Policy
 from gpusteward.core.reclaim.model import REPLICAS_BEFORE, RESTORE, RestoreAsk
 from gpusteward.core.reclaim.quota import team as team_of
@@ -21,12 +21,12 @@ from gpusteward.core.reclaim.quota import usage
 
 def restores(asks: Iterable[RestoreAsk], pods: Iterable[Pod], policy: Policy,
              namespace_labels: Mapping[str, Mapping[str, str]],
-             nodes: Mapping[str, Node]) -> list[tuple[RestoreAsk, str]]:
+             shares: Mapping[str, float]) -> list[tuple[RestoreAsk, str]]:
     """(request, "" or why refused), in name order. Pending pods count against the quota too
     (a workload restored last cycle may still wait for its node), and so does each restore
     granted before the next. A pending pod holds no share yet: it counts its request whole."""
     pods = list(pods)
-    teams = usage(pods, policy, namespace_labels, nodes)
+    teams = usage(pods, policy, namespace_labels, shares)
     for p in pods:
         if p.node is None and not p.deleting and team_of(p, namespace_labels) in teams:
             teams[team_of(p, namespace_labels)].used += p.gpus

@@ -25,6 +25,7 @@ from gpusteward.core.report.model import (
     TeamQuota,
     UsageState,
 )
+from gpusteward.core.sharing import pod_shares
 from gpusteward.core.times import stamp
 
 
@@ -144,7 +145,8 @@ def queue_groups(pods: tuple[QueuedPod, ...]) -> tuple[QueueGroup, ...]:
 
 def quotas(usages: list[PodUsage], snap: Snapshot, policy: Policy) -> tuple[TeamQuota, ...]:
     """Every team with a quota or with GPUs: used, borrowed beyond quota, idle within quota."""
-    over_uids = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers, snap.nodes)
+    over_uids = borrowed(snap.pods, policy, snap.namespace_labels, snap.tiers,
+                         pod_shares(snap.pods, snap.nodes))
     over = {p.key for p in snap.pods if p.uid in over_uids}
     present = [u for u in usages if u.state != UsageState.GONE]
     names = sorted(set(policy.teams) | {u.team for u in present})
