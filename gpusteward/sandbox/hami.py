@@ -40,9 +40,6 @@ BIND_PHASE = "hami.io/bind-phase"
 BIND_TIME = "hami.io/bind-time"
 GPU_POLICY = "hami.io/gpu-scheduler-policy"
 SCHEDULER_NAME = hami.SCHEDULER
-# Every resource HAMi's extender manages, all ignored by kube-scheduler's own fit (the chart's
-# templates/scheduler/configmap.yaml).
-MANAGED = (GPU, MEM, CORES, MEM_PERCENT, "nvidia.com/priority")
 
 
 def uuid(node: str, index: int) -> str:
