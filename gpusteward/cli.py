@@ -10,49 +10,57 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, cast
 
-from gpusteward.adapters.connectflags import EnvParser
+from gpusteward.adapters.envflags import EnvParser
 from gpusteward.adapters.errors import AdapterError, SettingsError
 from gpusteward.adapters.logs import add_log_flags, configure
-from gpusteward.adapters.policyfile import load_policy
-from gpusteward.agent.cli import add_agent_parser
-from gpusteward.core.policy import PolicyError
-from gpusteward.core.policyschema import policy_schema
-from gpusteward.extender.cli import add_extender_parser
-from gpusteward.reclaimer.cli import add_reclaimer_parser
-from gpusteward.report.cli import add_report_parser
-from gpusteward.sandbox.cli import add_sandbox_parser
-from gpusteward.whatif.cli import add_whatif_parser
 
 EXIT_RUNTIME, EXIT_USAGE = 1, 2
 log = logging.getLogger("gpusteward")
 
-# What runs each app's command, as "module:function", imported only once the command line names
-# that command: the one place gpusteward defers imports, for start-up time. Every parser comes
-# from its app's cli module, which declares flags and settings with argparse and the core alone;
-# the modules named here load the SDKs the apps run on (kubernetes_asyncio, aiohttp, grpc,
-# pynvml, requests, prometheus_client: about 1 s and 90 MB together), which `--version`,
-# `--help` and `policy check` in a CI job or a pre-commit hook should not pay
+
+class Command(NamedTuple):
+    help: str
+    flags: str  # "module:function" adding the command's flags to its parser (its app's cli)
+    run: str  # "module:function" running it
+
+
+# Every subcommand. Both of its functions are imported through importlib only once the command
+# line names the command: the one place gpusteward defers imports, for start-up time. The run
+# functions load the SDKs the apps run on (kubernetes_asyncio, aiohttp, grpc, pynvml, requests,
+# prometheus_client: about 1 s and 90 MB together), and the flag modules the core and the
+# light adapters (msgspec, ssl: some 0.1 s), which `--version`, `--help` and `policy check` in a
+# CI job or a pre-commit hook should not pay for commands they do not run
 # (tests/unit/test_startup_imports.py holds the boundary, benchmarks/bench_startup.py times it).
-RUNS = {
-    "extender": "gpusteward.extender.serve:run_extender",
-    "reclaimer": "gpusteward.reclaimer.serve:run_reclaimer",
-    "report": "gpusteward.report.run:run_report",
-    "whatif": "gpusteward.whatif.run:run_whatif",
-    "agent": "gpusteward.agent.serve:run_agent",
-    "sandbox": "gpusteward.sandbox.commands:run",
+COMMANDS = {
+    "extender": Command("serve the kube-scheduler HTTP extender",
+                        "gpusteward.extender.cli:add_extender_flags",
+                        "gpusteward.extender.serve:run_extender"),
+    "reclaimer": Command("reclaim GPUs that pods hold idle",
+                         "gpusteward.reclaimer.cli:add_reclaimer_flags",
+                         "gpusteward.reclaimer.serve:run_reclaimer"),
+    "policy": Command("policy file tools", "gpusteward.policytools:add_policy_flags",
+                      "gpusteward.policytools:run_policy"),
+    "report": Command("allocated vs actually used GPUs, idle cost, queue",
+                      "gpusteward.report.cli:add_report_flags", "gpusteward.report.run:run_report"),
+    "whatif": Command("replay policies over recorded history: what they would have freed",
+                      "gpusteward.whatif.cli:add_whatif_flags", "gpusteward.whatif.run:run_whatif"),
+    "agent": Command("serve dcgm-exporter-compatible GPU metrics read through NVML (per node)",
+                     "gpusteward.agent.cli:add_agent_flags", "gpusteward.agent.serve:run_agent"),
+    "sandbox": Command("local real control plane with simulated GPU nodes",
+                       "gpusteward.sandbox.cli:add_sandbox_flags",
+                       "gpusteward.sandbox.commands:run"),
 }
-# The same for `--version`: importlib.metadata (some 30 ms) only when the version is asked for.
+# The same for `--version`: importlib.metadata is not needed, the version is the package's own.
 VERSION = "gpusteward.adapters.version:describe"
 
 
 def resolve(target: str) -> Callable[..., Any]:
-    """The function a "module:function" of ``RUNS`` names, its module imported now."""
+    """The function a "module:function" of ``COMMANDS`` names, its module imported now."""
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -66,40 +74,37 @@ class _VersionAction(argparse._VersionAction):
         super().__call__(parser, namespace, values, option_string)
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Commands(argparse._SubParsersAction):
+    """The subcommands, each registered with its help alone and given its flags when the
+    command line names it (or a caller asks for every command: ``fill``)."""
+
+    def fill(self, name: str) -> None:
+        parser = self.choices[name]
+        if getattr(parser, "filled", False):
+            return
+        resolve(COMMANDS[name].flags)(parser)
+        for leaf in _leaves(parser):
+            if not any("--log-level" in a.option_strings for a in leaf._actions):
+                add_log_flags(leaf)
+        parser.filled = True  # type: ignore[attr-defined]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        self.fill(values[0])  # argparse has checked it is a command by now
+        super().__call__(parser, namespace, values, option_string)
+
+
+def build_parser(every_command: bool = False) -> argparse.ArgumentParser:
+    """The command line's parser; ``every_command``: with every command's flags added now
+    (to walk them all), not only once a command line names one."""
     parser = EnvParser(prog="gpusteward", description=__doc__)
     parser.add_argument("--version", action=_VersionAction)
-    sub = parser.add_subparsers(dest="command", required=True)
-    # Each app registers its own subcommand; RUNS says how it runs.
-    add_extender_parser(sub)
-    add_reclaimer_parser(sub)
-    _add_policy_parser(sub)
-    add_report_parser(sub)
-    add_whatif_parser(sub)
-    add_agent_parser(sub)
-    add_sandbox_parser(sub)
-    for leaf in _leaves(parser):
-        if not any("--log-level" in a.option_strings for a in leaf._actions):
-            add_log_flags(leaf)
+    sub = cast(_Commands, parser.add_subparsers(dest="command", required=True, action=_Commands))
+    for name, command in COMMANDS.items():
+        sub.add_parser(name, help=command.help)
+        if every_command:
+            sub.fill(name)
     return parser
-
-
-def _add_policy_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    pol = sub.add_parser("policy", help="policy file tools")
-    pol_sub = pol.add_subparsers(dest="policy_command", required=True)
-    check = pol_sub.add_parser("check", help="validate a policy file (exit 0 valid, 2 invalid)")
-    check.add_argument("file", help="the policy YAML file")
-    pol_sub.add_parser("schema", help="print the policy's JSON Schema (deploy/policy.schema.json)")
-    return pol
-
-
-def _run_policy(args: argparse.Namespace) -> int:
-    if args.policy_command == "schema":
-        print(json.dumps(policy_schema(), indent=2))
-        return 0
-    load_policy(args.file)
-    print(f"{args.file}: valid")
-    return 0
 
 
 def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -116,15 +121,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure(args.log_level, args.log_format)
     try:
-        run: Callable[[argparse.Namespace], int] = (
-            _run_policy if args.command == "policy" else resolve(RUNS[args.command]))
+        run: Callable[[argparse.Namespace], int] = resolve(COMMANDS[args.command].run)
         return run(args)
     except KeyboardInterrupt:
         return 130
-    except PolicyError as e:  # every problem of the file, one per line
-        print(e, file=sys.stderr)
-        raise SystemExit(EXIT_USAGE) from e
     except Exception as e:  # the one place a failure becomes a line and an exit code
+        if _raised_by(e, "gpusteward.core.policy", "PolicyError"):
+            print(e, file=sys.stderr)  # every problem of the file, one per line
+            raise SystemExit(EXIT_USAGE) from e
         code, line = failure(e)
         if line is None:
             log.exception("gpusteward %s failed unexpectedly (a bug; please report it)",

@@ -1,6 +1,6 @@
-"""Which gpusteward runs: the installed distribution's version and, in the image, the git
-revision it was built from, for ``--version`` and the labels of the ``gpusteward_build_info``
-metric (``buildinfo``, which loads prometheus_client; this module loads only importlib.metadata).
+"""Which gpusteward runs: the package's version and, in the image, the git revision it was built
+from, for ``--version`` and the labels of the ``gpusteward_build_info`` metric (``buildinfo``,
+which loads prometheus_client; this module loads nothing).
 
 The image's build stamps the revision into ``GPUSTEWARD_REVISION`` (the Dockerfile's
 ``REVISION`` build argument); an install from a wheel or a checkout has none and says so."""
@@ -8,17 +8,15 @@ The image's build stamps the revision into ``GPUSTEWARD_REVISION`` (the Dockerfi
 from __future__ import annotations
 
 import os
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as distribution_version
+
+from gpusteward import __version__
 
 REVISION_VARIABLE = "GPUSTEWARD_REVISION"
 
 
 def version() -> str:
-    try:
-        return distribution_version("gpusteward")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
+    """The version pyproject.toml gives the distribution (it reads ``__version__``)."""
+    return __version__
 
 
 def revision() -> str:

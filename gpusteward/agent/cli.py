@@ -1,8 +1,9 @@
 """``gpusteward agent``: its flags and the typed settings they make.
 
-Wired into the main command by ``gpusteward.cli`` through ``add_agent_parser``; it runs
-``serve.run_agent`` (the missing-driver decision, and serving). Flags and settings only
-(argparse, no NVML, gRPC or aiohttp): every command builds this parser.
+Wired into the main command by its ``gpusteward.cli.COMMANDS`` entry, which names
+``add_agent_flags`` and ``serve.run_agent`` (the missing-driver decision, and serving). Flags and
+settings only (argparse, no NVML, gRPC or aiohttp): loaded only when the command line names
+this command.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ ON_MISSING_DRIVER = ("exit", "serve-error")
 # loads gRPC, which a flag should not)
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
-__all__ = ["ON_MISSING_DRIVER", "AgentSettings", "add_agent_parser"]
+__all__ = ["ON_MISSING_DRIVER", "AgentSettings", "add_agent_flags"]
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "agent", help="serve dcgm-exporter-compatible GPU metrics read through NVML (per node)"
-    )
+def add_agent_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", type=hostport, default="0.0.0.0:9400", metavar="HOST:PORT",
                    help="/metrics and /healthz (9400 is dcgm-exporter's port)")
     p.add_argument("--node-name",
@@ -83,4 +81,3 @@ def add_agent_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="no NVML library or driver: exit non-zero (default) or keep serving "
                         "gpusteward_agent_nvml_up 0 and retry every interval")
     add_log_flags(p)
-    return p

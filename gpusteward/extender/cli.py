@@ -1,8 +1,9 @@
 """``gpusteward extender``: its flags and the typed settings they make.
 
-Wired into the main command by ``gpusteward.cli`` through ``add_extender_parser``; it runs
-``serve.run_extender``, and ``serve.build_extender`` and ``serve.serve`` take the settings.
-Flags and settings only (argparse, the core's policy): every command builds this parser.
+Wired into the main command by its ``gpusteward.cli.COMMANDS`` entry, which names
+``add_extender_flags`` and ``serve.run_extender``; ``serve.build_extender`` and ``serve.serve``
+take the settings. Flags and settings only (argparse, the core's policy): loaded only when the
+command line names this command.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from gpusteward.adapters.policyfile import load_policy
 from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.core.policy import Policy
 
-__all__ = ["ExtenderSettings", "TlsFiles", "add_extender_parser"]
+__all__ = ["ExtenderSettings", "TlsFiles", "add_extender_flags"]
 
 
-def add_extender_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("extender", help="serve the kube-scheduler HTTP extender")
+def add_extender_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True, metavar="FILE", help="policy YAML file")
     p.add_argument("--listen", type=hostport, default="0.0.0.0:8888", metavar="HOST:PORT",
                    help="address the scheduler calls")
@@ -55,7 +55,6 @@ def add_extender_parser(subparsers: argparse._SubParsersAction) -> argparse.Argu
                    "after their first byte (default 5; the 10 s deadline for the whole request "
                    "applies too)")
     add_connection_flags(p)
-    return p
 
 
 @dataclass(frozen=True)

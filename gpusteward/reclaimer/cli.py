@@ -1,9 +1,9 @@
 """``gpusteward reclaimer [restore]``: its flags and the typed settings they make.
 
-Wired into the main command by ``gpusteward.cli`` through ``add_reclaimer_parser``; it runs
-``serve.run_reclaimer``, and ``serve.build_reclaimer``, ``serve.serve`` and ``serve.restore``
-take the settings. Flags and settings only (argparse, the core): every command builds this
-parser.
+Wired into the main command by its ``gpusteward.cli.COMMANDS`` entry, which names
+``add_reclaimer_flags`` and ``serve.run_reclaimer``; ``serve.build_reclaimer``, ``serve.serve``
+and ``serve.restore`` take the settings. Flags and settings only (argparse, the core): loaded
+only when the command line names this command.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ from gpusteward.adapters.promconnection import PrometheusConnection
 from gpusteward.core.policy import Policy, ReclaimMode
 from gpusteward.core.reclaim.kinds import known_kinds
 
-__all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_parser"]
+__all__ = ["ReclaimerSettings", "RestoreSettings", "add_reclaimer_flags"]
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 LEASE_NAME = "gpusteward-reclaimer"  # kustomize's, and the Helm chart's for a release "gpusteward"
 
 
-def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("reclaimer", help="reclaim GPUs that pods hold idle")
+def add_reclaimer_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", metavar="FILE",
                    help="policy YAML file (required unless restoring)")
     p.add_argument("--mode", choices=[m.value for m in ReclaimMode],
@@ -55,7 +54,6 @@ def add_reclaimer_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
                               "bring it back")
     add_lease_flags(restore, after=True)
     add_kube_flags(restore)
-    return p
 
 
 def add_lease_flags(parser: argparse.ArgumentParser, after: bool = False) -> None:

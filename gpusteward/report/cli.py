@@ -1,5 +1,6 @@
 """`gpusteward report`: its flags and the typed settings they make (``report.run`` reads,
-builds and writes the report). Flags and settings only: every command builds this parser.
+builds and writes the report). Flags and settings only, loaded only when
+the command line names `report`.
 
     gpusteward report [--policy FILE] [--window 24h] [--step 5m]
                       [--by team|card|node|namespace|class] [--format table|json|csv]
@@ -41,8 +42,7 @@ def _currency(text: str) -> str:
     return text.strip()
 
 
-def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("report", help="allocated vs actually used GPUs, idle cost, queue")
+def add_report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", metavar="FILE",
                    help="policy YAML file (default: the built-in defaults)")
     p.add_argument("--window", type=duration_flag(1), default="24h", metavar="DURATION",
@@ -63,7 +63,6 @@ def add_report_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
                    help="the unit of the policy's costPerGpuHour, e.g. €, EUR (nothing is "
                         "converted)")
     add_connection_flags(p)
-    return p
 
 
 def step_for(window: float, step: float | None, policy: Policy) -> float:

@@ -1,6 +1,7 @@
 """`gpusteward sandbox up|down|status|env`: a local cluster of real Kubernetes components.
 
-Flags only: every command builds this parser; ``sandbox.commands.run`` runs them.
+Flags only, loaded only when the command line names `sandbox`; ``sandbox.commands.run``
+runs them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ def _controllers(text: str) -> tuple[str, ...]:
     return names
 
 
-def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    sb = sub.add_parser("sandbox", help="local real control plane with simulated GPU nodes")
+def add_sandbox_flags(sb: argparse.ArgumentParser) -> None:
     sb_sub = sb.add_subparsers(dest="sandbox_command", required=True)
     up = sb_sub.add_parser("up", help="build what is missing and start the sandbox")
     up.add_argument("--fleet", help="fleet YAML file (default: a mixed H100/A100/L4 fleet)")
@@ -58,4 +58,3 @@ def add_sandbox_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
                        ("env", "print export lines for KUBECONFIG and PROMETHEUS_URL")):
         p = sb_sub.add_parser(name, help=text)
         p.add_argument("--state-dir", help="the sandbox's state directory")
-    return sb

@@ -1,6 +1,6 @@
 """`gpusteward whatif`: its flags and the typed settings they make (``whatif.run`` reads history
 once per kind of policy, replays each and writes the comparison). Flags and settings only:
-every command builds this parser.
+loaded only when the command line names `whatif`.
 
     gpusteward whatif --policy FILE [--policy OTHER ...] [--window 7d] [--end TIME]
                       [--format table|json|csv|html] [--top N] [--prometheus-url URL] ...
@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpusteward.adapters.connectflags import (
     add_prometheus_flags,
@@ -47,9 +46,7 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def add_whatif_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "whatif", help="replay policies over recorded history: what they would have freed")
+def add_whatif_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", action="append", required=True, metavar="FILE",
                    help="a policy YAML file; repeat to compare policies side by side")
     p.add_argument("--window", type=duration_flag(60), default="7d", metavar="DURATION",
@@ -60,7 +57,6 @@ def add_whatif_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--top", type=_count, default=10, metavar="N",
                    help="how many reclaims, comebacks and earlier starts to list per policy")
     add_prometheus_flags(p)  # it replays Prometheus' history alone: no API server
-    return p
 
 
 @dataclass(frozen=True)

@@ -188,10 +188,10 @@ async def a_busy_pod_is_left_alone_and_its_marks_cleared(ns: Namespace, rec: Rec
 WINDOW_S = 20
 PREMIUM, ECONOMY = 90.0, 36.0  # $ per GPU-hour: 20 s of one GPU costs 0.50 and 0.20
 HARNESS = ("import argparse, sys\n"
-           "from gpusteward.report.cli import add_report_parser\n"
+           "from gpusteward.report.cli import add_report_flags\n"
            "from gpusteward.report.run import run_report\n"
            "p = argparse.ArgumentParser(prog='gpusteward')\n"
-           "add_report_parser(p.add_subparsers(dest='command'))\n"
+           "add_report_flags(p.add_subparsers(dest='command').add_parser('report'))\n"
            "sys.exit(run_report(p.parse_args(sys.argv[1:])))\n")
 
 

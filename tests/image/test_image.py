@@ -30,7 +30,7 @@ def _command_paths(parser: argparse.ArgumentParser,
     return paths
 
 
-COMMANDS = _command_paths(build_parser())
+COMMANDS = _command_paths(build_parser(every_command=True))
 
 
 def test_the_cli_walk_finds_every_app() -> None:

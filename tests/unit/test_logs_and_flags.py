@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpusteward.adapters.connectflags import env_name, whole_number
+from gpusteward.adapters.connectflags import whole_number
+from gpusteward.adapters.envflags import env_name
 from gpusteward.adapters.logs import configure
 from gpusteward.cli import _leaves, build_parser
 from gpusteward.core.model import Pod
@@ -164,8 +165,8 @@ async def test_a_pods_decision_is_logged_once_while_it_does_not_change(
 # -- flags ---------------------------------------------------------------------------------
 
 def all_options() -> list[tuple[argparse.ArgumentParser, argparse.Action]]:
-    return [(leaf, a) for leaf in _leaves(build_parser()) for a in leaf._actions
-            if a.option_strings and a.dest != "help"]
+    return [(leaf, a) for leaf in _leaves(build_parser(every_command=True))
+            for a in leaf._actions if a.option_strings and a.dest != "help"]
 
 
 def test_every_flag_has_help_showing_its_variable_and_default() -> None:
