@@ -17,7 +17,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def test_the_licence_file_is_the_apache_2_0_text_the_package_declares():
-    assert PROJECT["license"] == {"text": "Apache-2.0"}
+    assert (PROJECT["license"], PROJECT["license-files"]) == ("Apache-2.0", ["LICENSE"])
     text = (ROOT / "LICENSE").read_text()
     assert " ".join(text.split()[:6]) == "Apache License Version 2.0, January 2004"
     # the whole text, not its first page: the terms' last section and their end
