@@ -78,15 +78,19 @@ class _Commands(argparse._SubParsersAction):
     """The subcommands, each registered with its help alone and given its flags when the
     command line names it (or a caller asks for every command: ``fill``)."""
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._filled: set[str] = set()
+
     def fill(self, name: str) -> None:
-        parser = self.choices[name]
-        if getattr(parser, "filled", False):
+        if name in self._filled:
             return
+        self._filled.add(name)
+        parser = self.choices[name]
         resolve(COMMANDS[name].flags)(parser)
         for leaf in _leaves(parser):
             if not any("--log-level" in a.option_strings for a in leaf._actions):
                 add_log_flags(leaf)
-        parser.filled = True  # type: ignore[attr-defined]
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:

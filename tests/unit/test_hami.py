@@ -138,6 +138,20 @@ def test_a_pod_hami_did_not_place_counts_in_the_nodes_units():
     assert pod_share(gpu_pod("plain", gpus=5), n) == pytest.approx(0.5)
 
 
+def test_pricing_every_pod_at_once_gives_each_the_share_pod_share_gives():
+    # pod_shares prices alike pods once: pods differing only in their allocation, in their node
+    # or in their request must each still get their own share; a pending pod holds none.
+    nodes = {"n1": hami_node(), "plain": Node("plain", H100, 8)}
+    pods = [sliced("a", f"{UUID_A},NVIDIA,1024,30:;"), sliced("b", f"{UUID_A},NVIDIA,1024,60:;"),
+            sliced("c", f"{UUID_A},NVIDIA,1024,30:;"), gpu_pod("d", gpus=5),
+            gpu_pod("e", gpus=5, node="plain"), gpu_pod("f", gpus=2, node="plain"),
+            gpu_pod("g", node=None)]
+    shares = pod_shares(pods, nodes)
+    assert shares == {p.uid: pytest.approx(pod_share(p, nodes[p.node]))
+                      for p in pods if p.node is not None}
+    assert [round(shares[u], 2) for u in "abcdef"] == [0.3, 0.6, 0.3, 0.5, 5.0, 2.0]
+
+
 def test_each_slice_is_its_own_gpus_series():
     n = hami_node()
     two = sliced("p", f"{UUID_A},NVIDIA,1024,30:{UUID_B},NVIDIA,1024,30:;", gpus=2)

@@ -193,7 +193,7 @@ def _room(pending: Pod, nodes: Mapping[str, Node], free: Room,
     the cost when thousands of nodes meet hundreds of pods."""
     return next((name for name, node in nodes.items()
                  if free.free(name) >= pending.gpus and fits(pending, node, patterns)
-                 and (name not in free.devices or free.fits(pending, name))), None)
+                 and free.fits(pending, name)), None)
 
 
 def _enough(free: Room, pending: Pod, node: str) -> Callable[[list[Candidate]], bool]:
