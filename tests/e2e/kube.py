@@ -176,9 +176,21 @@ def gone(ns, name: str) -> bool:
         return e.status == 404
 
 
+def stdout_document(log: str) -> Any:
+    """The JSON document (indented, as gpusteward writes it) in a container's log. The log
+    holds stderr's lines too (progress, log records); containerd copies each stream a line at
+    a time from a reader of its own (1.6: pkg/cri/io/logger.go), so under load they may come
+    before, after or inside the document. Its own lines are "{", "}" and indented ones."""
+    return json.loads("".join(line for line in log.splitlines(keepends=True)
+                              if line.rstrip("\n") in ("{", "}") or line.startswith(" ")))
+
+
 def events(ns, name: str) -> list[tuple[str, str]]:
-    """(reason, message) of every Event about ``name``."""
+    """(reason, message) of every Event about ``name``, oldest first. A list comes in name
+    order (random suffixes); the sandbox's etcd gives each create a higher revision, which is
+    the only order finer than the Events' whole-second timestamps."""
     items = ns.api.get(f"/api/v1/namespaces/{ns.name}/events")["items"]
+    items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [(e["reason"], e.get("message", "")) for e in items
             if e["involvedObject"]["name"] == name]
 

@@ -55,7 +55,7 @@ from gpusteward.sandbox.fakenvml import GIB, FakeGpu, write_config
 from gpusteward.sandbox.fleet import DEFAULT_FLEET, Fleet, TaintSpec
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.renderers import ensure_renderers
-from tests.e2e.kube import Namespace, annotations, gone, gpu_pod, reasons
+from tests.e2e.kube import Namespace, annotations, gone, gpu_pod, reasons, stdout_document
 from tests.support.sandbox import fresh_namespace
 
 pytestmark = pytest.mark.e2e
@@ -351,20 +351,11 @@ def _run_now(box: Sandbox, cronjob: str, name: str) -> str:
     return log
 
 
-def _document(log: str) -> Any:
-    """The JSON document a pod wrote to stdout: its log also holds what went to stderr (the
-    progress lines, before the document, which is written last)."""
-    lines = log.splitlines()
-    start = lines.index("{")
-    end = len(lines) - lines[::-1].index("}")
-    return json.loads("\n".join(lines[start:end]))
-
-
 def test_the_report_runs_as_a_job_of_the_chart_on_its_own_read_only_account(
         box: Sandbox, installed: chart.Helm, ns: Namespace) -> None:
     ns.create_pod(gpu_pod("serving", 1, node="l4-2", util="70", tolerate="nvidia.com/gpu"))
     ns.running("serving")
-    doc = _document(_run_now(box, "gpusteward-report", "report-now"))
+    doc = stdout_document(_run_now(box, "gpusteward-report", "report-now"))
     nodes = box.api().get("/api/v1/nodes?labelSelector=" + urllib.parse.quote(
         "nvidia.com/gpu.product=NVIDIA-L4"))["items"]
     (l4,) = [g for g in doc["groups"] if g["name"] == "NVIDIA-L4"]
@@ -379,7 +370,7 @@ def test_whatif_runs_as_a_job_of_the_chart_and_replays_each_policy(
         box: Sandbox, installed: chart.Helm) -> None:
     # After the reclaim above: the installed policy (15 s window) frees the idle pod the
     # reclaimer evicted; the candidate's 1 h window, longer than the replay, frees nothing.
-    doc = _document(_run_now(box, "gpusteward-whatif", "whatif-now"))
+    doc = stdout_document(_run_now(box, "gpusteward-whatif", "whatif-now"))
     outcomes = {o["policy"]: o for o in doc["policies"]}
     # each policy's column: its file's name (whatif/cli.py)
     assert list(outcomes) == ["policy.yaml", "longer-window.yaml"]

@@ -39,7 +39,7 @@ from gpusteward.sandbox.fleet import DEFAULT_FLEET, KWOK_ANNOTATION, Fleet
 from gpusteward.sandbox.image import IMAGE, git_revision
 from gpusteward.sandbox.kubehttp import wait_for
 from gpusteward.sandbox.procs import pid_alive
-from tests.e2e.kube import Namespace
+from tests.e2e.kube import Namespace, stdout_document
 from tests.support.sandbox import fresh_namespace, started
 
 pytestmark = pytest.mark.e2e
@@ -192,8 +192,7 @@ def test_a_report_job_runs_in_cluster_with_its_own_serviceaccount(
         assert any(m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
                    for m in mounts), "the token the admission plugin mounts"
         expected = sum(p.count * p.gpus for p in FLEET.pools)
-        # The log holds stderr's progress line too: the document starts at its first "{".
-        document = json.loads(log[log.index("\n{") + 1:])
+        document = stdout_document(log)
         assert document["totals"]["allocatable"] == expected
     finally:
         ns.api.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{role}")
