@@ -1,7 +1,8 @@
 """Start-up cost of the `gpusteward` command (issue 32): the commands a CI job or a pre-commit
 hook runs, `--version`, `--help` and `policy check FILE`, each in a fresh process, N times.
 
-    python benchmarks/bench_startup.py [--runs 20] [--before DIR] [--no-bytecode-cache] [--quick]
+    python benchmarks/bench_startup.py [--runs 20] [--base REV | --before DIR]
+                                       [--no-bytecode-cache] [--quick]
 
 Wall time is taken around each process (the console script next to this interpreter), peak RSS
 from GNU time's %M: the command's own high-water mark, where getrusage's would carry this
@@ -9,7 +10,9 @@ process's across fork and exec (benchmarks/memory.py). The commands take turns, 
 round, so load from other work on the shared cores falls on all of them alike; `python -c pass`
 on the same interpreter is the floor no command goes under. ``--before DIR``: also run each
 command from the source tree in DIR (an earlier revision: `git archive REV | tar -x -C DIR`),
-put first on PYTHONPATH, in the same rounds, so the two are compared under the same load.
+put first on PYTHONPATH and run in that tree (its own example policy), in the same rounds, so
+the two are compared under the same load; ``--base REV`` makes that tree itself, in a
+temporary directory (`make bench`: STARTUP_BASE, the revision before issue 32's start-up work).
 Bytecode: cached, as an installed package has it (PYTHONPYCACHEPREFIX in a temporary directory,
 filled by one round that is not counted); ``--no-bytecode-cache`` compiles gpusteward's modules
 at every start instead, as a source tree does under PYTHONDONTWRITEBYTECODE=1 (the default of
@@ -30,11 +33,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 TARGET_S, TARGET_MB = 0.3, 40.0
 FLOOR = "python -c pass"
+
+
+class Side(NamedTuple):
+    """How one revision's commands run: their environment and working directory."""
+
+    env: dict[str, str]
+    cwd: Path
 
 
 def gpusteward() -> list[str]:
@@ -58,12 +69,12 @@ def find_gnu_time() -> str | None:
     return path if "GNU" in said.stdout + said.stderr else None
 
 
-def once(argv: list[str], env: dict[str, str], gnu_time: str | None,
-         out: Path) -> tuple[float, float]:
+def once(argv: list[str], side: Side, gnu_time: str | None, out: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS in MB of one fresh process."""
+    env, cwd = side
     if gnu_time is None:  # no GNU time: wait4's figure, which may include ours (an upper bound)
         t = time.perf_counter()
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -71,7 +82,7 @@ def once(argv: list[str], env: dict[str, str], gnu_time: str | None,
             raise subprocess.CalledProcessError(proc.returncode, argv)
         return wall, usage.ru_maxrss / 1024
     t = time.perf_counter()
-    subprocess.run([gnu_time, "-f", "%M", "-o", str(out), *argv], cwd=REPO, env=env,
+    subprocess.run([gnu_time, "-f", "%M", "-o", str(out), *argv], cwd=cwd, env=env,
                    stdout=subprocess.DEVNULL, check=True)
     wall = time.perf_counter() - t
     return wall, int(out.read_text().split()[-1]) / 1024  # kB
@@ -82,10 +93,10 @@ def measure(runs: int, before: Path | None, cache: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSTEWARD_")
            and k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     env |= {"PYTHONPYCACHEPREFIX": str(cache)} if cache else {"PYTHONDONTWRITEBYTECODE": "1"}
-    sides = {"now": env}
-    if before is not None:
-        sides["before"] = {**env, "PYTHONPATH": os.pathsep.join(
-            [str(before), *filter(None, [env.get("PYTHONPATH")])])}
+    sides = {"now": Side(env, REPO)}
+    if before is not None:  # in its own tree: it checks its own example policy
+        sides["before"] = Side({**env, "PYTHONPATH": os.pathsep.join(
+            [str(before), *filter(None, [env.get("PYTHONPATH")])])}, before)
     plan = [(side, name, argv) for side in sides for name, argv in COMMANDS.items()]
     plan.append(("now", FLOOR, [sys.executable, "-c", "pass"]))
     samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -116,6 +127,18 @@ def summary(got: list[tuple[float, float]]) -> dict:
     walls, peaks = [w for w, _ in got], [p for _, p in got]
     return {"median_s": statistics.median(walls), "min_s": min(walls), "max_s": max(walls),
             "median_rss_mb": statistics.median(peaks), "max_rss_mb": max(peaks)}
+
+
+def archive(rev: str, into: Path) -> Path:
+    """``rev``'s source tree, as `git archive` gives it, in a directory named by its short
+    commit (which revision() then reports)."""
+    short = subprocess.run(["git", "rev-parse", "--short", f"{rev}^{{commit}}"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    tree = into / short
+    tree.mkdir()
+    tar = subprocess.run(["git", "archive", short], cwd=REPO, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=tar.stdout, check=True)
+    return tree
 
 
 def revision(tree: Path) -> str:
@@ -152,14 +175,18 @@ def show(report: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20, help="fresh processes per command")
-    parser.add_argument("--before", type=Path, metavar="DIR",
-                        help="an earlier revision's source tree to compare with, run alike")
+    earlier = parser.add_mutually_exclusive_group()
+    earlier.add_argument("--base", metavar="REV",
+                         help="an earlier revision of this repository to compare with, run alike")
+    earlier.add_argument("--before", type=Path, metavar="DIR",
+                         help="an earlier revision's source tree to compare with, run alike")
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="compile gpusteward's modules at every start")
     parser.add_argument("--quick", action="store_true", help="CI: 2 runs, no figures written")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as cache:
-        report = measure(2 if args.quick else args.runs, args.before,
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as trees:
+        before = archive(args.base, Path(trees)) if args.base else args.before
+        report = measure(2 if args.quick else args.runs, before,
                          None if args.no_bytecode_cache else Path(cache))
     show(report)
     if not args.quick:
