@@ -68,15 +68,14 @@ class Namespace:
                             ("apps/v1", "replicasets"), ("batch/v1", "jobs")):
             self.api.delete(f"/apis/{group}/namespaces/{self.name}/{kind}",
                             {"propagationPolicy": "Background"})
-        # Pending pods first, while the others still hold their GPUs. One deleted as the room
-        # this teardown frees lets kube-scheduler place it can stay assumed in its cache, at a
-        # gang's Permit ("Failed to update the nominated node name in the binding cycle":
-        # pod not found), and keep a GPU from the next test (a CI failure of test_gangs.py).
-        pending = [p["metadata"]["name"] for p in self.pods() if not p["spec"].get("nodeName")]
-        for name in pending:
-            self.api.delete(self.path("pods", name))
-        wait_for(f"pending pods in {self.name} to go away", lambda: not set(pending) & {
-            p["metadata"]["name"] for p in self.pods()}, timeout=60)
+        # Pending pods first, while the others still hold their GPUs: a pending pod that
+        # kube-scheduler places in the room this teardown frees, just as the pod is deleted,
+        # stays assumed in its cache at a gang's Permit ("Failed to update the nominated node
+        # name in the binding cycle": not found) and keeps a GPU from the next test.
+        unbound = self.path() + "?fieldSelector=" + urllib.parse.quote("spec.nodeName=")
+        self.api.delete(unbound)
+        wait_for(f"pending pods in {self.name} to go away",
+                 lambda: not self.api.get(unbound)["items"], timeout=60)
         self.api.delete(f"/api/v1/namespaces/{self.name}/pods")
         wait_for(f"pods in {self.name} to go away", lambda: not self.pods(), timeout=60)
         self.api.delete(f"/api/v1/namespaces/{self.name}")

@@ -194,7 +194,7 @@ async def freed_only_for_all(box: Sandbox, ns: Namespace, reclaimer, held: list[
     # Written when the note changes, not at each cycle that finds the gang short. Under load
     # the three are judged idle a cycle or two apart, so a first note may say 1 or 2 of the 4.
     blocked = [m for r, m in kube.events(ns, noted) if r == "GPUReclaimBlocked"]
-    assert blocked[-1] == f"GPUs not freed: {why}", blocked
+    assert blocked and blocked[-1] == f"GPUs not freed: {why}", blocked
     assert all(a != b for a, b in itertools.pairwise(blocked)), blocked
     assert all(re.fullmatch(rf"GPUs not freed: ([123]) of the 4 waiting pods of {re.escape(gang)} "
                             rf"could be placed \(freeing \1 idle GPU\(s\)\).*", m)
